@@ -1,0 +1,171 @@
+"""The ``kvlife`` command line. User errors end with one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from lifecycle import commands
+from lifecycle.config import ConfigError, RunConfig, load_config
+from lifecycle.trace import TraceError
+from lifecycle.workload import WorkloadError, WorkloadRequest, load_mooncake
+from policies.base import PolicyError
+
+USER_ERRORS = (ConfigError, WorkloadError, PolicyError, TraceError)
+
+
+class UsageError(Exception):
+    """A bad flag value the parser itself cannot catch."""
+
+
+def _progress_bar(stream: Any) -> Callable[[int, int], None]:
+    def show(done: int, total: int) -> None:
+        width = 30
+        filled = int(width * done / total) if total else width
+        stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} requests")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return show
+
+
+def _load_run_config(args: argparse.Namespace) -> RunConfig:
+    config = load_config(args.config) if args.config else RunConfig()
+    if args.policy:
+        config = attrs.evolve(config, policies=tuple(args.policy))
+    if args.seed is not None:
+        config = attrs.evolve(config, sim=attrs.evolve(config.sim, seed=args.seed))
+    return config
+
+
+def _load_workload(args: argparse.Namespace, config: RunConfig) -> tuple[list[WorkloadRequest], str]:
+    if args.workload:
+        workload = load_mooncake(
+            args.workload, limit=args.limit, block_tokens=config.engine.block_tokens,
+            time_scale=args.time_scale,
+        )
+        return workload, str(args.workload)
+    from lifecycle.synthetic import synthetic_workload
+
+    try:
+        workload = synthetic_workload(
+            seed=config.sim.seed,
+            num_requests=args.limit or 400,
+            block_tokens=config.engine.block_tokens,
+            arrival_rate_per_s=4.0 * args.time_scale,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return workload, "synthetic"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from lifecycle.metrics import format_summary
+    from lifecycle.runner import run_workload
+
+    config = _load_run_config(args)
+    workload, name = _load_workload(args, config)
+    progress = _progress_bar(sys.stderr) if sys.stdout.isatty() and len(workload) >= 1000 else None
+    outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name)
+    if args.json:
+        print(json.dumps(outcome.summary, sort_keys=False))
+    else:
+        print(f"kvlife run: {name}, {len(workload)} requests, stack {', '.join(config.policies) or 'baseline'}")
+        print(format_summary(outcome.summary))
+        if args.trace:
+            print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
+    return 0
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    from specs.table import TABLE, mermaid
+
+    if args.format == "mermaid":
+        print(mermaid())
+    else:
+        for (state, trigger), target in TABLE.edges.items():
+            print(f"{state:<15} --{trigger}--> {target}")
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    from policies.registry import BUILTIN, DESCRIPTIONS
+
+    width = max(len(n) for n in BUILTIN)
+    for name in BUILTIN:
+        print(f"{name:<{width}}  {DESCRIPTIONS.get(name, '')}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.what == "engine":
+        from lifecycle.bench_engine import main as bench_engine
+
+        return bench_engine(args.rest)
+    if args.what == "transfer":
+        from transfer.transfer_bench import main as bench_transfer
+
+        return bench_transfer(args.rest)
+    raise UsageError(f"unknown benchmark {args.what!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvlife", description="KV-cache request lifecycle engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="simulate a workload and print a summary")
+    run.add_argument("--workload", help="Mooncake JSON-lines trace (default: built-in synthetic)")
+    run.add_argument("--limit", type=int, help="use only the first N requests")
+    run.add_argument("--time-scale", type=float, default=1.0, help="arrival rate multiplier")
+    run.add_argument("--config", help="TOML config file")
+    run.add_argument("--policy", action="append", help="policy (name, pkg.mod:Class, file.py:Class); repeatable")
+    run.add_argument("--seed", type=int)
+    run.add_argument("--trace", help="write the JSON-lines trace here")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    run.set_defaults(func=cmd_run)
+
+    spec = sub.add_parser("spec", help="print the request lifecycle spec")
+    spec.add_argument("--format", choices=("mermaid", "table"), default="mermaid")
+    spec.set_defaults(func=cmd_spec)
+
+    pol = sub.add_parser("policies", help="list built-in policies")
+    pol.set_defaults(func=cmd_policies)
+
+    bench = sub.add_parser("bench", help="benchmarks: engine, transfer")
+    bench.add_argument("what", choices=("engine", "transfer"))
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
+
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "limit", None) is not None and args.limit <= 0:
+        parser.exit(2, f"kvlife: error: --limit must be positive, got {args.limit}\n")
+    if getattr(args, "time_scale", 1.0) <= 0:
+        parser.exit(2, f"kvlife: error: --time-scale must be positive, got {args.time_scale}\n")
+    try:
+        result: int = args.func(args)
+        return result
+    except (*USER_ERRORS, UsageError) as exc:
+        print(f"kvlife: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

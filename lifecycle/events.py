@@ -1,0 +1,206 @@
+"""What goes into the engine (input events) and what comes out (commands).
+
+Every input carries the time the driver says it is (``t``, milliseconds): the core never
+reads a clock. Inputs serialise to flat dicts for the trace and come back from them for
+replay, so they are the whole truth about a run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+BlockHash = int
+
+
+# ---- inputs -------------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class Arrival:
+    type: ClassVar[str] = "arrival"
+    t: float
+    request_id: str
+    prompt_tokens: int
+    block_hashes: tuple[BlockHash, ...]
+    resumable: bool = False  # streaming/resumable input: early prefetch must skip it
+
+
+@attrs.frozen(slots=True)
+class Abort:
+    type: ClassVar[str] = "abort"
+    t: float
+    request_id: str
+
+
+@attrs.frozen(slots=True)
+class Tick:
+    type: ClassVar[str] = "tick"
+    t: float
+
+
+@attrs.frozen(slots=True)
+class LookupAnswer:
+    """Answer of an async lookup: the tier of each leading hit block (None: the lookup
+    failed, which counts as a miss)."""
+
+    type: ClassVar[str] = "lookup_answer"
+    t: float
+    request_id: str
+    epoch: int
+    tiers: tuple[str, ...] | None
+
+
+@attrs.frozen(slots=True)
+class TransferReport:
+    """One rank's terminal report for one job; ``failed`` lists the bad block hashes."""
+
+    type: ClassVar[str] = "transfer_report"
+    t: float
+    job_id: int
+    rank: int
+    failed: tuple[BlockHash, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class StepOutput:
+    """The model ran step ``step_id``: every entry that completed its known tokens
+    sampled one token; ``finished`` names requests that stopped, with the reason."""
+
+    type: ClassVar[str] = "step_output"
+    t: float
+    step_id: int
+    finished: tuple[tuple[str, str], ...] = ()
+
+
+InputEvent = Arrival | Abort | Tick | LookupAnswer | TransferReport | StepOutput
+
+_INPUT_TYPES: dict[str, type[Any]] = {
+    cls.type: cls for cls in (Arrival, Abort, Tick, LookupAnswer, TransferReport, StepOutput)
+}
+_TUPLE_FIELDS = {"block_hashes", "tiers", "failed"}
+
+
+def input_to_record(event: InputEvent) -> dict[str, Any]:
+    record: dict[str, Any] = {"kind": "input", "type": event.type}
+    record.update(attrs.asdict(event, recurse=False))
+    if isinstance(event, StepOutput):
+        record["finished"] = [list(pair) for pair in event.finished]
+    return record
+
+
+class BadEvent(ValueError):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"field {field!r}: {message}")
+        self.field = field
+
+
+def input_from_record(record: dict[str, Any]) -> InputEvent:
+    """Rebuild an input event from its trace record; raises ``BadEvent`` naming the field."""
+    kind = record.get("type")
+    cls = _INPUT_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise BadEvent("type", f"unknown input event type {kind!r}")
+    values: dict[str, Any] = {}
+    for field in attrs.fields(cls):
+        if field.name not in record:
+            if field.default is attrs.NOTHING:
+                raise BadEvent(field.name, f"missing in {kind} event")
+            continue
+        value = record[field.name]
+        if field.name == "finished" and cls is StepOutput:
+            if not isinstance(value, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in value
+            ):
+                raise BadEvent("finished", "expected a list of [request_id, reason] pairs")
+            value = tuple((p[0], p[1]) for p in value)
+        elif field.name in _TUPLE_FIELDS and value is not None:
+            if not isinstance(value, list):
+                raise BadEvent(field.name, f"expected a list, got {type(value).__name__}")
+            value = tuple(value)
+        values[field.name] = value
+    _check_types(kind, values)
+    return cls(**values)  # type: ignore[no-any-return]
+
+
+def _check_types(kind: str, values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        if name == "t" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise BadEvent("t", f"expected a number, got {value!r}")
+        if name in ("job_id", "rank", "epoch", "step_id", "prompt_tokens") and (
+            isinstance(value, bool) or not isinstance(value, int)
+        ):
+            raise BadEvent(name, f"expected an integer, got {value!r}")
+        if name == "request_id" and not isinstance(value, str):
+            raise BadEvent(name, f"expected a string, got {value!r}")
+
+
+# ---- commands -----------------------------------------------------------------------
+@attrs.frozen(slots=True)
+class BlockMove:
+    """One block between the device and a tier: ``slot`` is the tier-side position."""
+
+    block_hash: BlockHash
+    device_block: int
+    tier: str
+    slot: int
+
+
+@attrs.frozen(slots=True)
+class SubmitLookup:
+    request_id: str
+    epoch: int
+    block_hashes: tuple[BlockHash, ...]
+
+
+@attrs.frozen(slots=True)
+class DiscardLookup:
+    request_id: str
+    epoch: int
+
+
+@attrs.frozen(slots=True)
+class StartLoad:
+    job_id: int
+    request_id: str
+    moves: tuple[BlockMove, ...]
+
+
+@attrs.frozen(slots=True)
+class StartStore:
+    job_id: int
+    request_id: str
+    moves: tuple[BlockMove, ...]
+
+
+@attrs.frozen(slots=True)
+class FreeBlocks:
+    device_blocks: tuple[int, ...]
+
+
+@attrs.frozen(slots=True)
+class Scheduled:
+    request_id: str
+    num_tokens: int
+    computed_before: int  # tokens already computed (or in flight) before this step
+    samples: bool  # the step reaches the end of the known tokens: a token is sampled
+    block_table: tuple[int, ...]
+    block_hashes: tuple[BlockHash, ...]  # hashes of the prompt blocks (for KV content)
+
+
+@attrs.frozen(slots=True)
+class StepPlan:
+    step_id: int
+    entries: tuple[Scheduled, ...]
+    sync_lookups: int  # lookups paid on the scheduler's critical path this tick
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(e.num_tokens for e in self.entries if e.num_tokens > 1)
+
+    @property
+    def decode_requests(self) -> int:
+        return sum(1 for e in self.entries if e.num_tokens == 1)
+
+
+Command = SubmitLookup | DiscardLookup | StartLoad | StartStore | FreeBlocks | StepPlan

@@ -1,0 +1,191 @@
+"""The simulated driver: a discrete-event loop with a virtual clock and a cost model.
+
+It turns a workload into engine inputs and carries out the engine's commands by
+scheduling their completions in virtual time: a step costs prefill and decode time (plus
+any lookups paid inline), a lookup answers after its latency, a transfer report comes
+from each rank after latency + bytes / bandwidth + that rank's jitter. The tier indexes
+are the very ones the engine holds (``transfer.index``); only the bytes are modelled.
+Everything random comes from one ``random.Random(seed)``, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from lifecycle.config import RunConfig
+from lifecycle.core import Engine, Recorder
+from lifecycle.events import (
+    Arrival,
+    InputEvent,
+    LookupAnswer,
+    StartLoad,
+    StartStore,
+    StepOutput,
+    StepPlan,
+    SubmitLookup,
+    Tick,
+    TransferReport,
+)
+from lifecycle.workload import WorkloadRequest
+from policies.base import PolicyStack
+
+Progress = Callable[[int, int], None]
+
+
+@attrs.define
+class SimResult:
+    engine: Engine
+    workload: list[WorkloadRequest]
+    makespan_ms: float
+    events: int
+    stranded: list[str]
+
+
+class Simulator:
+    def __init__(
+        self,
+        config: RunConfig,
+        workload: list[WorkloadRequest],
+        policies: PolicyStack,
+        recorder: Recorder | None = None,
+        progress: Progress | None = None,
+        reference: bool = False,
+    ) -> None:
+        self.config = config
+        self.workload = workload
+        self.engine = Engine(config.engine, policies, recorder=recorder, reference=reference)
+        self.rng = random.Random(config.sim.seed)
+        self.progress = progress
+        self._queue: list[tuple[float, int, InputEvent]] = []
+        self._seq = 0
+        self._output_len = {w.request_id: w.output_length for w in workload}
+        self._plans: dict[int, StepPlan] = {}
+        self._steps_in_flight = 0
+        self._tick_pending = False
+        self._tiers = {t.name: t for t in config.engine.tiers}
+        self._pending_lookup: dict[tuple[str, int], tuple[int, ...]] = {}
+
+    def _push(self, t: float, event: InputEvent) -> None:
+        heapq.heappush(self._queue, (t, self._seq, event))
+        self._seq += 1
+
+    def run(self) -> SimResult:
+        for w in self.workload:
+            self._push(w.arrival_ms, Arrival(w.arrival_ms, w.request_id, w.input_length, w.hash_ids))
+        finished_before = 0
+        events = 0
+        now = 0.0
+        max_in_flight = 2 if self.config.engine.async_scheduling else 1
+        engine = self.engine
+        while self._queue:
+            now, _, event = heapq.heappop(self._queue)
+            if isinstance(event, StepOutput):
+                event = self._with_finishes(event)
+                self._steps_in_flight -= 1
+            elif isinstance(event, Tick):
+                self._tick_pending = False
+            elif isinstance(event, LookupAnswer):
+                event = self._answer_lookup(event)
+            commands = engine.handle(event)
+            events += 1
+            made_plan = False
+            for command in commands:
+                if isinstance(command, StepPlan):
+                    made_plan = True
+                    self._start_step(now, command)
+                elif isinstance(command, StartLoad | StartStore):
+                    self._start_transfer(now, command)
+                elif isinstance(command, SubmitLookup):
+                    # The lookup reads the tiers when it completes (see _answer_lookup).
+                    t = now + self.config.engine.lookup_latency_ms
+                    self._pending_lookup[(command.request_id, command.epoch)] = command.block_hashes
+                    self._push(t, LookupAnswer(t, command.request_id, command.epoch, ()))
+            # Tick again after any event, unless the last tick found nothing to do and
+            # nothing has changed since (no spinning in idle time).
+            if (
+                not self._tick_pending
+                and self._steps_in_flight < max_in_flight
+                and not (isinstance(event, Tick) and not made_plan)
+                and engine.busy()
+            ):
+                self._tick_pending = True
+                self._push(now, Tick(now))
+            if self.progress is not None:
+                done = engine.state_counts["finished"]
+                if done - finished_before >= 200:
+                    finished_before = done
+                    self.progress(done, len(self.workload))
+        if self.progress is not None:
+            self.progress(engine.state_counts["finished"], len(self.workload))
+        return SimResult(engine, self.workload, now, events, engine.stranded())
+
+    def _start_step(self, now: float, plan: StepPlan) -> None:
+        sim = self.config.sim
+        duration = plan.sync_lookups * self.config.engine.lookup_latency_ms
+        if plan.entries:
+            duration += sim.decode_step_ms + sim.decode_per_request_ms * len(plan.entries)
+            duration += plan.prefill_tokens / sim.prefill_tokens_per_s * 1000.0
+        self._plans[plan.step_id] = plan
+        self._steps_in_flight += 1
+        self._push(now + duration, StepOutput(now + duration, plan.step_id))
+
+    def _with_finishes(self, event: StepOutput) -> StepOutput:
+        plan = self._plans.pop(event.step_id)
+        finished = []
+        limit = self.config.sim.max_output_tokens
+        for entry in plan.entries:
+            if not entry.samples:
+                continue
+            req = self.engine.requests[entry.request_id]
+            if req.state != "running":
+                continue
+            produced = req.generated + 1
+            target = self._output_len[entry.request_id]
+            if limit is not None and produced >= limit and limit < target:
+                finished.append((entry.request_id, "length"))
+            elif produced >= target:
+                finished.append((entry.request_id, "stopped"))
+        return StepOutput(event.t, event.step_id, tuple(finished))
+
+    def _start_transfer(self, now: float, command: StartLoad | StartStore) -> None:
+        ranks = self.config.engine.ranks
+        per_tier: dict[str, int] = {}
+        for move in command.moves:
+            per_tier[move.tier] = per_tier.get(move.tier, 0) + 1
+        base = 0.0
+        for name, blocks in per_tier.items():
+            tier = self._tiers[name]
+            shard_bytes = blocks * self.config.sim.block_bytes / ranks
+            base = max(base, tier.latency_ms + shard_bytes / (tier.bandwidth_gbps * 1e9) * 1000.0)
+        jitter = self.config.sim.rank_jitter_ms
+        for rank in range(ranks):
+            failed = tuple(
+                m.block_hash
+                for m in command.moves
+                if self._tiers[m.tier].failure_rate and self.rng.random() < self._tiers[m.tier].failure_rate
+            )
+            t = now + base + (self.rng.uniform(0.0, jitter) if jitter else 0.0)
+            self._push(t, TransferReport(t, command.job_id, rank, failed))
+
+    def _answer_lookup(self, event: LookupAnswer) -> LookupAnswer:
+        hashes = self._pending_lookup.pop((event.request_id, event.epoch), ())
+        return attrs.evolve(event, tiers=self.engine.sync_lookup(hashes))
+
+
+def run_simulation(
+    config: RunConfig,
+    workload: list[WorkloadRequest],
+    policies: PolicyStack,
+    recorder: Recorder | None = None,
+    progress: Progress | None = None,
+) -> SimResult:
+    return Simulator(config, workload, policies, recorder, progress).run()
+
+
+def describe_config(config: RunConfig) -> dict[str, Any]:
+    return config.to_dict()

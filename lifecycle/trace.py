@@ -1,0 +1,113 @@
+"""Trace writing and reading: one JSON object per line.
+
+Written through structlog with a private processor pipeline (library code never calls
+``structlog.configure()``): each record becomes an ordered dict with ``kind`` first and is
+rendered by orjson. The first line is a header with the schema version, the config, the
+policy stack and the seed; then every input event, transition, decision, job and warning
+in the order the engine produced them. Same inputs and config give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import structlog
+
+SCHEMA_VERSION = 1
+
+
+class TraceError(Exception):
+    def __init__(self, path: str, line: int | None, message: str) -> None:
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {message}")
+        self.path = path
+        self.line = line
+
+
+class _LineSink:
+    """The structlog 'logger' at the end of the pipeline: appends rendered lines."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._stream = stream
+
+    def msg(self, message: bytes) -> None:
+        self._stream.write(message)
+        self._stream.write(b"\n")
+
+
+def _kind_first(_logger: object, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    kind = event_dict.pop("event")
+    return {"kind": kind, **event_dict}
+
+
+def _render(_logger: object, _name: str, event_dict: dict[str, Any]) -> bytes:
+    return orjson.dumps(event_dict)
+
+
+class TraceWriter:
+    """Writes records to a JSON-lines file; use as a context manager so that whatever
+    was recorded before an error is flushed and the file stays valid line by line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self._stream: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise TraceError(str(path), None, f"cannot write trace: {exc.strerror}") from None
+        self._log = structlog.wrap_logger(
+            _LineSink(self._stream),
+            processors=[_kind_first, _render],
+            wrapper_class=structlog.BoundLogger,
+            cache_logger_on_first_use=True,
+        )
+        self.lines = 0
+
+    def write_header(self, config: dict[str, Any], policies: list[str], seed: int, **extra: Any) -> None:
+        self.record({"kind": "header", "schema": SCHEMA_VERSION, "config": config,
+                     "policies": policies, "seed": seed, **extra})
+
+    def record(self, record: dict[str, Any]) -> None:
+        fields = dict(record)
+        kind = fields.pop("kind")
+        self._log.msg(kind, **fields)
+        self.lines += 1
+
+    def close(self) -> None:
+        if not self._stream.closed:
+            self._stream.close()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def render_record(record: dict[str, Any]) -> bytes:
+    """The exact bytes TraceWriter writes for a record (without the newline)."""
+    return orjson.dumps(_kind_first(None, "", {"event": record["kind"],
+                                               **{k: v for k, v in record.items() if k != "kind"}}))
+
+
+def read_trace(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, record); raises TraceError naming the line on bad input."""
+    p = Path(path)
+    try:
+        stream = open(p, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise TraceError(str(p), None, f"cannot read trace: {exc.strerror}") from None
+    with stream:
+        for number, raw in enumerate(io.BufferedReader(stream), 1):
+            if not raw.strip():
+                continue
+            try:
+                record = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise TraceError(str(p), number, f"not JSON: {exc}") from None
+            if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+                raise TraceError(str(p), number, "field 'kind': missing (not a trace record)")
+            yield number, record

@@ -1,0 +1,277 @@
+"""Workloads for the simulator: the request record, the Mooncake trace reader, a summary.
+
+The Mooncake format is JSON lines, one request per line::
+
+    {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, ...]}
+
+``timestamp`` is the arrival in ms, ``hash_ids`` are chained block hashes: one per
+``block_tokens`` tokens of the prompt (the last may cover a partial block), and hash *i*
+stands for the whole prefix up to block *i*, so two prompts share hash *i* only if they
+share every block before it. That makes the ids directly usable as prefix-cache keys.
+
+Trace files come from outside the project, so the reader checks every field and reports
+the first problem as one ``file:line: field 'x': message`` line instead of letting a bad
+value surface later as a confusing failure deep in the simulator.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from typing import TypedDict
+
+import attrs
+import orjson
+
+__all__ = [
+    "WorkloadError",
+    "WorkloadRequest",
+    "WorkloadSummary",
+    "describe",
+    "load_mooncake",
+]
+
+
+@attrs.frozen(slots=True)
+class WorkloadRequest:
+    """One request as the simulator feeds it to the engine."""
+
+    request_id: str
+    arrival_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+    session: str | None = None
+
+
+class WorkloadError(Exception):
+    """A workload file that cannot be read or holds an invalid request."""
+
+    def __init__(
+        self, path: str, line: int | None, field: str | None, message: str
+    ) -> None:
+        # All four go to Exception so that args round-trip through pickle (multiprocessing).
+        super().__init__(path, line, field, message)
+        self.path = path
+        self.line = line
+        self.field = field
+        self.message = message
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        parts = [where]
+        if self.field is not None:
+            parts.append(f"field '{self.field}'")
+        parts.append(self.message)
+        # One line whatever the parts contain, so the error stays greppable in logs.
+        return ": ".join(parts).replace("\r", " ").replace("\n", " ")
+
+
+def _describe_value(value: object) -> str:
+    """How a bad value appears in a message: short, so one huge list cannot flood it."""
+    if isinstance(value, bool | int | float):
+        return repr(value)
+    return type(value).__name__
+
+
+def _check_count(value: object, minimum: int) -> str | None:
+    """None if ``value`` is an int >= minimum, else what is wrong with it."""
+    # bool is an int subclass, but `true` in a trace is a bug, not the count 1.
+    if type(value) is not int:
+        return f"expected an integer, got {_describe_value(value)}"
+    if value < minimum:
+        return f"expected an integer >= {minimum}, got {value}"
+    return None
+
+
+def _parse_record(
+    record: object, block_tokens: int, path: str, line: int
+) -> tuple[float, int, int, tuple[int, ...]]:
+    """Validate one decoded line into (timestamp, input_length, output_length, hash_ids)."""
+    if not isinstance(record, dict):
+        raise WorkloadError(
+            path, line, None, f"expected a JSON object, got {type(record).__name__}"
+        )
+    for field in ("timestamp", "input_length", "output_length", "hash_ids"):
+        if field not in record:
+            raise WorkloadError(path, line, field, "missing")
+
+    timestamp = record["timestamp"]
+    if type(timestamp) is not int and type(timestamp) is not float:
+        raise WorkloadError(
+            path,
+            line,
+            "timestamp",
+            f"expected a number, got {_describe_value(timestamp)}",
+        )
+    # orjson already rejects NaN and infinities; the bound check is what remains.
+    if timestamp < 0:
+        raise WorkloadError(
+            path, line, "timestamp", f"expected a number >= 0, got {timestamp}"
+        )
+
+    input_length = record["input_length"]
+    output_length = record["output_length"]
+    for field, value in (
+        ("input_length", input_length),
+        ("output_length", output_length),
+    ):
+        problem = _check_count(value, 1)
+        if problem is not None:
+            raise WorkloadError(path, line, field, problem)
+
+    hash_ids = record["hash_ids"]
+    if type(hash_ids) is not list:
+        raise WorkloadError(
+            path,
+            line,
+            "hash_ids",
+            f"expected a list of integers, got {_describe_value(hash_ids)}",
+        )
+    # Whole-list checks first: the all-valid case is the common one and must be fast.
+    if not all(type(h) is int for h in hash_ids) or (hash_ids and min(hash_ids) < 0):
+        for index, h in enumerate(hash_ids):
+            if type(h) is not int or h < 0:
+                raise WorkloadError(
+                    path,
+                    line,
+                    "hash_ids",
+                    f"element {index}: expected an integer >= 0, got {_describe_value(h)}",
+                )
+    expected = -(-input_length // block_tokens)
+    if len(hash_ids) != expected:
+        raise WorkloadError(
+            path,
+            line,
+            "hash_ids",
+            f"expected {expected} block hashes for input_length {input_length}, "
+            f"got {len(hash_ids)}",
+        )
+    return (timestamp, input_length, output_length, tuple(hash_ids))
+
+
+def load_mooncake(
+    path: str | os.PathLike[str],
+    *,
+    limit: int | None = None,
+    block_tokens: int = 512,
+    time_scale: float = 1.0,
+) -> list[WorkloadRequest]:
+    """Read a Mooncake JSON-lines trace.
+
+    ``limit`` keeps only the first N requests and stops reading there. ``time_scale``
+    divides arrival times: 2.0 replays the trace at twice its arrival rate. Request ids
+    are ``req-{index}`` in file order; blank lines are skipped but still count for line
+    numbers, and unknown keys are ignored. Raises ``WorkloadError`` for the first bad
+    line, ``ValueError`` for bad arguments.
+    """
+    if limit is not None and (type(limit) is not int or limit < 0):
+        raise ValueError(f"limit: expected None or an integer >= 0, got {limit!r}")
+    if type(block_tokens) is not int or block_tokens < 1:
+        raise ValueError(
+            f"block_tokens: expected an integer >= 1, got {block_tokens!r}"
+        )
+    if (
+        isinstance(time_scale, bool)
+        or not isinstance(time_scale, int | float)
+        or not math.isfinite(time_scale)
+        or time_scale <= 0
+    ):
+        raise ValueError(
+            f"time_scale: expected a finite number > 0, got {time_scale!r}"
+        )
+
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as handle:
+            return _read_requests(handle, name, limit, block_tokens, time_scale)
+    except OSError as exc:
+        raise WorkloadError(
+            name, None, None, f"cannot read: {exc.strerror or exc}"
+        ) from exc
+
+
+def _read_requests(
+    lines: Iterable[bytes],
+    name: str,
+    limit: int | None,
+    block_tokens: int,
+    time_scale: float,
+) -> list[WorkloadRequest]:
+    requests: list[WorkloadRequest] = []
+    previous_timestamp: float = 0.0
+    previous_line = 0
+    for line_number, raw in enumerate(lines, start=1):
+        if limit is not None and len(requests) >= limit:
+            break
+        if not raw.strip():
+            continue
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise WorkloadError(
+                name, line_number, None, f"invalid JSON: {exc}"
+            ) from None
+        timestamp, input_length, output_length, hash_ids = _parse_record(
+            record, block_tokens, name, line_number
+        )
+        if timestamp < previous_timestamp:
+            raise WorkloadError(
+                name,
+                line_number,
+                "timestamp",
+                f"{timestamp} is earlier than {previous_timestamp} on line "
+                f"{previous_line}; timestamps must not decrease",
+            )
+        previous_timestamp, previous_line = timestamp, line_number
+        requests.append(
+            WorkloadRequest(
+                request_id=f"req-{len(requests)}",
+                arrival_ms=timestamp / time_scale,
+                input_length=input_length,
+                output_length=output_length,
+                hash_ids=hash_ids,
+            )
+        )
+    return requests
+
+
+class WorkloadSummary(TypedDict):
+    requests: int
+    sessions: int
+    input_tokens: int
+    output_tokens: int
+    prompt_blocks: int
+    unique_blocks: int
+    repeated_blocks: int
+    ideal_hit_rate: float
+
+
+def describe(workload: list[WorkloadRequest]) -> WorkloadSummary:
+    """Counts that say what a workload will exercise.
+
+    ``ideal_hit_rate`` is the fraction of prompt blocks whose hash already appeared in an
+    earlier request (in list order): the prefix-cache hit rate with an infinite cache and
+    instant stores, an upper bound for any policy.
+    """
+    seen: set[int] = set()
+    prompt_blocks = 0
+    repeated = 0
+    sessions: set[str] = set()
+    for request in workload:
+        prompt_blocks += len(request.hash_ids)
+        repeated += sum(1 for h in request.hash_ids if h in seen)
+        seen.update(request.hash_ids)
+        if request.session is not None:
+            sessions.add(request.session)
+    return WorkloadSummary(
+        requests=len(workload),
+        sessions=len(sessions),
+        input_tokens=sum(r.input_length for r in workload),
+        output_tokens=sum(r.output_length for r in workload),
+        prompt_blocks=prompt_blocks,
+        unique_blocks=len(seen),
+        repeated_blocks=repeated,
+        ideal_hit_rate=repeated / prompt_blocks if prompt_blocks else 0.0,
+    )

@@ -1,0 +1,44 @@
+"""The baseline stack: what a connector does with no cleverness.
+
+Synchronous lookup on the scheduler's critical path, no early lookup, admit everything
+(no load sharing: two requests with the same hit both load it), store the blocks whose
+tokens are computed, hold blocks while a store still reads them, recompute after a
+failed load. It sits at the bottom of every stack and answers every hook.
+"""
+
+from __future__ import annotations
+
+from policies.base import (
+    Admission,
+    ArrivalAction,
+    Decision,
+    EngineView,
+    LoadFailureAction,
+    LoadView,
+    LookupMode,
+    RequestView,
+)
+
+
+class Baseline:
+    name = "baseline"
+
+    def on_arrival(self, req: RequestView, engine: EngineView) -> Decision[ArrivalAction]:
+        return Decision("none", "lookup waits until the scheduler considers the request")
+
+    def lookup_mode(self, req: RequestView, engine: EngineView) -> Decision[LookupMode]:
+        return Decision("sync", "synchronous lookup on the scheduler path")
+
+    def admission(self, req: RequestView, load: LoadView, engine: EngineView) -> Decision[Admission]:
+        if load.in_flight:
+            return Decision("go", f"loading {len(load.in_flight)} blocks that are already in flight (no sharing)")
+        return Decision("go", "admit")
+
+    def store_limit(self, req: RequestView, engine: EngineView) -> Decision[int]:
+        return Decision(req.confirmed_tokens, "store blocks whose tokens are computed")
+
+    def hold_at_finish(self, req: RequestView, stores_in_flight: int, engine: EngineView) -> Decision[bool]:
+        return Decision(True, f"hold blocks until {stores_in_flight} store jobs report")
+
+    def on_load_failure(self, req: RequestView, failed_blocks: int, engine: EngineView) -> Decision[LoadFailureAction]:
+        return Decision("recompute", f"{failed_blocks} blocks failed to load: recompute from the first")
