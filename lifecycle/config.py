@@ -160,8 +160,9 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
         raise fail(f"sim.{exc.field}", str(exc).split(": ", 1)[-1], exc.field) from None
     except (TypeError, ValueError) as exc:
         raise fail("sim", str(exc)) from None
-    stack = data.get("policies", {}).get("stack", []) if isinstance(data.get("policies"), dict) else None
-    if stack is None or not isinstance(stack, list) or not all(isinstance(s, str) for s in stack):
+    policies = data.get("policies", {})
+    stack = policies.get("stack", []) if isinstance(policies, dict) else None
+    if not isinstance(stack, list) or not all(isinstance(s, str) for s in stack):
         raise fail("policies.stack", "must be a list of policy names", "stack")
     return RunConfig(engine=engine, sim=sim, policies=tuple(stack))
 

@@ -17,6 +17,7 @@ rank complete jobs (``_job_done``).
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -35,17 +36,19 @@ from lifecycle.events import (
     LookupAnswer,
     Scheduled,
     StartLoad,
+    StartPrefetch,
     StartStore,
     StepOutput,
     StepPlan,
     SubmitLookup,
     Tick,
+    TierMove,
     TransferReport,
     input_to_record,
 )
 from lifecycle.ranks import RankAggregator, ReportStatus
 from lifecycle.request import Request
-from policies.base import EngineView, LoadView, PolicyStack
+from policies.base import EngineView, LoadView, PolicyStack, PrefetchView
 from specs.table import TABLE, ReferenceRequest
 from transfer.index import TierIndex
 
@@ -61,6 +64,23 @@ class Job:
     started_ms: float
     waiters: list[tuple[str, int]]  # (request id, epoch) told when the job completes
     timed_out: bool = False
+
+
+@attrs.define(slots=True, eq=False)
+class PrefetchJob:
+    """A pull of lower-tier blocks into the host tier, started at arrival (early prefetch).
+
+    It holds no device block: the source tier pins what it reads, the host tier reserves
+    the slots it writes. Kept apart from ``Engine.jobs`` (device loads and stores)."""
+
+    job_id: int
+    request_id: str
+    epoch: int
+    moves: tuple[TierMove, ...]
+    started_ms: float
+    deadline_ms: float  # started_ms + the patience the policy chose when it started
+    patience_policy: str
+    deferred: bool = False  # its request has been deferred at least once waiting for it
 
 
 @attrs.define
@@ -82,6 +102,11 @@ class Stats:
     deferrals: dict[str, int] = attrs.Factory(dict)
     warnings: dict[str, int] = attrs.Factory(dict)
     rank_timeouts: int = 0
+    duplicate_lookups: int = 0  # submissions ignored because one is already pending
+    prefetches: int = 0
+    blocks_prefetched: int = 0
+    prefetch_waits: int = 0  # admissions deferred to wait for a prefetch
+    prefetch_gave_up: int = 0  # patience ran out: the missing blocks are computed instead
 
 
 class Engine:
@@ -117,6 +142,15 @@ class Engine:
         self._next_step = 0
         self._next_seq = 0
         self._commands: list[Command] = []
+        # Sync lookups are re-done (and re-paid on the critical path) each time the scheduler
+        # considers the request again, as vLLM's get_num_new_matched_tokens is; to keep an
+        # idle simulation from spinning, only once something may have changed in the tiers
+        # (a transfer report arrived). rid -> transfer version at the last sync lookup.
+        self._sync_lookup_version: dict[str, int] = {}
+        self._transfer_version = 0
+        self.prefetches: dict[int, PrefetchJob] = {}
+        self.prefetch_waits: dict[str, PrefetchJob] = {}  # rid -> the prefetch it waits for
+        self._wants_prefetch: dict[str, int] = {}  # rid -> epoch whose lookup answer starts one
 
     # ---- public API -------------------------------------------------------------------
     def handle(self, event: InputEvent) -> list[Command]:
@@ -132,7 +166,11 @@ class Engine:
         elif isinstance(event, StepOutput):
             self._on_step_output(event)
         elif isinstance(event, TransferReport):
-            self._on_transfer_report(event)
+            self._transfer_version += 1
+            if event.job_id in self.prefetches:
+                self._on_prefetch_report(event)
+            else:
+                self._on_transfer_report(event)
         elif isinstance(event, LookupAnswer):
             self._on_lookup_answer(event)
         elif isinstance(event, Arrival):
@@ -145,7 +183,24 @@ class Engine:
 
     def busy(self) -> bool:
         """True while some request is not finished or some job is in flight."""
-        return bool(self.jobs) or any(r.state != "finished" for r in self.requests.values())
+        return (
+            bool(self.jobs)
+            or bool(self.prefetches)
+            or self.state_counts["finished"] < len(self.requests)
+        )
+
+    def next_wakeup(self) -> float | None:
+        """Earliest future time at which a request's prefetch patience runs out: a driver
+        should tick then even if nothing else happens (the core never sets timers)."""
+        soonest: float | None = None
+        for rid, job in self.prefetch_waits.items():
+            if self.requests[rid].epoch != job.epoch or job.job_id not in self.prefetches:
+                continue
+            if not math.isfinite(job.deadline_ms):
+                continue  # wait_complete: the prefetch's own report wakes the scheduler
+            if self.now < job.deadline_ms and (soonest is None or job.deadline_ms < soonest):
+                soonest = job.deadline_ms
+        return soonest
 
     def stranded(self) -> list[str]:
         """Invariant 7 after inputs stop: requests stuck in a state that waits on IO."""
@@ -256,11 +311,19 @@ class Engine:
             self._finish(req, "failed", "error", f"prompt needs more than the {self.pool.capacity} device blocks")
             return
         bisect.insort(self.waiting, req, key=_seq)
-        if self.tiers and self._ask(req, "on_arrival") == "lookup":
+        action = self._ask(req, "on_arrival") if self.tiers else "none"
+        if action in ("lookup", "prefetch"):
+            if action == "prefetch":
+                self._wants_prefetch[req.request_id] = req.epoch
             self.waiting.remove(req)
-            self._submit_lookup(req, "early lookup at arrival")
+            self._submit_lookup(req, f"early {action} at arrival")
 
     def _submit_lookup(self, req: Request, reason: str) -> None:
+        if req.state == "lookup_pending":
+            # Idempotent: the pending lookup for this epoch will answer; never a second one.
+            self.stats.duplicate_lookups += 1
+            return
+        self._sync_lookup_version.pop(req.request_id, None)
         self.stats.async_lookups += 1
         self._commands.append(SubmitLookup(req.request_id, req.epoch, self._hit_candidates(req)))
         self._move(req, "lookup_submitted", reason)
@@ -289,6 +352,8 @@ class Engine:
             reason = f"lookup answered: {len(req.lookup)} blocks in tiers"
         self._move(req, "lookup_answered", reason)
         bisect.insort(self.waiting, req, key=_seq)
+        if self._wants_prefetch.pop(req.request_id, None) == req.epoch:
+            self._start_prefetch(req)
 
     def _on_abort(self, event: Abort) -> None:
         req = self.requests.get(event.request_id)
@@ -297,12 +362,130 @@ class Engine:
             return
         if req.state == "lookup_pending":
             self._commands.append(DiscardLookup(req.request_id, req.epoch))
+        self._sync_lookup_version.pop(req.request_id, None)
+        self._wants_prefetch.pop(req.request_id, None)
+        self.prefetch_waits.pop(req.request_id, None)
         self._finish(req, "aborted", "aborted", "client aborted")
 
     def _hit_candidates(self, req: Request) -> tuple[int, ...]:
         # At least one prompt token is always computed, to produce the first output.
         limit = (req.prompt_tokens - 1) // self.config.block_tokens
         return req.hashes[:limit]
+
+    # ---- early prefetch: lower tier -> host tier, and the patience to wait for it --------
+    def _start_prefetch(self, req: Request) -> None:
+        host = self.tiers.get("host")
+        if host is None or not req.lookup:
+            return
+        candidates = self._hit_candidates(req)
+        lower = [
+            (candidates[i], tier)
+            for i, tier in enumerate(req.lookup[: len(candidates)])
+            if tier != "host" and self.pool.block_of(candidates[i]) is None
+            and self.tiers[tier].contains(candidates[i])
+        ]
+        if not lower:
+            return
+        plan = host.prepare_store([h for h, _ in lower])
+        if plan.evicted:
+            self._record({"kind": "evict", "t": self.now, "tier": host.name, "blocks": list(plan.evicted)})
+        if not plan.accepted:
+            return
+        source = dict(lower)
+        moves = tuple(
+            TierMove(h, source[h], self.tiers[source[h]].prepare_load([h])[0], host.name, slot)
+            for h, slot in plan.accepted
+        )
+        job_id = self._new_job_id()
+        view = PrefetchView(
+            blocks=len(moves),
+            tokens=len(moves) * self.config.block_tokens,
+            source_tiers=tuple(m.src_tier for m in moves),
+            started_ms=self.now,
+        )
+        patience = float(self._ask(req, "prefetch_patience", view))
+        policy = req.last_decisions["prefetch_patience"][0]
+        job = PrefetchJob(job_id, req.request_id, req.epoch, moves, self.now, self.now + patience, policy)
+        self.prefetches[job_id] = job
+        self.prefetch_waits[req.request_id] = job
+        self.ranks.open(job_id)
+        self.stats.prefetches += 1
+        self.stats.blocks_prefetched += len(moves)
+        tiers: dict[str, int] = {}
+        for move in moves:
+            tiers[move.src_tier] = tiers.get(move.src_tier, 0) + 1
+        self._record({"kind": "job", "t": self.now, "job": job_id, "op": "prefetch", "req": req.request_id,
+                      "blocks": len(moves), "tiers": tiers})
+        self._commands.append(StartPrefetch(job_id, req.request_id, moves))
+
+    def _on_prefetch_report(self, event: TransferReport) -> None:
+        outcome = self.ranks.report(event.job_id, event.rank, event.failed)
+        if outcome.status is ReportStatus.PENDING:
+            return
+        if outcome.status is not ReportStatus.DONE:
+            self._warn(outcome.status.value + "_report", job=event.job_id, rank=event.rank)
+            return
+        job = self.prefetches.pop(event.job_id)
+        bad = set(outcome.failed)
+        host = self.tiers[job.moves[0].dst_tier]
+        landed: list[int] = []
+        lost: list[int] = []
+        for move in job.moves:
+            source = self.tiers[move.src_tier]
+            source.complete_load([move.block_hash])
+            if move.block_hash in bad:
+                source.discard([move.block_hash])
+                lost.append(move.block_hash)
+            else:
+                landed.append(move.block_hash)
+        host.complete_store(landed, ok=True)
+        host.complete_store(lost, ok=False)
+        self.stats.failed_blocks += len(lost)
+        self._record({"kind": "job_done", "t": self.now, "job": job.job_id, "op": "prefetch",
+                      "failed": len(lost), "late": False})
+        if self.prefetch_waits.get(job.request_id) is job:
+            del self.prefetch_waits[job.request_id]
+        req = self.requests.get(job.request_id)
+        if req is None or req.epoch != job.epoch or req.lookup is None:
+            return
+        # The owner now reads the landed blocks from the host tier, and computes from the
+        # first block that failed to land.
+        landed_set = set(landed)
+        lost_set = set(lost)
+        candidates = self._hit_candidates(req)
+        tiers: list[str] = []
+        for i, tier in enumerate(req.lookup[: len(candidates)]):
+            if candidates[i] in lost_set:
+                break
+            tiers.append(host.name if candidates[i] in landed_set else tier)
+        req.lookup = tuple(tiers)
+
+    def _prefetch_gate(self, req: Request) -> str:
+        """"deferred" while the request's prefetch is in flight and its patience lasts."""
+        job = self.prefetch_waits[req.request_id]
+        if req.epoch != job.epoch or job.job_id not in self.prefetches:
+            del self.prefetch_waits[req.request_id]
+            return "go"
+        if self.now < job.deadline_ms:
+            if not job.deferred:
+                job.deferred = True
+                self.stats.prefetch_waits += 1
+                self.stats.deferrals[job.patience_policy] = self.stats.deferrals.get(job.patience_policy, 0) + 1
+            return "deferred"
+        del self.prefetch_waits[req.request_id]
+        in_flight = {m.block_hash for m in job.moves}
+        lookup = req.lookup or ()
+        candidates = self._hit_candidates(req)
+        keep = 0
+        while keep < min(len(lookup), len(candidates)) and candidates[keep] not in in_flight:
+            keep += 1
+        self.stats.prefetch_gave_up += 1
+        self._record({"kind": "decision", "t": self.now, "req": req.request_id, "point": "prefetch_patience",
+                      "policy": job.patience_policy, "value": "compute",
+                      "reason": f"patience ran out after {self.now - job.started_ms:.1f} ms: "
+                                f"{len(lookup) - keep} hit blocks still in flight are computed"})
+        req.lookup = lookup[:keep]
+        return "go"
 
     def sync_lookup(self, hashes: Sequence[int]) -> tuple[str, ...]:
         """Tier of each leading block present in some tier (the cascade's answer)."""
@@ -391,7 +574,8 @@ class Engine:
         )
         self._commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups))
         for req, _, _ in entries:
-            self._maybe_store(req)
+            if req.stored_blocks < len(req.hashes):
+                self._maybe_store(req)
 
     def _admit(self, budget: int, entries: list[tuple[Request, int, bool]]) -> tuple[int, int]:
         sync_lookups = 0
@@ -399,7 +583,11 @@ class Engine:
         index = 0
         while index < len(self.waiting) and budget > 0 and active < self.config.max_running:
             req = self.waiting[index]
-            if req.lookup is None:
+            if req.request_id in self.prefetch_waits and self._prefetch_gate(req) == "deferred":
+                index += 1
+                continue
+            stale = self._sync_lookup_version.get(req.request_id, self._transfer_version)
+            if req.lookup is None or stale != self._transfer_version:
                 if not self.tiers:
                     req.lookup = ()
                 elif self._ask(req, "lookup_mode") == "async":
@@ -408,6 +596,7 @@ class Engine:
                     continue
                 else:
                     req.lookup = self.sync_lookup(self._hit_candidates(req))
+                    self._sync_lookup_version[req.request_id] = self._transfer_version
                     sync_lookups += 1
             outcome = self._try_admit(req, budget, entries)
             if outcome == "blocked":
@@ -416,6 +605,7 @@ class Engine:
                 index += 1
                 continue
             del self.waiting[index]
+            self._sync_lookup_version.pop(req.request_id, None)
             active += 1
             if outcome == "running":
                 budget -= entries[-1][1]
@@ -428,7 +618,10 @@ class Engine:
         assert req.lookup is not None
         # Re-validate the lookup: a block may have been evicted since the answer.
         plan: list[tuple[int, str]] = []  # (hash, "device" | tier) for blocks past the device hit
-        for i in range(device, min(len(req.lookup), len(candidates))):
+        # After a failed load, external hits stop before the first block that failed, so
+        # a bad or unreachable copy is never retried forever.
+        external_end = min(len(req.lookup), len(candidates), req.external_hit_limit)
+        for i in range(device, external_end):
             block = candidates[i]
             if self.pool.block_of(block) is not None:
                 plan.append((block, "device"))
@@ -575,12 +768,13 @@ class Engine:
                 req.generated += 1
                 if req.first_token_ms is None:
                     req.first_token_ms = self.now
-            self._register_computed(req)
+            if req.registered_blocks < len(req.hashes):
+                self._register_computed(req)
+            if req.stored_blocks < len(req.hashes):
+                self._maybe_store(req)  # before finishing: the last step's blocks are stored too
             reason = finished.pop(req.request_id, None)
             if reason is not None:
                 self._finish_generation(req, reason)
-            else:
-                self._maybe_store(req)
         for rid in finished:
             self._warn("finish_for_unscheduled_request", req=rid, step=event.step_id)
 
@@ -731,6 +925,9 @@ class Engine:
         if action == "fail":
             self._finish(req, "failed", "error", f"{failed} blocks failed to load")
             return
+        position = {h: i for i, h in enumerate(req.hashes)}
+        first_bad = min((position[h] for h in req.load_failed if h in position), default=0)
+        req.external_hit_limit = min(req.external_hit_limit, first_bad)
         self._release_request_blocks(req)
         req.epoch += 1
         req.lookup = None

@@ -119,11 +119,11 @@ def input_from_record(record: dict[str, Any]) -> InputEvent:
                 raise BadEvent(field.name, f"expected a list, got {type(value).__name__}")
             value = tuple(value)
         values[field.name] = value
-    _check_types(kind, values)
+    _check_types(values)
     return cls(**values)  # type: ignore[no-any-return]
 
 
-def _check_types(kind: str, values: dict[str, Any]) -> None:
+def _check_types(values: dict[str, Any]) -> None:
     for name, value in values.items():
         if name == "t" and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise BadEvent("t", f"expected a number, got {value!r}")
@@ -174,6 +174,27 @@ class StartStore:
 
 
 @attrs.frozen(slots=True)
+class TierMove:
+    """One block pulled from a lower tier into another tier (no device block involved)."""
+
+    block_hash: BlockHash
+    src_tier: str
+    src_slot: int
+    dst_tier: str
+    dst_slot: int
+
+
+@attrs.frozen(slots=True)
+class StartPrefetch:
+    """Pull blocks from disk/remote into the host tier (early prefetch). Completion comes
+    back as one ``TransferReport`` per rank for ``job_id``, like loads and stores."""
+
+    job_id: int
+    request_id: str
+    moves: tuple[TierMove, ...]
+
+
+@attrs.frozen(slots=True)
 class FreeBlocks:
     device_blocks: tuple[int, ...]
 
@@ -203,4 +224,4 @@ class StepPlan:
         return sum(1 for e in self.entries if e.num_tokens == 1)
 
 
-Command = SubmitLookup | DiscardLookup | StartLoad | StartStore | FreeBlocks | StepPlan
+Command = SubmitLookup | DiscardLookup | StartLoad | StartStore | StartPrefetch | FreeBlocks | StepPlan

@@ -30,6 +30,7 @@ class Request:
     registered_blocks: int = 0  # leading prompt blocks published in the device cache
     load_jobs: list[int] = attrs.Factory(list)  # loads this request waits for
     load_failed: list[int] = attrs.Factory(list)  # block hashes that failed in those loads
+    external_hit_limit: int = 1 << 30  # lowered to the first failed block after a bad load
     hit_tokens_pending: int = 0  # tokens the pending loads will make valid
     store_jobs: int = 0  # stores still reading this request's blocks
     finish_reason: str | None = None

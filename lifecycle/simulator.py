@@ -24,6 +24,7 @@ from lifecycle.events import (
     InputEvent,
     LookupAnswer,
     StartLoad,
+    StartPrefetch,
     StartStore,
     StepOutput,
     StepPlan,
@@ -55,12 +56,15 @@ class Simulator:
         recorder: Recorder | None = None,
         progress: Progress | None = None,
         reference: bool = False,
+        check_every: int | None = None,
     ) -> None:
         self.config = config
         self.workload = workload
         self.engine = Engine(config.engine, policies, recorder=recorder, reference=reference)
         self.rng = random.Random(config.sim.seed)
         self.progress = progress
+        # Check block accounting (invariants 2 and 8) every N events; tests use it.
+        self.check_every = check_every
         self._queue: list[tuple[float, int, InputEvent]] = []
         self._seq = 0
         self._output_len = {w.request_id: w.output_length for w in workload}
@@ -69,6 +73,9 @@ class Simulator:
         self._tick_pending = False
         self._tiers = {t.name: t for t in config.engine.tiers}
         self._pending_lookup: dict[tuple[str, int], tuple[int, ...]] = {}
+        # Ticks pushed because a prefetch patience runs out (engine.next_wakeup), by heap seq.
+        self._wakeup_seqs: set[int] = set()
+        self._wakeup_times: set[float] = set()
 
     def _push(self, t: float, event: InputEvent) -> None:
         heapq.heappush(self._queue, (t, self._seq, event))
@@ -83,16 +90,23 @@ class Simulator:
         max_in_flight = 2 if self.config.engine.async_scheduling else 1
         engine = self.engine
         while self._queue:
-            now, _, event = heapq.heappop(self._queue)
+            now, seq, event = heapq.heappop(self._queue)
             if isinstance(event, StepOutput):
                 event = self._with_finishes(event)
                 self._steps_in_flight -= 1
             elif isinstance(event, Tick):
+                if seq in self._wakeup_seqs:
+                    self._wakeup_seqs.discard(seq)
+                    self._wakeup_times.discard(now)
+                    if self._tick_pending or self._steps_in_flight >= max_in_flight:
+                        continue  # a regular tick comes anyway (after the step in flight)
                 self._tick_pending = False
             elif isinstance(event, LookupAnswer):
                 event = self._answer_lookup(event)
             commands = engine.handle(event)
             events += 1
+            if self.check_every is not None and events % self.check_every == 0:
+                engine.check_invariants()
             made_plan = False
             for command in commands:
                 if isinstance(command, StepPlan):
@@ -100,10 +114,15 @@ class Simulator:
                     self._start_step(now, command)
                 elif isinstance(command, StartLoad | StartStore):
                     self._start_transfer(now, command)
+                elif isinstance(command, StartPrefetch):
+                    self._start_prefetch(now, command)
                 elif isinstance(command, SubmitLookup):
+                    key = (command.request_id, command.epoch)
+                    if key in self._pending_lookup:
+                        continue  # idempotent: one answer per (request, epoch)
                     # The lookup reads the tiers when it completes (see _answer_lookup).
                     t = now + self.config.engine.lookup_latency_ms
-                    self._pending_lookup[(command.request_id, command.epoch)] = command.block_hashes
+                    self._pending_lookup[key] = command.block_hashes
                     self._push(t, LookupAnswer(t, command.request_id, command.epoch, ()))
             # Tick again after any event, unless the last tick found nothing to do and
             # nothing has changed since (no spinning in idle time).
@@ -115,6 +134,11 @@ class Simulator:
             ):
                 self._tick_pending = True
                 self._push(now, Tick(now))
+            wake = engine.next_wakeup() if engine.prefetch_waits else None
+            if wake is not None and wake not in self._wakeup_times:
+                self._wakeup_times.add(wake)
+                self._wakeup_seqs.add(self._seq)
+                self._push(wake, Tick(wake))
             if self.progress is not None:
                 done = engine.state_counts["finished"]
                 if done - finished_before >= 200:
@@ -122,6 +146,7 @@ class Simulator:
                     self.progress(done, len(self.workload))
         if self.progress is not None:
             self.progress(engine.state_counts["finished"], len(self.workload))
+        engine.check_invariants()
         return SimResult(engine, self.workload, now, events, engine.stranded())
 
     def _start_step(self, now: float, plan: StepPlan) -> None:
@@ -168,6 +193,27 @@ class Simulator:
                 m.block_hash
                 for m in command.moves
                 if self._tiers[m.tier].failure_rate and self.rng.random() < self._tiers[m.tier].failure_rate
+            )
+            t = now + base + (self.rng.uniform(0.0, jitter) if jitter else 0.0)
+            self._push(t, TransferReport(t, command.job_id, rank, failed))
+
+    def _start_prefetch(self, now: float, command: StartPrefetch) -> None:
+        # Tier to tier: paced by the slowest source tier; failures drawn per source block.
+        ranks = self.config.engine.ranks
+        per_tier: dict[str, int] = {}
+        for move in command.moves:
+            per_tier[move.src_tier] = per_tier.get(move.src_tier, 0) + 1
+        base = 0.0
+        for name, blocks in per_tier.items():
+            tier = self._tiers[name]
+            shard_bytes = blocks * self.config.sim.block_bytes / ranks
+            base = max(base, tier.latency_ms + shard_bytes / (tier.bandwidth_gbps * 1e9) * 1000.0)
+        jitter = self.config.sim.rank_jitter_ms
+        for rank in range(ranks):
+            failed = tuple(
+                m.block_hash
+                for m in command.moves
+                if self._tiers[m.src_tier].failure_rate and self.rng.random() < self._tiers[m.src_tier].failure_rate
             )
             t = now + base + (self.rng.uniform(0.0, jitter) if jitter else 0.0)
             self._push(t, TransferReport(t, command.job_id, rank, failed))

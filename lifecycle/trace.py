@@ -10,7 +10,7 @@ in the order the engine produced them. Same inputs and config give the same byte
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,12 +39,12 @@ class _LineSink:
         self._stream.write(b"\n")
 
 
-def _kind_first(_logger: object, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _kind_first(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     kind = event_dict.pop("event")
     return {"kind": kind, **event_dict}
 
 
-def _render(_logger: object, _name: str, event_dict: dict[str, Any]) -> bytes:
+def _render(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> bytes:
     return orjson.dumps(event_dict)
 
 

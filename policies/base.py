@@ -7,14 +7,32 @@ asks the stack top-down: the first policy that answers wins, and the baseline at
 bottom answers everything. The engine enforces safety whatever the answer is: a policy
 chooses among legal options, it cannot free a block under a transfer.
 
+Stack order: the stack is the ``--policy`` flags (or ``[policies] stack``) in the order
+given, then ``Baseline``. Each hook is resolved on its own, so policies that answer
+different hooks (``async-lookup`` answers ``lookup_mode``, ``shared-loads`` answers
+``admission``) compose in any order; when two answer the same hook, put the more specific
+one first (``prefetch-timeout`` before ``early-prefetch``, a user override before the
+built-ins). A hook nobody answers falls back to ``FALLBACKS`` (only
+``prefetch_patience``, which the baseline predates: wait for the prefetch to complete).
+
+Decision points, in the order a request meets them: ``on_arrival`` (none, lookup, or
+lookup plus a lower-tier prefetch into the host tier), ``lookup_mode`` (sync or async),
+``prefetch_patience`` (ms a request may wait for its prefetch, counted from the start of
+the prefetch: 0 is best effort, ``math.inf`` waits for completion), ``admission`` (go,
+defer, join an in-flight load), ``store_limit`` (tokens whose blocks may be stored),
+``hold_at_finish`` and ``on_load_failure``.
+
 Loading a policy module runs its code (it is imported like any Python module): load
 only policy files you trust.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import inspect
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,21 +43,23 @@ import attrs
 T = TypeVar("T")
 
 LookupMode = Literal["sync", "async"]
-ArrivalAction = Literal["none", "lookup"]
+ArrivalAction = Literal["none", "lookup", "prefetch"]
 Admission = Literal["go", "defer", "join"]
 LoadFailureAction = Literal["recompute", "fail"]
 
 HOOKS: tuple[str, ...] = (
     "on_arrival",
     "lookup_mode",
+    "prefetch_patience",
     "admission",
     "store_limit",
     "hold_at_finish",
     "on_load_failure",
 )
 HOOK_VALUES: dict[str, tuple[Any, ...] | type] = {
-    "on_arrival": ("none", "lookup"),
+    "on_arrival": ("none", "lookup", "prefetch"),
     "lookup_mode": ("sync", "async"),
+    "prefetch_patience": float,  # ms, >= 0; ints accepted, math.inf means wait for completion
     "admission": ("go", "defer", "join"),
     "store_limit": int,
     "hold_at_finish": bool,
@@ -83,6 +103,16 @@ class LoadView:
 
 
 @attrs.frozen(slots=True)
+class PrefetchView:
+    """A lower-tier to host-tier pull started for this request (early prefetch)."""
+
+    blocks: int  # blocks being pulled into the host tier
+    tokens: int  # tokens those blocks hold
+    source_tiers: tuple[str, ...]  # tier each block is pulled from
+    started_ms: float
+
+
+@attrs.frozen(slots=True)
 class EngineView:
     now_ms: float
     running: int
@@ -100,6 +130,10 @@ class Policy(Protocol):
     def on_arrival(self, req: RequestView, engine: EngineView) -> Decision[ArrivalAction] | None: ...
 
     def lookup_mode(self, req: RequestView, engine: EngineView) -> Decision[LookupMode] | None: ...
+
+    def prefetch_patience(
+        self, req: RequestView, prefetch: PrefetchView, engine: EngineView
+    ) -> Decision[float] | None: ...
 
     def admission(
         self, req: RequestView, load: LoadView, engine: EngineView
@@ -127,6 +161,22 @@ class Answer:
     reason: str
 
 
+# Answers for hooks that no policy in the stack implements (the baseline predates them).
+FALLBACKS: dict[str, Answer] = {
+    "prefetch_patience": Answer("fallback", math.inf, "wait_complete: no policy set a prefetch patience"),
+}
+# Positional arguments each hook is called with (the request view first, the engine view last).
+HOOK_ARITY: dict[str, int] = {
+    "on_arrival": 2,
+    "lookup_mode": 2,
+    "prefetch_patience": 3,
+    "admission": 3,
+    "store_limit": 2,
+    "hold_at_finish": 3,
+    "on_load_failure": 3,
+}
+
+
 class PolicyStack:
     """Ask policies top-down; the first ``Decision`` wins."""
 
@@ -151,12 +201,30 @@ class PolicyStack:
 
     def ask(self, hook: str, *args: Any) -> Answer:
         for name, fn in self._chains[hook]:
-            decision = fn(*args)
+            try:
+                decision = fn(*args)
+            except Exception as exc:  # a user's hook can raise anything: name it, no traceback
+                raise PolicyError(
+                    f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
+                ) from exc
             if decision is None:
                 continue
-            _check_decision(name, hook, decision)
+            _check_decision(f"{name} ({_origin(fn)})", hook, decision)
             return Answer(name, decision.value, decision.reason)
+        fallback = FALLBACKS.get(hook)
+        if fallback is not None:
+            return fallback
         raise PolicyError(f"no policy in the stack answered {hook}")
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    """Where a hook's code lives, for errors: module (and file for file-loaded policies)."""
+    module_name = getattr(fn, "__module__", None) or "?"
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module_name.startswith("kvlife_user_policy_") and path:
+        return f"module {path}"
+    return f"module {module_name}"
 
 
 def _check_decision(policy: str, hook: str, decision: object) -> None:
@@ -167,6 +235,13 @@ def _check_decision(policy: str, hook: str, decision: object) -> None:
     if not isinstance(decision.reason, str) or not decision.reason:
         raise PolicyError(f"policy {policy}: hook {hook} gave no reason string")
     allowed = HOOK_VALUES[hook]
+    if allowed is float:
+        value = decision.value
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value < 0:
+            raise PolicyError(
+                f"policy {policy}: hook {hook} returned {value!r}, expected a number of ms >= 0"
+            )
+        return
     if isinstance(allowed, tuple):
         if decision.value not in allowed:
             raise PolicyError(
@@ -208,10 +283,49 @@ def load_policy(spec: str) -> object:
     except Exception as exc:  # a user's constructor can raise anything
         raise PolicyError(f"policy {spec!r}: constructing {class_name} failed: {exc}") from exc
     if not any(callable(getattr(policy, hook, None)) for hook in HOOKS):
+        near = _misspelled_hooks(policy)
+        hint = f" (did you mean {near}?)" if near else ""
         raise PolicyError(
-            f"policy {spec!r}: {class_name} implements none of the hooks {', '.join(HOOKS)}"
+            f"policy {spec!r}: {class_name} implements none of the hooks {', '.join(HOOKS)}{hint}"
         )
+    check_hooks(spec, policy)
     return policy
+
+
+def _misspelled_hooks(policy: object) -> str:
+    pairs = []
+    for attr in sorted(dir(policy)):
+        if attr.startswith("_") or attr in HOOKS or not callable(getattr(policy, attr, None)):
+            continue
+        match = difflib.get_close_matches(attr, HOOKS, n=1, cutoff=0.8)
+        if match:
+            pairs.append(f"{match[0]!r} for {attr!r}")
+    return ", ".join(pairs)
+
+
+def check_hooks(spec: str, policy: object) -> None:
+    """Reject, at load time, hooks that could never be called: not callable, a name one
+    typo away from a hook, or a signature that cannot take the hook's arguments."""
+    near = _misspelled_hooks(policy)
+    if near:
+        raise PolicyError(f"policy {spec!r}: not a hook, did you mean {near}?")
+    for hook in HOOKS:
+        fn = getattr(policy, hook, None)
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise PolicyError(f"policy {spec!r}: hook {hook} is not callable")
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            continue  # builtins and C callables: checked when called
+        try:
+            signature.bind(*([None] * HOOK_ARITY[hook]))
+        except TypeError:
+            raise PolicyError(
+                f"policy {spec!r}: hook {hook}{signature} cannot take the {HOOK_ARITY[hook]} "
+                f"arguments it is called with (see policies.base.Policy)"
+            ) from None
 
 
 def _import_policy_module(spec: str, module_part: str) -> Any:

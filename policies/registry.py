@@ -4,12 +4,44 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from policies.async_lookup import AsyncLookup
 from policies.baseline import Baseline
+from policies.defer_while_loading import DeferWhileLoading
+from policies.early_prefetch import EarlyLookup, EarlyPrefetch
+from policies.hold_while_sending import HoldWhileSending
+from policies.prefetch_patience import PrefetchBestEffort, PrefetchTimeout, PrefetchWaitComplete
+from policies.shared_loads import SharedLoads
+from policies.stores import NaiveStoresUnsafe, PlaceholderSafeStores
+from policies.sync_lookup import SyncLookup
 
 BUILTIN: dict[str, Callable[[], object]] = {
     "baseline": Baseline,
+    "sync-lookup": SyncLookup,
+    "async-lookup": AsyncLookup,
+    "early-lookup": EarlyLookup,
+    "early-prefetch": EarlyPrefetch,
+    "shared-loads": SharedLoads,
+    "defer-while-loading": DeferWhileLoading,
+    "placeholder-safe-stores": PlaceholderSafeStores,
+    "naive-stores-unsafe": NaiveStoresUnsafe,
+    "prefetch-best-effort": PrefetchBestEffort,
+    "prefetch-wait-complete": PrefetchWaitComplete,
+    "prefetch-timeout": PrefetchTimeout,
+    "hold-while-sending": HoldWhileSending,
 }
 
 DESCRIPTIONS: dict[str, str] = {
     "baseline": "sync lookup, admit all (no load sharing), store computed blocks, hold while sending",
+    "sync-lookup": "lookup inline on the scheduler tick, re-paid each time a waiting request is considered",
+    "async-lookup": "lookup on a background worker; request waits in lookup_pending (Mooncake, vLLM #45659)",
+    "early-lookup": "lookup at arrival, even while the token budget is saturated (skips resumable requests)",
+    "early-prefetch": "early-lookup plus a pull of disk/remote hits into the host tier (LMCache on_new_request)",
+    "shared-loads": "join an in-flight load of the same blocks, load only the rest: 0 redundant loads",
+    "defer-while-loading": "defer the whole request while another loads its blocks (vLLM plain; convoys)",
+    "placeholder-safe-stores": "store only blocks whose tokens a step output confirmed, never placeholders",
+    "naive-stores-unsafe": "UNSAFE: store up to computed tokens incl. in-flight steps (for comparison/tests)",
+    "prefetch-best-effort": "never wait for a prefetch: compute what has not landed (SGLang HiCache)",
+    "prefetch-wait-complete": "wait until the whole prefetch has landed (SGLang HiCache)",
+    "prefetch-timeout": "wait up to 1 s + 0.25 s per 1k tokens, capped at 3 s, then compute (SGLang HiCache)",
+    "hold-while-sending": "finished request holds its blocks in sending until every rank reported (vLLM #19555)",
 }

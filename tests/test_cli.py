@@ -1,0 +1,110 @@
+"""The command line: the main job, JSON output, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from lifecycle.cli import main
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lifecycle.cli", *args], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+def test_default_run_prints_the_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--limit", "60"]) == 0
+    out = capsys.readouterr().out
+    for label in ("TTFT p50 / p90 / p99", "TPOT", "throughput", "prefix hit rate", "host",
+                  "deferrals by reason", "scheduler ticks", "wall time"):
+        assert label in out
+
+
+def test_json_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--limit", "50", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests"] == 50
+    assert summary["finished"] == {"stopped": 50}
+    assert set(summary["prefix_hit_rate"]) == {"device", "host"}
+    assert summary["ttft_ms"]["p50"] > 0
+
+
+def test_config_file_and_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "kvlife.toml"
+    config.write_text('[engine]\ndevice_blocks = 300\nranks = 2\n\n[[tiers]]\nname = "host"\n'
+                      'capacity_blocks = 500\neviction = "arc"\n\n[sim]\nseed = 4\n')
+    trace = tmp_path / "run.jsonl"
+    assert main(["run", "--limit", "40", "--config", str(config), "--trace", str(trace)]) == 0
+    header = orjson.loads(trace.read_bytes().splitlines()[0])
+    assert header["config"]["engine"]["device_blocks"] == 300
+    assert header["config"]["engine"]["tiers"][0]["eviction"] == "arc"
+    assert header["seed"] == 4
+
+
+def test_malformed_workload_line_names_file_line_and_field(tmp_path: Path) -> None:
+    workload = tmp_path / "w.jsonl"
+    workload.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+        '{"timestamp": 5, "input_length": "x", "output_length": 5, "hash_ids": [1]}\n'
+    )
+    proc = run_cli("run", "--workload", str(workload))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert f"{workload}:2" in proc.stderr and "input_length" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_config_value_names_file_line_and_field(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[engine]\nblock_tokens = 512\ndevice_blocks = -4\n")
+    proc = run_cli("run", "--config", str(config))
+    assert proc.returncode == 2
+    assert f"{config}:3: field 'engine.device_blocks'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_unknown_config_key_and_bad_tier(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('[engine]\nranks = 1\n\n[[tiers]]\nname = "host"\ncapacity_blocks = 0\n')
+    proc = run_cli("run", "--config", str(config))
+    assert proc.returncode == 2 and "tiers[0].capacity_blocks" in proc.stderr and ":6:" in proc.stderr
+    config.write_text("[engine]\nturbo = true\n")
+    proc = run_cli("run", "--config", str(config))
+    assert proc.returncode == 2 and "engine.turbo" in proc.stderr and ":2:" in proc.stderr
+
+
+def test_unknown_policy_is_a_one_line_error() -> None:
+    proc = run_cli("run", "--limit", "5", "--policy", "no-such-policy")
+    assert proc.returncode == 2
+    assert "no-such-policy" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_policy_failing_mid_run_keeps_the_partial_trace_valid(tmp_path: Path) -> None:
+    policy = tmp_path / "flaky.py"
+    policy.write_text(
+        "from policies.base import Decision\n"
+        "class Flaky:\n"
+        "    name = 'flaky'\n"
+        "    calls = 0\n"
+        "    def lookup_mode(self, req, engine):\n"
+        "        Flaky.calls += 1\n"
+        "        return Decision('sync', 'ok') if Flaky.calls < 20 else 'sync'\n"
+    )
+    trace = tmp_path / "partial.jsonl"
+    proc = run_cli("run", "--limit", "100", "--policy", f"{policy}:Flaky", "--trace", str(trace))
+    assert proc.returncode == 2
+    assert "flaky" in proc.stderr and "lookup_mode" in proc.stderr and "Traceback" not in proc.stderr
+    lines = trace.read_bytes().splitlines()
+    assert len(lines) > 20
+    assert all(isinstance(orjson.loads(line), dict) for line in lines)
+
+
+def test_policies_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policies"]) == 0
+    assert "baseline" in capsys.readouterr().out

@@ -1,0 +1,131 @@
+"""The scheduler tick: token budget, max running, chunked prefill, FIFO, preemption."""
+
+from __future__ import annotations
+
+from lifecycle.config import EngineConfig, TierConfig
+from lifecycle.core import Engine
+from lifecycle.events import Arrival, StepOutput, StepPlan, Tick
+from policies.base import PolicyStack
+
+
+def make_engine(**overrides: object) -> Engine:
+    base: dict[str, object] = {"block_tokens": 16, "device_blocks": 64, "max_batched_tokens": 64,
+                               "max_running": 8, "tiers": ()}
+    base.update(overrides)
+    return Engine(EngineConfig(**base), PolicyStack([]), reference=True)  # type: ignore[arg-type]
+
+
+def plan_of(commands: list[object]) -> StepPlan:
+    plans = [c for c in commands if isinstance(c, StepPlan)]
+    assert len(plans) == 1
+    return plans[0]
+
+
+def test_prefill_is_chunked_by_the_token_budget() -> None:
+    engine = make_engine()
+    engine.handle(Arrival(0.0, "a", 150, ()))
+    tokens = []
+    t = 0.0
+    while engine.requests["a"].generated == 0:
+        plan = plan_of(engine.handle(Tick(t)))
+        assert sum(e.num_tokens for e in plan.entries) <= 64
+        tokens.append(plan.entries[0].num_tokens)
+        t += 1
+        engine.handle(StepOutput(t, plan.step_id))
+    assert tokens == [64, 64, 22]
+    assert engine.requests["a"].state == "running"
+    # then one token per step (decode)
+    plan = plan_of(engine.handle(Tick(t)))
+    assert [e.num_tokens for e in plan.entries] == [1]
+
+
+def test_budget_is_shared_fifo_and_max_running_holds() -> None:
+    engine = make_engine(max_running=2)
+    for i, rid in enumerate(["a", "b", "c"]):
+        engine.handle(Arrival(float(i) * 0.0, rid, 40, ()))
+    plan = plan_of(engine.handle(Tick(0.0)))
+    assert [(e.request_id, e.num_tokens) for e in plan.entries] == [("a", 40), ("b", 24)]
+    assert engine.requests["c"].state == "waiting"
+
+
+def test_running_requests_go_before_new_admissions() -> None:
+    engine = make_engine(max_batched_tokens=32)
+    engine.handle(Arrival(0.0, "a", 20, ()))
+    plan = plan_of(engine.handle(Tick(0.0)))
+    engine.handle(StepOutput(1.0, plan.step_id))
+    engine.handle(Arrival(1.0, "b", 100, ()))
+    plan = plan_of(engine.handle(Tick(1.0)))
+    assert [(e.request_id, e.num_tokens) for e in plan.entries] == [("a", 1), ("b", 31)]
+
+
+def test_preemption_when_device_blocks_run_out() -> None:
+    # 6 blocks of 16 tokens: a (48 tokens = 3 blocks) and b (40 tokens = 3 blocks) fill the device.
+    engine = make_engine(device_blocks=6, max_batched_tokens=256)
+    engine.handle(Arrival(0.0, "a", 47, ()))
+    engine.handle(Arrival(0.0, "b", 40, ()))
+    plan = plan_of(engine.handle(Tick(0.0)))
+    assert {e.request_id for e in plan.entries} == {"a", "b"}
+    engine.handle(StepOutput(1.0, plan.step_id))
+    assert engine.pool.free == 0
+    # a's first decode token needs no new block (47 + 1 = 48); its second needs a 4th block.
+    plan = plan_of(engine.handle(Tick(1.0)))
+    engine.handle(StepOutput(2.0, plan.step_id))
+    plan = plan_of(engine.handle(Tick(2.0)))
+    assert engine.requests["b"].state == "waiting"  # the latest admitted is preempted
+    assert engine.requests["b"].preemptions == 1
+    assert [e.request_id for e in plan.entries] == ["a"]
+    assert engine.stats.preemptions == 1
+    engine.check_invariants()
+
+
+def test_preempted_request_resumes_from_its_cached_prefix() -> None:
+    engine = make_engine(device_blocks=8, max_batched_tokens=256)
+    engine.handle(Arrival(0.0, "a", 64, (1, 2, 3, 4)))
+    plan = plan_of(engine.handle(Tick(0.0)))
+    engine.handle(StepOutput(1.0, plan.step_id))
+    # a second request with the same prefix hits the device prefix cache
+    engine.handle(Arrival(1.0, "b", 64, (1, 2, 3, 4)))
+    plan = plan_of(engine.handle(Tick(1.0)))
+    entry = {e.request_id: e for e in plan.entries}["b"]
+    assert entry.computed_before == 48  # 3 full blocks hit; the last prompt token is recomputed
+    assert entry.num_tokens == 16
+    assert engine.requests["b"].device_hit_blocks == 3
+
+
+def test_request_larger_than_the_device_fails_instead_of_stranding() -> None:
+    engine = make_engine(device_blocks=4)
+    engine.handle(Arrival(0.0, "huge", 16 * 10, ()))
+    assert engine.requests["huge"].state == "finished"
+    assert engine.requests["huge"].finish_reason == "error"
+
+
+def test_async_scheduling_counts_placeholders_as_computed() -> None:
+    engine = make_engine(async_scheduling=True)
+    engine.handle(Arrival(0.0, "a", 30, ()))
+    first = plan_of(engine.handle(Tick(0.0)))
+    req = engine.requests["a"]
+    assert req.computed == 30 and req.confirmed == 0 and req.placeholders == 1
+    # the next step is scheduled before the first one's output arrives
+    second = plan_of(engine.handle(Tick(0.5)))
+    assert [e.num_tokens for e in second.entries] == [1]
+    assert req.computed == 31 and req.placeholders == 2
+    engine.handle(StepOutput(1.0, first.step_id))
+    assert req.confirmed == 30 and req.generated == 1 and req.placeholders == 1
+
+
+def test_finish_with_a_store_in_flight_waits_in_sending() -> None:
+    engine = make_engine(tiers=(TierConfig("host", capacity_blocks=16),))
+    engine.handle(Arrival(0.0, "a", 33, (10, 20, 30)))
+    commands = engine.handle(Tick(0.0))
+    plan = plan_of(commands)
+    stores = engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
+    assert engine.requests["a"].state == "sending"
+    store_jobs = [c for c in stores if type(c).__name__ == "StartStore"]
+    assert len(store_jobs) == 1 and len(store_jobs[0].moves) == 2
+    from lifecycle.events import TransferReport
+
+    engine.handle(TransferReport(2.0, store_jobs[0].job_id, 0))
+    assert engine.requests["a"].state == "finished"
+    assert engine.tiers["host"].lookup([10, 20, 30]) == 2
+    engine.check_invariants()
+    assert engine.pool.free == engine.pool.capacity

@@ -1,0 +1,209 @@
+"""Disk tier: a preallocated file of fixed-size slots holding raw block bytes.
+
+Slot ``i`` starts at ``i * slot_stride``: a 64-byte header, then ``block_bytes`` of raw
+payload (never pickle). The header carries a 64-bit fingerprint of the block hash, the
+payload length, a crc32 of the payload and a crc32 of the header itself. A read whose
+header, fingerprint, length or checksum does not match, or that comes up short (a
+truncated file), is a miss with a structured fault event: bad bytes are never served.
+A failed write (disk full, I/O error, short write) is reported as a failed store.
+
+Which block sits in which slot, pinning and eviction are the business of ``index`` (a
+``TierIndex``); the tier only keeps the bytes and checks them on the way back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+import torch
+
+from transfer.content import stable_mix
+from transfer.index import TierIndex
+from transfer.layout import BlockGeometry
+
+_MAGIC = b"KVB1"
+_VERSION = 1
+# magic, version, flags, hash fingerprint, payload length, payload crc32
+_HEAD = struct.Struct("<4sHHQQI")
+_HEADER_CRC = struct.Struct("<I")
+HEADER_BYTES = 64
+# Page-aligned slots keep each block's payload within as few pages as possible.
+_ALIGN = 4096
+
+Buffer = bytes | bytearray | memoryview
+Writer = Callable[[int, Sequence[Buffer], int], int]
+
+
+class DiskTierError(OSError):
+    """The tier's file cannot be created, opened or preallocated."""
+
+
+def _fingerprint(block_hash: int) -> int:
+    return stable_mix(block_hash)
+
+
+def _byte_view(data: torch.Tensor | Buffer) -> memoryview:
+    if isinstance(data, torch.Tensor):
+        if data.device.type != "cpu" or not data.is_contiguous():
+            # A copy would silently swallow reads into it: insist on shared CPU memory.
+            raise ValueError("disk tier buffers must be contiguous CPU tensors")
+        return data.detach().reshape(-1).view(torch.uint8).numpy().data
+    return memoryview(data).cast("B")
+
+
+class DiskTier:
+    """``capacity_blocks`` slots in the file at ``path``."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        geometry: BlockGeometry,
+        capacity_blocks: int,
+        eviction: str = "lru",
+        name: str = "disk",
+        writer: Writer | None = None,
+    ) -> None:
+        if capacity_blocks <= 0:
+            raise ValueError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
+        self.name = name
+        self.path = os.fspath(path)
+        self.geometry = geometry
+        self.capacity = capacity_blocks
+        self.block_bytes = geometry.block_bytes
+        self.slot_stride = -(-(HEADER_BYTES + self.block_bytes) // _ALIGN) * _ALIGN
+        self.index = TierIndex(name, capacity_blocks, eviction)
+        self.events: list[dict[str, Any]] = []
+        # Injectable so tests can simulate a full disk or a short write.
+        self._writer: Writer = writer if writer is not None else os.pwritev
+        self._header = bytearray(HEADER_BYTES)
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DiskTierError(
+                exc.errno, f"disk tier {name!r}: cannot open {self.path}: {exc.strerror}", self.path
+            ) from exc
+        try:
+            size = self.slot_stride * capacity_blocks
+            os.ftruncate(self._fd, size)
+            if hasattr(os, "posix_fallocate"):
+                # Reserve the blocks now so "disk full" shows up here, not mid-run.
+                os.posix_fallocate(self._fd, 0, size)
+        except OSError as exc:
+            os.close(self._fd)
+            raise DiskTierError(
+                exc.errno,
+                f"disk tier {name!r}: cannot preallocate {size} bytes in {self.path}: {exc.strerror}",
+                self.path,
+            ) from exc
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def drain_events(self) -> list[dict[str, Any]]:
+        events, self.events = self.events, []
+        return events
+
+    # ---- single blocks -------------------------------------------------------------
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.capacity:
+            raise IndexError(f"{self.name}: slot {slot} out of range 0..{self.capacity - 1}")
+
+    def _fault(self, event: str, slot: int, block_hash: int, **detail: Any) -> bool:
+        self.events.append({"event": event, "tier": self.name, "slot": slot, "block": block_hash, **detail})
+        return False
+
+    def write_block(self, block_hash: int, slot: int, payload: torch.Tensor | Buffer) -> bool:
+        """Store one block; False (and a fault event) when the write did not complete."""
+        self._check_slot(slot)
+        view = _byte_view(payload)
+        if view.nbytes != self.block_bytes:
+            raise ValueError(f"{self.name}: payload is {view.nbytes} bytes, blocks are {self.block_bytes}")
+        head = _HEAD.pack(_MAGIC, _VERSION, 0, _fingerprint(block_hash), view.nbytes, zlib.crc32(view))
+        header = bytearray(HEADER_BYTES)
+        header[: _HEAD.size] = head
+        _HEADER_CRC.pack_into(header, _HEAD.size, zlib.crc32(head))
+        offset = slot * self.slot_stride
+        try:
+            written = self._writer(self._fd, [header, view], offset)
+        except OSError as exc:
+            self._invalidate(slot)
+            return self._fault("disk_write_failed", slot, block_hash, errno=exc.errno, error=exc.strerror)
+        if written != HEADER_BYTES + view.nbytes:
+            self._invalidate(slot)
+            return self._fault(
+                "disk_short_write",
+                slot,
+                block_hash,
+                written=written,
+                expected=HEADER_BYTES + view.nbytes,
+            )
+        return True
+
+    def _invalidate(self, slot: int) -> None:
+        """Best effort: zero the header so a half-written slot cannot look valid."""
+        with contextlib.suppress(OSError):  # if this fails too, the checksum still guards
+            os.pwrite(self._fd, bytes(HEADER_BYTES), slot * self.slot_stride)
+
+    def read_into(self, block_hash: int, slot: int, dst: torch.Tensor | memoryview) -> bool:
+        """Read one block into ``dst`` (``block_bytes`` long). False means a miss: then
+        ``dst`` holds unspecified bytes that must not be used."""
+        self._check_slot(slot)
+        view = _byte_view(dst) if isinstance(dst, torch.Tensor) else memoryview(dst).cast("B")
+        if view.nbytes != self.block_bytes or view.readonly:
+            raise ValueError(f"{self.name}: destination must be {self.block_bytes} writable bytes")
+        header = self._header
+        offset = slot * self.slot_stride
+        try:
+            got = os.preadv(self._fd, [header, view], offset)
+        except OSError as exc:
+            return self._fault("disk_read_failed", slot, block_hash, errno=exc.errno)
+        if got < HEADER_BYTES + self.block_bytes:
+            return self._fault("disk_short_read", slot, block_hash, got=got)
+        magic, version, _flags, fingerprint, length, crc = _HEAD.unpack_from(header)
+        (header_crc,) = _HEADER_CRC.unpack_from(header, _HEAD.size)
+        if (
+            magic != _MAGIC
+            or version != _VERSION
+            or header_crc != zlib.crc32(header[: _HEAD.size])
+            or length != self.block_bytes
+        ):
+            return self._fault("disk_bad_header", slot, block_hash)
+        if fingerprint != _fingerprint(block_hash):
+            return self._fault("disk_hash_mismatch", slot, block_hash)
+        if crc != zlib.crc32(view):
+            return self._fault("disk_checksum_mismatch", slot, block_hash)
+        return True
+
+    def read(self, block_hash: int, slot: int) -> bytes | None:
+        """The block's bytes, or None on a miss."""
+        buf = bytearray(self.block_bytes)
+        return bytes(buf) if self.read_into(block_hash, slot, memoryview(buf)) else None
+
+    # ---- batches (the copy engine's interface) -------------------------------------
+    def write_blocks(self, items: Sequence[tuple[int, int]], src: torch.Tensor) -> list[bool]:
+        """Store row ``i`` of ``src`` (``[n, block_bytes]`` uint8, CPU) as ``items[i]`` =
+        (block hash, slot). Returns per-item success."""
+        return [self.write_block(h, slot, src[i]) for i, (h, slot) in enumerate(items)]
+
+    def read_blocks(self, items: Sequence[tuple[int, int]], dst: torch.Tensor) -> list[bool]:
+        """Read ``items[i]`` = (block hash, slot) into row ``i`` of ``dst``; per-item hit."""
+        ok = [False] * len(items)
+        # File order keeps reads sequential when slots are.
+        for i in sorted(range(len(items)), key=lambda k: items[k][1]):
+            block_hash, slot = items[i]
+            ok[i] = self.read_into(block_hash, slot, dst[i])
+        return ok

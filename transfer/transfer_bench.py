@@ -1,0 +1,356 @@
+"""Transfer benchmark: copy-engine throughput against a raw torch copy of the same bytes.
+
+For each block size and batch size the bench stores a batch of device blocks into a tier
+and loads it back into other device blocks through ``CopyEngine`` (submit, flush, poll:
+everything the live driver pays), and times, in the same run, a plain ``copy_`` of the
+same number of bytes as one contiguous tensor. Both sides walk through buffers at least
+as large as the pools, a fresh window per repeat, so neither is served from CPU caches.
+Device block ids are a fixed pseudo-random permutation (a paged allocator after churn);
+slots are consecutive, as a fresh tier index hands them out. Medians over repeats.
+
+Disk rows time the same engine path against a file in ``disk_dir`` (the page cache is
+warm: this measures the tier's CPU cost, checksums included, not the drive). Redis rows
+need a server URL. Lookup latency is the tier's own lookup for a batch of hashes:
+``TierIndex.lookup`` for disk, one pipelined ``exists_many`` round trip for Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from transfer.copy_engine import CopyEngine, Move, Tier
+from transfer.disk_tier import DiskTier
+from transfer.host_pool import HostPool
+from transfer.layout import BlockGeometry, DeviceKV, ModelShape
+from transfer.redis_tier import RedisTier
+
+KB = 1024
+MB = 1024 * KB
+DEFAULT_BLOCK_SIZES = (16 * KB, 64 * KB, 256 * KB, 1 * MB, 2 * MB)
+DEFAULT_BATCHES = (1, 8, 32, 128, 1024)
+QUICK_BLOCK_SIZES = (64 * KB, 1 * MB)
+QUICK_BATCHES = (1, 32)
+# fp16, 8 KV heads x 128 dims: K and V of one token in one layer are 4 KB.
+_TOKEN_LAYER_BYTES = 2 * 8 * 128 * 2
+
+Row = dict[str, Any]
+
+
+def shape_for_block_bytes(block_bytes: int) -> ModelShape:
+    """A Llama-like shape whose block across all layers is exactly ``block_bytes``."""
+    tokens = max(1, min(16, block_bytes // _TOKEN_LAYER_BYTES))
+    layers = block_bytes // (tokens * _TOKEN_LAYER_BYTES)
+    shape = ModelShape(
+        num_layers=max(1, layers),
+        num_kv_heads=8,
+        head_dim=128,
+        dtype="float16",
+        block_tokens=tokens,
+    )
+    if BlockGeometry(shape).block_bytes != block_bytes:
+        raise ValueError(f"block size {block_bytes} is not a multiple of {_TOKEN_LAYER_BYTES} B")
+    return shape
+
+
+def _median_seconds(fn: Callable[[int], None], repeats: int) -> float:
+    fn(0)  # warm-up: first-touch and allocator effects stay out of the numbers
+    samples = []
+    for rep in range(1, repeats + 1):
+        start = time.perf_counter()
+        fn(rep)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _percentile_us(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
+
+
+def _engine_bench(
+    engine: CopyEngine,
+    tier_name: str,
+    device_order: list[int],
+    tier_blocks: int,
+    batch: int,
+    repeats: int,
+) -> tuple[float, float]:
+    """Median seconds for storing and loading one batch through the engine."""
+    num_device = len(device_order)
+    windows = max(1, num_device // (2 * batch))
+
+    def moves(rep: int, half: int) -> list[Move]:
+        # Stores read one half of the device blocks, loads write the other half.
+        start = ((rep % windows) * 2 + half) * batch
+        slot0 = (rep * batch) % max(1, tier_blocks - batch + 1)
+        return [Move(1 + slot0 + i, device_order[(start + i) % num_device], tier_name, slot0 + i) for i in range(batch)]
+
+    def run(kind: str, rep: int) -> None:
+        if kind == "store":
+            engine.submit_store(rep, moves(rep, 0))
+        else:
+            engine.submit_load(rep, moves(rep, 1))
+        engine.flush()
+        engine.synchronize()
+        (done,) = engine.poll()
+        if done.failed_hashes:
+            raise RuntimeError(f"bench {kind} failed for {len(done.failed_hashes)} blocks")
+
+    store = _median_seconds(lambda rep: run("store", rep), repeats)
+    load = _median_seconds(lambda rep: run("load", rep), repeats)
+    return store, load
+
+
+def _raw_bench(src: torch.Tensor, dst: torch.Tensor, nbytes: int, repeats: int) -> float:
+    windows = max(1, src.numel() // nbytes)
+    cuda = dst.device.type == "cuda"
+
+    def run(rep: int) -> None:
+        s = ((rep * 7) % windows) * nbytes
+        d = ((rep * 3 + 1) % windows) * nbytes
+        dst[d : d + nbytes].copy_(src[s : s + nbytes], non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize()
+
+    return _median_seconds(run, repeats)
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+
+def run_transfer_bench(
+    block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
+    batches: Sequence[int] = DEFAULT_BATCHES,
+    repeats: int = 9,
+    tiers: Sequence[str] = ("host", "disk"),
+    redis_url: str | None = None,
+    pool_bytes: int = 512 * MB,
+    disk_batch_bytes: int = 64 * MB,
+    disk_dir: str | None = None,
+    quick: bool = False,
+    lookup_samples: int = 200,
+) -> list[Row]:
+    """Measure and return one row per (tier, block size, batch).
+
+    Batches larger than half the pool (host) or than ``disk_batch_bytes`` (disk, Redis)
+    are skipped so the full run stays within a few minutes and < 4 GB of RAM.
+    """
+    if quick:
+        block_sizes, batches, repeats = QUICK_BLOCK_SIZES, QUICK_BATCHES, 2
+        pool_bytes, disk_batch_bytes, lookup_samples = 64 * MB, 16 * MB, 20
+    tiers = [t for t in tiers if t != "redis" or redis_url is not None]
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="kvlife-bench-", dir=disk_dir) as tmp:
+        for block_bytes in block_sizes:
+            geo = BlockGeometry(shape_for_block_bytes(block_bytes))
+            num_blocks = max(2, pool_bytes // block_bytes)
+            kv = DeviceKV(geo, num_blocks)
+            device_order = list(range(num_blocks))
+            random.Random(block_bytes).shuffle(device_order)
+            # Raw baseline buffers as large as the pools: a fresh window per repeat.
+            # On CUDA the baseline is one host-to-device copy of pinned memory.
+            raw_src = torch.ones(num_blocks * block_bytes, dtype=torch.uint8, pin_memory=kv.device.type == "cuda")
+            raw_dst = torch.zeros(num_blocks * block_bytes, dtype=torch.uint8, device=kv.device)
+            for tier_name in tiers:
+                rows.extend(
+                    _bench_tier(
+                        tier_name,
+                        geo,
+                        kv,
+                        device_order,
+                        batches,
+                        repeats,
+                        raw_src,
+                        raw_dst,
+                        disk_batch_bytes,
+                        tmp,
+                        redis_url,
+                        lookup_samples,
+                    )
+                )
+            del kv, raw_src, raw_dst
+    return rows
+
+
+def _bench_tier(
+    tier_name: str,
+    geo: BlockGeometry,
+    kv: DeviceKV,
+    device_order: list[int],
+    batches: Sequence[int],
+    repeats: int,
+    raw_src: torch.Tensor,
+    raw_dst: torch.Tensor,
+    disk_batch_bytes: int,
+    tmp: str,
+    redis_url: str | None,
+    lookup_samples: int,
+) -> list[Row]:
+    block_bytes = geo.block_bytes
+    num_blocks = kv.num_blocks
+    if tier_name == "host":
+        usable = [b for b in batches if 2 * b <= num_blocks]
+        capacity = num_blocks
+    else:
+        usable = [b for b in batches if b * block_bytes <= disk_batch_bytes and 2 * b <= num_blocks]
+        capacity = max(usable, default=1)
+    if not usable:
+        return []
+    tier: Tier
+    lookup: Callable[[list[int]], object]
+    if tier_name == "host":
+        tier = HostPool(geo, capacity)
+        lookup = tier.index.lookup
+    elif tier_name == "disk":
+        tier = DiskTier(f"{tmp}/disk-{block_bytes}.bin", geo, capacity)
+        lookup = tier.index.lookup
+    elif tier_name == "redis" and redis_url is not None:
+        tier = RedisTier(redis_url, geo, key_prefix=f"kvlife-bench-{block_bytes}")
+        lookup = tier.exists_many
+    else:
+        raise ValueError(f"unknown tier {tier_name!r}")
+    if isinstance(tier, HostPool | DiskTier):
+        # Register block 1 + s at slot s, as the moves below assume, so lookups walk
+        # real entries (a fresh index hands out the lowest free slot first).
+        plan = tier.index.prepare_store(range(1, capacity + 1))
+        tier.index.complete_store([h for h, _ in plan.accepted])
+        if any(slot != h - 1 for h, slot in plan.accepted):
+            raise RuntimeError("tier index did not hand out slots in order")
+    engine = CopyEngine(kv, 0, {tier_name: tier}, staging_bytes=min(64 * MB, capacity * block_bytes))
+    rows = []
+    for batch in usable:
+        nbytes = batch * block_bytes
+        store_s, load_s = _engine_bench(engine, tier_name, device_order, capacity, batch, repeats)
+        raw_s = _raw_bench(raw_src, raw_dst, nbytes, repeats)
+        row: Row = {
+            "tier": tier_name,
+            "block_bytes": block_bytes,
+            "batch": batch,
+            "load_gbps": _gbps(nbytes, load_s),
+            "store_gbps": _gbps(nbytes, store_s),
+            "raw_gbps": _gbps(nbytes, raw_s),
+            "load_ratio": raw_s / load_s,
+            "store_ratio": raw_s / store_s,
+            "lookup_p50_us": None,
+            "lookup_p99_us": None,
+        }
+        if tier_name != "host":
+            hashes = [1 + i for i in range(batch)]
+            samples = []
+            for _ in range(lookup_samples):
+                start = time.perf_counter()
+                lookup(hashes)
+                samples.append(time.perf_counter() - start)
+            row["lookup_p50_us"] = _percentile_us(samples, 0.50)
+            row["lookup_p99_us"] = _percentile_us(samples, 0.99)
+        rows.append(row)
+    if isinstance(tier, DiskTier | RedisTier):
+        tier.close()
+    return rows
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes // MB} MB" if nbytes >= MB else f"{nbytes // KB} KB"
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """A fixed-width text table of bench rows."""
+    header = (
+        f"{'tier':<6}{'block':>8}{'batch':>7}{'load GB/s':>11}{'store GB/s':>12}"
+        f"{'raw GB/s':>10}{'load/raw':>10}{'store/raw':>11}{'lookup p50 us':>15}"
+        f"{'p99 us':>9}"
+    )
+    lines = [header, "-" * len(header)]
+
+    def us(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    for r in rows:
+        lines.append(
+            f"{r['tier']:<6}{_size(r['block_bytes']):>8}{r['batch']:>7}"
+            f"{r['load_gbps']:>11.2f}{r['store_gbps']:>12.2f}{r['raw_gbps']:>10.2f}"
+            f"{r['load_ratio']:>10.2f}{r['store_ratio']:>11.2f}"
+            f"{us(r['lookup_p50_us']):>15}{us(r['lookup_p99_us']):>9}"
+        )
+    return "\n".join(lines)
+
+
+def _parse_size(text: str) -> int:
+    units = {"K": KB, "M": MB}
+    text = text.strip().upper().removesuffix("B")
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="kvlife bench transfer",
+        description="Copy-engine throughput vs a raw torch copy, per tier, block and batch size.",
+    )
+    parser.add_argument("--quick", action="store_true", help="a small smoke-test run")
+    parser.add_argument(
+        "--block-sizes",
+        type=lambda s: [_parse_size(x) for x in s.split(",")],
+        default=list(DEFAULT_BLOCK_SIZES),
+        help="e.g. 16K,64K,1M,2M",
+    )
+    parser.add_argument(
+        "--batches",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=list(DEFAULT_BATCHES),
+        help="e.g. 1,8,32,128",
+    )
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--tiers",
+        type=lambda s: s.split(","),
+        default=["host", "disk"],
+        help="comma-separated subset of host,disk,redis",
+    )
+    parser.add_argument("--redis-url", default=None, help="e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument("--pool-mb", type=int, default=512, help="device and host pool size")
+    parser.add_argument("--disk-dir", default=None, help="where the disk tier file goes")
+    parser.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice); 1 keeps a busy machine from"
+        " stalling multi-threaded copies on a descheduled thread",
+    )
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    tiers = list(args.tiers)
+    if args.redis_url and "redis" not in tiers:
+        tiers.append("redis")
+    rows = run_transfer_bench(
+        block_sizes=args.block_sizes,
+        batches=args.batches,
+        repeats=args.repeats,
+        tiers=tiers,
+        redis_url=args.redis_url,
+        pool_bytes=args.pool_mb * MB,
+        disk_dir=args.disk_dir,
+        quick=args.quick,
+    )
+    if args.json:
+        print("\n".join(json.dumps(row, sort_keys=True) for row in rows))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
