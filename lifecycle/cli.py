@@ -72,6 +72,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from lifecycle.runner import run_workload
 
     config = _load_run_config(args)
+    if args.live:
+        return _run_live(args, config)
     workload, name = _load_workload(args, config)
     progress = _progress_bar(sys.stderr) if sys.stdout.isatty() and len(workload) >= 1000 else None
     outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name)
@@ -83,6 +85,47 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.trace:
             print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
     return 0
+
+
+def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
+    from lifecycle.live import live_defaults, run_live
+    from lifecycle.metrics import format_summary
+
+    config = live_defaults(config, explicit_config=bool(args.config))
+    live = config.live
+    if args.ranks is not None:
+        config = attrs.evolve(config, engine=attrs.evolve(config.engine, ranks=args.ranks))
+    if args.disk_path is not None:
+        live = attrs.evolve(live, disk_path=args.disk_path)
+    if args.redis_url is not None:
+        live = attrs.evolve(live, redis_url=args.redis_url)
+        if not any(t.name == "remote" for t in config.engine.tiers):
+            from lifecycle.config import TierConfig
+
+            tiers = (*config.engine.tiers, TierConfig("remote", capacity_blocks=4096))
+            config = attrs.evolve(config, engine=attrs.evolve(config.engine, tiers=tiers))
+    if args.no_verify:
+        live = attrs.evolve(live, verify=False)
+    config = attrs.evolve(config, live=live)
+    if args.workload is None and args.limit is None:
+        args.limit = 200
+    workload, name = _load_workload(args, config)
+    scale = args.time_scale if args.time_scale != 1.0 or args.workload else 20.0
+    outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale)
+    if args.json:
+        print(json.dumps(outcome.summary))
+    else:
+        tier_sizes = ", ".join(f"{t.name} {t.capacity_blocks}" for t in config.engine.tiers)
+        print(f"kvlife run --live: {name}, {len(workload)} requests, {config.engine.ranks} ranks,"
+              f" tiers {tier_sizes}, stack {', '.join(config.policies) or 'baseline'}")
+        print(format_summary(outcome.summary))
+        live_summary = outcome.summary["live"]
+        print(f"verified loads             {live_summary['blocks_verified']:,} blocks,"
+              f" {live_summary['mismatches']} mismatches" if live.verify else "verified loads             off")
+        print(f"tier events                {live_summary['tier_events']}, rank errors {live_summary['rank_errors']}")
+        if args.trace:
+            print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
+    return 1 if live.verify and outcome.stats.mismatches else 0
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
@@ -130,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int)
     run.add_argument("--trace", help="write the JSON-lines trace here")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    run.add_argument("--live", action="store_true",
+                     help="drive the engine in wall-clock time with real KV bytes (host + disk tiers)")
+    run.add_argument("--ranks", type=int, help="live: tensor-parallel ranks (threads)")
+    run.add_argument("--disk-path", help="live: directory for the disk tier's files")
+    run.add_argument("--redis-url", help="live: add a Redis tier at this URL (redis://127.0.0.1:6379/0)")
+    run.add_argument("--no-verify", action="store_true", help="live: skip byte-exact checks of loads")
     run.set_defaults(func=cmd_run)
 
     spec = sub.add_parser("spec", help="print the request lifecycle spec")

@@ -99,16 +99,32 @@ class SimConfig:
 
 
 @attrs.frozen
+class LiveConfig:
+    """Live runs (``kvlife run --live``): the model shape of the real KV bytes and where
+    the disk and Redis tiers keep them."""
+
+    num_layers: int = attrs.field(default=2, validator=_positive_int)
+    num_kv_heads: int = attrs.field(default=4, validator=_positive_int)
+    head_dim: int = attrs.field(default=32, validator=_positive_int)
+    dtype: str = attrs.field(default="float16", validator=attrs.validators.in_(("float16", "bfloat16", "float32")))
+    disk_path: str | None = None  # a directory; default: a temporary one
+    redis_url: str | None = None
+    redis_ttl_s: int | None = None
+    verify: bool = True
+
+
+@attrs.frozen
 class RunConfig:
     engine: EngineConfig = EngineConfig()
     sim: SimConfig = SimConfig()
     policies: tuple[str, ...] = ()
+    live: LiveConfig = LiveConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
 
-_SECTIONS = {"engine": EngineConfig, "sim": SimConfig}
+_SECTIONS: dict[str, type[Any]] = {"engine": EngineConfig, "sim": SimConfig, "live": LiveConfig}
 
 
 def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | None = None) -> RunConfig:
@@ -117,7 +133,7 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
     def fail(field: str, message: str, key: str | None = None) -> ConfigError:
         return ConfigError(field, message, path, _line_of(text, key or field.split(".")[-1]))
 
-    unknown = sorted(set(data) - {"engine", "sim", "tiers", "policies"})
+    unknown = sorted(set(data) - {"engine", "sim", "tiers", "policies", "live"})
     if unknown:
         raise fail(unknown[0], "unknown section")
     kwargs: dict[str, Any] = {}
@@ -160,11 +176,17 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
         raise fail(f"sim.{exc.field}", str(exc).split(": ", 1)[-1], exc.field) from None
     except (TypeError, ValueError) as exc:
         raise fail("sim", str(exc)) from None
+    try:
+        live = LiveConfig(**kwargs.get("live", {}))
+    except ConfigError as exc:
+        raise fail(f"live.{exc.field}", str(exc).split(": ", 1)[-1], exc.field) from None
+    except (TypeError, ValueError) as exc:
+        raise fail("live", str(exc)) from None
     policies = data.get("policies", {})
     stack = policies.get("stack", []) if isinstance(policies, dict) else None
     if not isinstance(stack, list) or not all(isinstance(s, str) for s in stack):
         raise fail("policies.stack", "must be a list of policy names", "stack")
-    return RunConfig(engine=engine, sim=sim, policies=tuple(stack))
+    return RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live)
 
 
 def load_config(path: str | Path) -> RunConfig:
