@@ -43,7 +43,7 @@ from lifecycle.events import (
     Tick,
     TransferReport,
 )
-from lifecycle.simulator import SimResult
+from lifecycle.simulator import SimResult, model_finishes
 from lifecycle.workload import WorkloadRequest
 from policies.base import PolicyStack
 from transfer.content import fill_block, verify_block
@@ -391,19 +391,8 @@ class LiveRuntime:
         if len(done) < len(self.ranks):
             return 0
         del self._steps[step_id]
-        finished = []
-        limit = self.config.sim.max_output_tokens
-        for entry in plan.entries:
-            req = self.engine.requests[entry.request_id]
-            if not entry.samples or req.state != "running":
-                continue
-            produced = req.generated + 1
-            target = self._output_len[entry.request_id]
-            if limit is not None and produced >= limit and limit < target:
-                finished.append((entry.request_id, "length"))
-            elif produced >= target:
-                finished.append((entry.request_id, "stopped"))
-        self._dispatch(self.engine.handle(StepOutput(now, step_id, tuple(finished))), now)
+        finished = model_finishes(plan, self.engine, self._output_len, self.config.sim.max_output_tokens)
+        self._dispatch(self.engine.handle(StepOutput(now, step_id, finished)), now)
         return 1
 
 

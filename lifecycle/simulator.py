@@ -161,66 +161,61 @@ class Simulator:
 
     def _with_finishes(self, event: StepOutput) -> StepOutput:
         plan = self._plans.pop(event.step_id)
-        finished = []
-        limit = self.config.sim.max_output_tokens
-        for entry in plan.entries:
-            if not entry.samples:
-                continue
-            req = self.engine.requests[entry.request_id]
-            if req.state != "running":
-                continue
-            produced = req.generated + 1
-            target = self._output_len[entry.request_id]
-            if limit is not None and produced >= limit and limit < target:
-                finished.append((entry.request_id, "length"))
-            elif produced >= target:
-                finished.append((entry.request_id, "stopped"))
-        return StepOutput(event.t, event.step_id, tuple(finished))
+        finished = model_finishes(plan, self.engine, self._output_len, self.config.sim.max_output_tokens)
+        return StepOutput(event.t, event.step_id, finished)
 
     def _start_transfer(self, now: float, command: StartLoad | StartStore) -> None:
-        ranks = self.config.engine.ranks
-        per_tier: dict[str, int] = {}
-        for move in command.moves:
-            per_tier[move.tier] = per_tier.get(move.tier, 0) + 1
-        base = 0.0
-        for name, blocks in per_tier.items():
-            tier = self._tiers[name]
-            shard_bytes = blocks * self.config.sim.block_bytes / ranks
-            base = max(base, tier.latency_ms + shard_bytes / (tier.bandwidth_gbps * 1e9) * 1000.0)
-        jitter = self.config.sim.rank_jitter_ms
-        for rank in range(ranks):
-            failed = tuple(
-                m.block_hash
-                for m in command.moves
-                if self._tiers[m.tier].failure_rate and self.rng.random() < self._tiers[m.tier].failure_rate
-            )
-            t = now + base + (self.rng.uniform(0.0, jitter) if jitter else 0.0)
-            self._push(t, TransferReport(t, command.job_id, rank, failed))
+        self._report_after_transfer(now, command.job_id, [(m.block_hash, m.tier) for m in command.moves])
 
     def _start_prefetch(self, now: float, command: StartPrefetch) -> None:
         # Tier to tier: paced by the slowest source tier; failures drawn per source block.
+        self._report_after_transfer(now, command.job_id, [(m.block_hash, m.src_tier) for m in command.moves])
+
+    def _report_after_transfer(self, now: float, job_id: int, blocks: list[tuple[int, str]]) -> None:
+        """One report per rank after latency + shard bytes / bandwidth of the slowest tier
+        involved, plus that rank's jitter; each block fails with its tier's failure rate."""
         ranks = self.config.engine.ranks
         per_tier: dict[str, int] = {}
-        for move in command.moves:
-            per_tier[move.src_tier] = per_tier.get(move.src_tier, 0) + 1
+        for _, tier_name in blocks:
+            per_tier[tier_name] = per_tier.get(tier_name, 0) + 1
         base = 0.0
-        for name, blocks in per_tier.items():
+        for name, count in per_tier.items():
             tier = self._tiers[name]
-            shard_bytes = blocks * self.config.sim.block_bytes / ranks
+            shard_bytes = count * self.config.sim.block_bytes / ranks
             base = max(base, tier.latency_ms + shard_bytes / (tier.bandwidth_gbps * 1e9) * 1000.0)
         jitter = self.config.sim.rank_jitter_ms
         for rank in range(ranks):
             failed = tuple(
-                m.block_hash
-                for m in command.moves
-                if self._tiers[m.src_tier].failure_rate and self.rng.random() < self._tiers[m.src_tier].failure_rate
+                h for h, name in blocks
+                if self._tiers[name].failure_rate and self.rng.random() < self._tiers[name].failure_rate
             )
             t = now + base + (self.rng.uniform(0.0, jitter) if jitter else 0.0)
-            self._push(t, TransferReport(t, command.job_id, rank, failed))
+            self._push(t, TransferReport(t, job_id, rank, failed))
 
     def _answer_lookup(self, event: LookupAnswer) -> LookupAnswer:
         hashes = self._pending_lookup.pop((event.request_id, event.epoch), ())
         return attrs.evolve(event, tiers=self.engine.sync_lookup(hashes))
+
+
+def model_finishes(
+    plan: StepPlan, engine: Engine, output_lengths: dict[str, int], max_output_tokens: int | None
+) -> tuple[tuple[str, str], ...]:
+    """The model's side of a step output: which sampling requests stop, and why. A
+    request stops at its workload output length, or at the length limit if lower."""
+    finished = []
+    for entry in plan.entries:
+        if not entry.samples:
+            continue
+        req = engine.requests[entry.request_id]
+        if req.state != "running":
+            continue
+        produced = req.generated + 1
+        target = output_lengths[entry.request_id]
+        if max_output_tokens is not None and max_output_tokens < target and produced >= max_output_tokens:
+            finished.append((entry.request_id, "length"))
+        elif produced >= target:
+            finished.append((entry.request_id, "stopped"))
+    return tuple(finished)
 
 
 def run_simulation(
