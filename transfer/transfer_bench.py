@@ -61,14 +61,17 @@ def shape_for_block_bytes(block_bytes: int) -> ModelShape:
     return shape
 
 
-def _median_seconds(fn: Callable[[int], None], repeats: int) -> float:
-    fn(0)  # warm-up: first-touch and allocator effects stay out of the numbers
-    samples = []
-    for rep in range(1, repeats + 1):
-        start = time.perf_counter()
-        fn(rep)
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+def _interleaved_medians(runs: dict[str, Callable[[int], None]], repeats: int) -> dict[str, float]:
+    """Median seconds of each run. The runs alternate within every repeat, so a noisy
+    neighbour on a shared machine hits engine and baseline alike, not one of them."""
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for rep in range(repeats + 1):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn(rep)
+            if rep:  # rep 0 warms up: first-touch and allocator effects stay out
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def _percentile_us(samples: list[float], q: float) -> float:
@@ -76,15 +79,11 @@ def _percentile_us(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
 
 
-def _engine_bench(
-    engine: CopyEngine,
-    tier_name: str,
-    device_order: list[int],
-    tier_blocks: int,
-    batch: int,
-    repeats: int,
-) -> tuple[float, float]:
-    """Median seconds for storing and loading one batch through the engine."""
+def _engine_runs(
+    engine: CopyEngine, tier_name: str, device_order: list[int], tier_blocks: int, batch: int
+) -> dict[str, Callable[[int], None]]:
+    """Store and load of one batch through the engine; load ``rep`` reads what store
+    ``rep`` wrote (disk and Redis check it)."""
     num_device = len(device_order)
     windows = max(1, num_device // (2 * batch))
 
@@ -105,12 +104,11 @@ def _engine_bench(
         if done.failed_hashes:
             raise RuntimeError(f"bench {kind} failed for {len(done.failed_hashes)} blocks")
 
-    store = _median_seconds(lambda rep: run("store", rep), repeats)
-    load = _median_seconds(lambda rep: run("load", rep), repeats)
-    return store, load
+    return {"store": lambda rep: run("store", rep), "load": lambda rep: run("load", rep)}
 
 
-def _raw_bench(src: torch.Tensor, dst: torch.Tensor, nbytes: int, repeats: int) -> float:
+def _raw_run(src: torch.Tensor, dst: torch.Tensor, nbytes: int) -> Callable[[int], None]:
+    """One contiguous copy of ``nbytes``, from a fresh window of the big buffers per repeat."""
     windows = max(1, src.numel() // nbytes)
     cuda = dst.device.type == "cuda"
 
@@ -121,7 +119,7 @@ def _raw_bench(src: torch.Tensor, dst: torch.Tensor, nbytes: int, repeats: int) 
         if cuda:
             torch.cuda.synchronize()
 
-    return _median_seconds(run, repeats)
+    return run
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -230,8 +228,10 @@ def _bench_tier(
     rows = []
     for batch in usable:
         nbytes = batch * block_bytes
-        store_s, load_s = _engine_bench(engine, tier_name, device_order, capacity, batch, repeats)
-        raw_s = _raw_bench(raw_src, raw_dst, nbytes, repeats)
+        runs = _engine_runs(engine, tier_name, device_order, capacity, batch)
+        runs["raw"] = _raw_run(raw_src, raw_dst, nbytes)
+        medians = _interleaved_medians(runs, repeats)
+        store_s, load_s, raw_s = medians["store"], medians["load"], medians["raw"]
         row: Row = {
             "tier": tier_name,
             "block_bytes": block_bytes,
