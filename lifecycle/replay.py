@@ -1,0 +1,237 @@
+"""Replay a trace: exactly (same config, same stack) or as a what-if (another stack).
+
+Exact replay rebuilds the run configuration from the trace header, feeds every recorded
+input to a fresh engine and compares every record the engine produces with the recorded
+line, byte for byte (``render_record``). Inputs are self-contained (lookup answers carry
+their tiers, step outputs their finishes), so no simulator runs.
+
+A what-if cannot re-feed inputs: job and step ids depend on the policies. It takes the
+workload from the recorded arrivals instead (output lengths from what each request
+generated in an exact replay) and simulates it under both stacks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+
+from lifecycle.config import ConfigError, RunConfig, config_from_dict
+from lifecycle.events import BadEvent, input_from_record
+from lifecycle.trace import SCHEMA_VERSION, TraceError, render_record
+from lifecycle.workload import WorkloadRequest
+
+KNOWN_KINDS = frozenset(
+    {"header", "input", "transition", "decision", "step", "job", "job_done", "evict", "stale_lookup", "warning"}
+)
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line without its newline) for every non-empty line."""
+    p = Path(path)
+    try:
+        stream = open(p, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise TraceError(str(p), None, f"cannot read trace: {exc.strerror}") from None
+    with stream:
+        for number, raw in enumerate(stream, 1):
+            line = raw.rstrip(b"\r\n")
+            if line.strip():
+                yield number, line
+
+
+def parse_header(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
+    """The header record, checked: a clear TraceError otherwise."""
+    try:
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise TraceError(str(path), number, "missing header: the first line is not JSON") from None
+    if not isinstance(record, dict) or record.get("kind") != "header":
+        raise TraceError(str(path), number, "missing header: the first record must have kind 'header'")
+    schema = record.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise TraceError(str(path), number, f"field 'schema': expected an integer, got {schema!r}")
+    if schema > SCHEMA_VERSION:
+        raise TraceError(str(path), number, f"trace schema {schema} is newer than this kvlife "
+                                            f"(reads schema {SCHEMA_VERSION} and older)")
+    return record
+
+
+def config_from_header(header: dict[str, Any], path: str = "trace", line: int = 1) -> RunConfig:
+    """Rebuild the RunConfig a trace was recorded with (header ``config`` = RunConfig.to_dict())."""
+    config = header.get("config")
+    if not isinstance(config, dict):
+        raise TraceError(path, line, "field 'config': missing from the header")
+    engine = config.get("engine", {})
+    if not isinstance(engine, dict):
+        raise TraceError(path, line, "field 'config.engine': must be an object")
+    engine = dict(engine)
+    data: dict[str, Any] = {"engine": engine, "sim": config.get("sim", {}),
+                            "policies": {"stack": list(config.get("policies", []))}}
+    if "tiers" in engine:
+        data["tiers"] = engine.pop("tiers")
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise TraceError(path, line, f"header config: {exc}") from None
+
+
+@attrs.frozen
+class Divergence:
+    line: int
+    expected: str
+    got: str
+
+
+@attrs.frozen
+class ReplayResult:
+    lines: int
+    inputs: int
+    divergence: Divergence | None
+    engine: Any = attrs.field(repr=False, eq=False, default=None)
+
+    @property
+    def identical(self) -> bool:
+        return self.divergence is None
+
+
+def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
+    """Re-feed the recorded inputs; the first record that differs is the divergence."""
+    from lifecycle.core import Engine
+    from policies.base import load_stack
+
+    p = str(path)
+    lines = iter_lines(path)
+    first = next(lines, None)
+    if first is None:
+        raise TraceError(p, None, "empty trace: missing header")
+    header = parse_header(p, *first)
+    config = config_from_header(header, p, first[0])
+    produced: deque[bytes] = deque()
+    engine = Engine(config.engine, load_stack(config.policies),
+                    recorder=lambda record: produced.append(render_record(record)))
+    inputs = 0
+    number = first[0]
+    divergence: Divergence | None = None
+    for number, raw in lines:
+        if not produced:
+            try:
+                record = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise TraceError(p, number, f"not JSON: {exc}") from None
+            if not isinstance(record, dict) or record.get("kind") not in KNOWN_KINDS:
+                kind = record.get("kind") if isinstance(record, dict) else None
+                raise TraceError(p, number, f"field 'kind': unknown record kind {kind!r}")
+            if record["kind"] == "input":
+                try:
+                    event = input_from_record(record)
+                except BadEvent as exc:
+                    raise TraceError(p, number, str(exc)) from None
+                inputs += 1
+                try:
+                    engine.handle(event)
+                except ValueError as exc:
+                    raise TraceError(p, number, str(exc)) from None
+        got = produced.popleft() if produced else None
+        if got != raw:
+            nothing = "<nothing: the engine produced no record here>"
+            divergence = Divergence(number, raw.decode(errors="replace"),
+                                    got.decode() if got is not None else nothing)
+            break
+    if divergence is None and produced:
+        divergence = Divergence(number + 1, "<end of trace>", produced[0].decode())
+    return ReplayResult(number, inputs, divergence, engine)
+
+
+# ---- what-if ---------------------------------------------------------------------------------
+def workload_from_trace(path: str | Path) -> tuple[RunConfig, list[WorkloadRequest]]:
+    """The recorded config and the workload its arrivals describe (output lengths: the tokens
+    each request generated; aborted or failed requests keep what they had produced, at least 1)."""
+    result = replay(path)
+    p = str(path)
+    if not result.identical:
+        assert result.divergence is not None
+        raise TraceError(p, result.divergence.line,
+                         "the trace does not replay exactly with this engine; cannot recover its workload")
+    first = next(iter_lines(path))
+    config = config_from_header(parse_header(p, *first), p, first[0])
+    workload = []
+    for number, raw in iter_lines(path):
+        if number == first[0] or b'"type":"arrival"' not in raw:
+            continue
+        record = orjson.loads(raw)
+        if record.get("kind") != "input":
+            continue
+        rid = record["request_id"]
+        req = result.engine.requests.get(rid)
+        generated = req.generated if req is not None else 0
+        workload.append(WorkloadRequest(rid, float(record["t"]), int(record["prompt_tokens"]),
+                                        max(1, generated), tuple(record["block_hashes"])))
+    return config, workload
+
+
+def what_if(path: str | Path, stack: list[str]) -> tuple[dict[str, Any], dict[str, Any], RunConfig]:
+    """Simulate the trace's workload under its own stack and under ``stack``."""
+    from lifecycle.runner import run_workload
+    from policies.base import load_stack
+
+    config, workload = workload_from_trace(path)
+    recorded = run_workload(config, workload, load_stack(config.policies)).summary
+    other_config = attrs.evolve(config, policies=tuple(stack))
+    other = run_workload(other_config, workload, load_stack(stack)).summary
+    return recorded, other, config
+
+
+SIDE_BY_SIDE: tuple[tuple[str, str], ...] = (
+    ("requests", "requests"),
+    ("finished", "finished"),
+    ("stranded", "stranded"),
+    ("TTFT p50 (ms)", "ttft_ms.p50"),
+    ("TTFT p90 (ms)", "ttft_ms.p90"),
+    ("TTFT p99 (ms)", "ttft_ms.p99"),
+    ("TPOT p50 (ms)", "tpot_ms.p50"),
+    ("TPOT p99 (ms)", "tpot_ms.p99"),
+    ("throughput (tok/s)", "throughput_tokens_per_s"),
+    ("prefix hit rate", "prefix_hit_rate"),
+    ("blocks loaded", "blocks_loaded"),
+    ("blocks stored", "blocks_stored"),
+    ("redundant block loads", "redundant_block_loads"),
+    ("deferrals", "deferrals"),
+    ("lookups sync", "sync_lookups"),
+    ("lookups async", "async_lookups"),
+    ("critical-path lookup ms", "critical_path_lookup_ms"),
+    ("preemptions", "preemptions"),
+    ("warnings", "warnings"),
+)
+
+
+def _get(summary: dict[str, Any], dotted: str) -> Any:
+    value: Any = summary
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_fmt(v) if not isinstance(v, float) or v > 1 else f'{v:.1%}'}"
+                         for k, v in value.items()) or "none"
+    return str(value)
+
+
+def format_side_by_side(left_name: str, left: dict[str, Any], right_name: str, right: dict[str, Any]) -> str:
+    rows = [("", left_name, right_name)] + [(label, _fmt(_get(left, key)), _fmt(_get(right, key)))
+                                            for label, key in SIDE_BY_SIDE]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    return "\n".join(f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows)

@@ -1,0 +1,406 @@
+"""An independent observer of invariants 1-8 (DESIGN.md, "Invariants").
+
+The observer never asks the engine what happened: it rebuilds its own picture from the
+stream a run produces — input events, trace records and, when it runs live beside the
+engine, the commands ``Engine.handle`` returns — and checks that picture against the
+spec. Two modes share the same code:
+
+- from a trace (``kvlife validate``): records only. Invariants 1, 3, 4 and 7 are fully
+  checkable; 2, 5 and 6 need block-level detail (device blocks, hashes of each move)
+  that trace ``job`` records do not carry, and 8 needs the pools.
+- live (the model checker): records plus commands, which carry every move, every freed
+  block and every step's block table, so 2, 5 and 6 are checked too; block/tier
+  accounting (8) is delegated to ``engine.check_invariants()`` through ``accounting``.
+
+Call ``feed_record`` for every record in order (input records open a new handling),
+``feed_commands`` with what ``handle`` returned (live only), ``end_input`` after each
+handling (live; in trace mode the next input record closes the previous one) and
+``finish`` when inputs stop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from specs.table import TABLE
+
+IO_WAIT_STATES = ("lookup_pending", "loading", "sending")
+# Triggers after which a request's older lookups are stale (its epoch moved on).
+_EPOCH_BUMPS = frozenset({"preempted", "load_failed", "completed", "aborted", "failed"})
+
+INVARIANTS: dict[int, str] = {
+    0: "well-formed trace",
+    1: "legal transitions; finished absorbs",
+    2: "no block freed or reused under an in-flight transfer",
+    3: "a job is done only after every rank reported it exactly once",
+    4: "lookup answers apply only to the epoch that asked",
+    5: "stores cover only computed tokens",
+    6: "no two in-flight loads bring the same block (load sharing on)",
+    7: "every transfer ends; nothing stranded",
+    8: "block accounting",
+}
+
+
+@attrs.frozen
+class Violation:
+    invariant: int
+    message: str
+    line: int | None = None
+    t: float | None = None
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        when = f"t={self.t:g} " if self.t is not None else ""
+        return f"{where}{when}invariant {self.invariant} ({INVARIANTS.get(self.invariant, '?')}): {self.message}"
+
+
+class InvariantViolation(AssertionError):
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(str(violation))
+        self.violation = violation
+
+
+@attrs.define(slots=True, eq=False)
+class _Job:
+    job_id: int
+    kind: str  # "load" | "store"
+    request_id: str
+    moves: tuple[Any, ...] | None = None  # BlockMove, live mode only
+    reported: set[int] = attrs.Factory(set)
+    failed: set[int] = attrs.Factory(set)
+    complete: bool = False  # every rank reported (the observer's own count)
+    done_recorded: bool = False  # the engine said job_done
+
+
+@attrs.define(slots=True, eq=False)
+class _Req:
+    hashes: tuple[int, ...]
+    state: str = "waiting"
+    epoch: int = 0
+    lookup_epoch: int | None = None  # epoch of the lookup in flight
+    valid_tokens: int = 0  # tokens whose KV is known good (confirmed or hit)
+    fresh: bool = False  # admitted; the next step entry tells the hit length
+
+
+class InvariantObserver:
+    def __init__(
+        self,
+        ranks: int,
+        block_tokens: int,
+        sharing: bool = False,
+        accounting: Callable[[], None] | None = None,
+    ) -> None:
+        self.ranks = ranks
+        self.block_tokens = block_tokens
+        self.sharing = sharing
+        self.accounting = accounting
+        self.violations: list[Violation] = []
+        self.requests: dict[str, _Req] = {}
+        self.jobs: dict[int, _Job] = {}
+        self.lines = 0
+        # Current handling.
+        self._input: Any = None
+        self._line: int | None = None
+        self._t: float | None = None
+        self._completed_now: list[_Job] = []
+        self._discard_due: list[tuple[str, int]] = []
+        # Live mode only.
+        self._steps: dict[int, list[tuple[str, int, int, int]]] = {}
+        self._busy_blocks: dict[int, list[_Job]] = {}  # device block -> in-flight jobs
+        self._loading_hashes: dict[int, list[_Job]] = {}  # hash -> in-flight load jobs
+        self._bad_in_tier: dict[tuple[str, int], int] = {}  # (tier, hash) -> failed load job
+
+    # ---- reporting -----------------------------------------------------------------------
+    def _fail(self, invariant: int, message: str) -> None:
+        self.violations.append(Violation(invariant, message, self._line, self._t))
+
+    # ---- records ---------------------------------------------------------------------------
+    def feed_record(self, record: dict[str, Any], line: int | None = None) -> None:
+        kind = record.get("kind")
+        self.lines += 1
+        if kind == "input":
+            self.end_input()
+            self._line = line
+            self._on_input(record)
+            return
+        self._line = line if line is not None else self._line
+        t = record.get("t")
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            self._t = float(t)
+        if kind == "transition":
+            self._on_transition(record)
+        elif kind == "job":
+            self._on_job(record)
+        elif kind == "job_done":
+            self._on_job_done(record)
+        elif kind == "stale_lookup" and not self._input_is("lookup_answer"):
+            self._fail(4, f"stale_lookup record for {record.get('req')} outside a lookup answer")
+
+    def _input_is(self, kind: str) -> bool:
+        return self._input is not None and self._input.type == kind
+
+    def _on_input(self, record: dict[str, Any]) -> None:
+        from lifecycle.events import BadEvent, input_from_record
+
+        # Live records still hold tuples; the trace format (and the parser) has lists.
+        record = {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
+        try:
+            event = input_from_record(record)
+        except BadEvent as exc:
+            self._input = None
+            self._fail(0, f"bad input record: {exc}")
+            return
+        self._input = event
+        self._t = float(event.t)
+        self._on_event(event)
+
+    def feed_input(self, event: Any) -> None:
+        """Live mode: the engine records the input itself, so this is only for drivers
+        that run without a recorder."""
+        self.end_input()
+        self._input = event
+        self._t = float(event.t)
+        self._on_event(event)
+
+    def _on_event(self, event: Any) -> None:
+        kind = event.type
+        if kind == "arrival":
+            if event.request_id not in self.requests:
+                full = event.prompt_tokens // self.block_tokens
+                self.requests[event.request_id] = _Req(tuple(event.block_hashes[:full]))
+        elif kind == "transfer_report":
+            job = self.jobs.get(event.job_id)
+            if job is None or job.complete or not 0 <= event.rank < self.ranks:
+                return
+            if event.rank in job.reported:
+                return  # a duplicate: must change nothing (checked through job_done)
+            job.reported.add(event.rank)
+            job.failed.update(event.failed)
+            if len(job.reported) == self.ranks:
+                self._complete(job)
+        elif kind == "step_output":
+            for rid, epoch, before, n in self._steps.pop(event.step_id, ()):
+                req = self.requests.get(rid)
+                if req is not None and req.state == "running" and req.epoch == epoch:
+                    req.valid_tokens = max(req.valid_tokens, before + n)
+
+    def _complete(self, job: _Job) -> None:
+        job.complete = True
+        self._completed_now.append(job)
+        if job.moves is None:
+            return
+        for move in job.moves:
+            _drop(self._busy_blocks, move.device_block, job)
+            if job.kind == "load":
+                _drop(self._loading_hashes, move.block_hash, job)
+                if move.block_hash in job.failed:
+                    self._bad_in_tier[(move.tier, move.block_hash)] = job.job_id
+            elif move.block_hash not in job.failed:
+                # A successful store rewrites the slot: the tier holds good bytes again.
+                self._bad_in_tier.pop((move.tier, move.block_hash), None)
+
+    def _on_transition(self, record: dict[str, Any]) -> None:
+        rid, source, target, trigger = (record.get(k) for k in ("req", "from", "to", "trigger"))
+        if not all(isinstance(x, str) for x in (rid, source, target, trigger)):
+            self._fail(0, "transition record lacks req/from/to/trigger")
+            return
+        assert isinstance(rid, str) and isinstance(trigger, str) and isinstance(target, str)
+        req = self.requests.get(rid)
+        if req is None:
+            self._fail(1, f"transition of {rid}, which never arrived")
+            req = self.requests[rid] = _Req(())
+        expected = TABLE.edges.get((req.state, trigger))
+        if req.state == "finished":
+            self._fail(1, f"{rid} moved out of finished ({trigger} -> {target}): finished absorbs")
+        elif source != req.state:
+            self._fail(1, f"{rid}: transition from {source!r} but it was in {req.state!r}")
+        elif expected is None:
+            self._fail(1, f"{rid}: trigger {trigger!r} is not allowed in state {req.state!r}")
+        elif expected != target:
+            self._fail(1, f"{rid}: {trigger!r} from {req.state!r} leads to {expected!r}, not {target!r}")
+        if trigger == "lookup_answered":
+            ev = self._input
+            if not (self._input_is("lookup_answer") and ev.request_id == rid):
+                self._fail(4, f"{rid}: lookup answered without a lookup answer for it")
+            elif ev.epoch != req.lookup_epoch:
+                self._fail(4, f"{rid}: answer of epoch {ev.epoch} applied to the lookup of epoch "
+                              f"{req.lookup_epoch} (stale)")
+        if trigger == "aborted" and req.state == "lookup_pending" and req.lookup_epoch is not None:
+            self._discard_due.append((rid, req.lookup_epoch))
+        req.state = target
+        if trigger == "lookup_submitted":
+            req.lookup_epoch = req.epoch
+        elif trigger == "lookup_answered":
+            req.lookup_epoch = None
+        if trigger in _EPOCH_BUMPS:
+            req.epoch += 1
+            req.lookup_epoch = None
+            req.valid_tokens = 0
+            req.fresh = False
+        if trigger in ("admitted", "load_done"):
+            req.fresh = True
+
+    def _on_job(self, record: dict[str, Any]) -> None:
+        job_id, op, rid = record.get("job"), record.get("op"), record.get("req")
+        if not isinstance(job_id, int) or op not in ("load", "store") or not isinstance(rid, str):
+            self._fail(0, "job record lacks job/op/req")
+            return
+        if job_id in self.jobs:
+            self._fail(7, f"job {job_id} started twice")
+            return
+        self.jobs[job_id] = _Job(job_id, op, rid)
+
+    def _on_job_done(self, record: dict[str, Any]) -> None:
+        job_id = record.get("job")
+        job = self.jobs.get(job_id) if isinstance(job_id, int) else None
+        if job is None:
+            self._fail(3, f"job_done for job {job_id}, which never started")
+            return
+        if job.done_recorded:
+            self._fail(3, f"job {job_id} completed twice")
+            return
+        job.done_recorded = True
+        ev = self._input
+        if not (self._input_is("transfer_report") and ev.job_id == job_id):
+            self._fail(3, f"job {job_id} completed without a report for it")
+        elif not job.complete:
+            missing = sorted(set(range(self.ranks)) - job.reported)
+            self._fail(3, f"{job.kind} job {job_id} counted done with ranks {missing} still to report "
+                          f"(reported: {sorted(job.reported)})")
+        failed = record.get("failed")
+        if job.complete and isinstance(failed, int) and failed != len(job.failed):
+            self._fail(3, f"job {job_id}: {failed} failed blocks reported, the union over ranks is "
+                          f"{len(job.failed)}")
+
+    def end_input(self) -> None:
+        """Close the current handling: checks that need all of its records."""
+        for job in self._completed_now:
+            if not job.done_recorded:
+                self._fail(3, f"{job.kind} job {job.job_id}: every rank reported, yet it was not completed")
+        self._completed_now = []
+        self._discard_due = []
+        if self.accounting is not None and self._input is not None:
+            try:
+                self.accounting()
+            except AssertionError as exc:
+                self._fail(2 if "job" in str(exc) else 8, f"engine accounting: {exc}")
+        self._input = None
+
+    # ---- commands (live) -------------------------------------------------------------------
+    def feed_commands(self, commands: Iterable[Any]) -> None:
+        from lifecycle.events import DiscardLookup, FreeBlocks, StartLoad, StartStore, StepPlan, SubmitLookup
+
+        commands = list(commands)
+        discarded = {(c.request_id, c.epoch) for c in commands if isinstance(c, DiscardLookup)}
+        for rid, epoch in self._discard_due:
+            if (rid, epoch) not in discarded:
+                self._fail(4, f"{rid} aborted in lookup_pending but its lookup (epoch {epoch}) was not discarded")
+        self._discard_due = []
+        for command in commands:
+            if isinstance(command, SubmitLookup):
+                req = self.requests.get(command.request_id)
+                if req is None or req.lookup_epoch != command.epoch:
+                    self._fail(4, f"lookup for {command.request_id} submitted with epoch {command.epoch}, "
+                                  f"request epoch is {None if req is None else req.epoch}")
+            elif isinstance(command, StartLoad | StartStore):
+                self._on_start(command, "load" if isinstance(command, StartLoad) else "store")
+            elif isinstance(command, FreeBlocks):
+                for block in command.device_blocks:
+                    for job in self._busy_blocks.get(block, ()):
+                        self._fail(2, f"device block {block} freed while {job.kind} job {job.job_id} "
+                                      f"still moves it (ranks {sorted(set(range(self.ranks)) - job.reported)} "
+                                      f"have not reported)")
+            elif isinstance(command, StepPlan):
+                self._on_plan(command)
+
+    def _on_start(self, command: Any, kind: str) -> None:
+        job = self.jobs.get(command.job_id)
+        if job is None:  # no recorder attached: the command alone opens the job
+            job = self.jobs[command.job_id] = _Job(command.job_id, kind, command.request_id)
+        job.moves = tuple(command.moves)
+        req = self.requests.get(command.request_id)
+        bt = self.block_tokens
+        for move in job.moves:
+            for other in self._busy_blocks.get(move.device_block, ()):
+                if kind == "load" or other.kind == "load":
+                    self._fail(2, f"{kind} job {job.job_id} uses device block {move.device_block} while "
+                                  f"{other.kind} job {other.job_id} still moves it")
+            if kind == "load":
+                if self.sharing:
+                    for other in self._loading_hashes.get(move.block_hash, ()):
+                        self._fail(6, f"load job {job.job_id} ({command.request_id}) brings block "
+                                      f"{move.block_hash} that load job {other.job_id} "
+                                      f"({other.request_id}) is already loading")
+                bad = self._bad_in_tier.get((move.tier, move.block_hash))
+                if bad is not None:
+                    self._fail(4, f"load job {job.job_id} reads block {move.block_hash} from {move.tier}, "
+                                  f"which failed to load in job {bad} and was never stored again (stale hit)")
+            else:
+                hashes = req.hashes if req is not None else ()
+                if move.block_hash not in hashes:
+                    self._fail(5, f"store job {job.job_id} writes block {move.block_hash}, not a prompt "
+                                  f"block of {command.request_id}")
+                else:
+                    end = (hashes.index(move.block_hash) + 1) * bt
+                    valid = req.valid_tokens if req is not None else 0
+                    if end > valid:
+                        self._fail(5, f"store job {job.job_id} of {command.request_id} covers tokens up to "
+                                      f"{end}, only {valid} are computed (the rest are placeholders or "
+                                      f"in flight)")
+        for move in job.moves:
+            self._busy_blocks.setdefault(move.device_block, []).append(job)
+            if kind == "load":
+                self._loading_hashes.setdefault(move.block_hash, []).append(job)
+
+    def _on_plan(self, plan: Any) -> None:
+        bt = self.block_tokens
+        entries = []
+        for entry in plan.entries:
+            req = self.requests.get(entry.request_id)
+            if req is None:
+                self._fail(1, f"step {plan.step_id} schedules {entry.request_id}, which never arrived")
+                continue
+            if req.state != "running":
+                self._fail(1, f"step {plan.step_id} schedules {entry.request_id} in state {req.state}")
+            if req.fresh:
+                req.valid_tokens = entry.computed_before
+                req.fresh = False
+            first = entry.computed_before // bt
+            last = (entry.computed_before + entry.num_tokens - 1) // bt
+            for i, block in enumerate(entry.block_table):
+                for job in self._busy_blocks.get(block, ()):
+                    if job.kind == "load" or first <= i <= last:
+                        self._fail(2, f"step {plan.step_id}: {entry.request_id} "
+                                      f"{'writes' if first <= i <= last else 'reads'} device block {block} "
+                                      f"while {job.kind} job {job.job_id} still moves it")
+            entries.append((entry.request_id, req.epoch, entry.computed_before, entry.num_tokens))
+        self._steps[plan.step_id] = entries
+
+    # ---- end of inputs -------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Invariant 7 once inputs stop: every job ended on every rank, nothing stranded."""
+        self.end_input()
+        self._line = None
+        for job in self.jobs.values():
+            if not job.complete:
+                missing = sorted(set(range(self.ranks)) - job.reported)
+                self._fail(7, f"{job.kind} job {job.job_id} of {job.request_id}: ranks {missing} never reported")
+        for rid, req in self.requests.items():
+            if req.state in IO_WAIT_STATES:
+                self._fail(7, f"{rid} stranded in {req.state}")
+
+    def states(self) -> dict[str, str]:
+        return {rid: req.state for rid, req in self.requests.items()}
+
+
+def _drop(index: dict[int, list[_Job]], key: int, job: _Job) -> None:
+    jobs = index.get(key)
+    if jobs is None:
+        return
+    if job in jobs:
+        jobs.remove(job)
+    if not jobs:
+        del index[key]
