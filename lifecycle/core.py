@@ -182,9 +182,10 @@ class Engine:
         return self._commands
 
     def busy(self) -> bool:
-        """True while some request is not finished or some job is in flight."""
+        """True while some request is not finished or some job is in flight. A job given up
+        after its deadline is quarantined, not work: its blocks stay held, but nothing waits."""
         return (
-            bool(self.jobs)
+            any(not job.timed_out for job in self.jobs.values())
             or bool(self.prefetches)
             or self.state_counts["finished"] < len(self.requests)
         )
@@ -415,7 +416,8 @@ class Engine:
         for move in moves:
             tiers[move.src_tier] = tiers.get(move.src_tier, 0) + 1
         self._record({"kind": "job", "t": self.now, "job": job_id, "op": "prefetch", "req": req.request_id,
-                      "blocks": len(moves), "tiers": tiers})
+                      "blocks": len(moves), "tiers": tiers,
+                      "moves": [[m.block_hash, m.src_tier, m.dst_tier] for m in moves]})
         self._commands.append(StartPrefetch(job_id, req.request_id, moves))
 
     def _on_prefetch_report(self, event: TransferReport) -> None:
@@ -555,12 +557,14 @@ class Engine:
         self.stats.steps += 1
         scheduled = []
         prefill = 0
+        prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
         for req, n, samples in entries:
-            scheduled.append(
-                Scheduled(req.request_id, n, req.computed - n, samples, tuple(req.block_table), req.hashes)
-            )
+            before = req.computed - n
+            scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
             if n > 1:
                 prefill += n
+            if before < req.prompt_tokens:
+                prompt_chunks.append([req.request_id, before, n])
         self.steps[step_id] = [(req, req.epoch, n, samples) for req, n, samples in entries]
         self._record(
             {
@@ -570,6 +574,7 @@ class Engine:
                 "requests": len(entries),
                 "prefill_tokens": prefill,
                 "sync_lookups": sync_lookups,
+                "prompt": prompt_chunks,
             }
         )
         self._commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups))
@@ -731,7 +736,7 @@ class Engine:
         self.stats.loads += 1
         self.stats.blocks_loaded += len(placed)
         self._record({"kind": "job", "t": self.now, "job": job_id, "op": "load", "req": req.request_id,
-                      "blocks": len(placed), "tiers": _count_tiers(placed)})
+                      "blocks": len(placed), "tiers": _count_tiers(placed), "moves": _moves_record(placed)})
         self._commands.append(StartLoad(job_id, req.request_id, tuple(placed)))
 
     def _new_job_id(self) -> int:
@@ -814,7 +819,7 @@ class Engine:
             self.stats.stores += 1
             self.stats.blocks_stored += len(moves)
             self._record({"kind": "job", "t": self.now, "job": job_id, "op": "store", "req": req.request_id,
-                          "blocks": len(moves), "tiers": {tier.name: len(moves)}})
+                          "blocks": len(moves), "tiers": {tier.name: len(moves)}, "moves": _moves_record(moves)})
             self._commands.append(StartStore(job_id, req.request_id, moves))
 
     def _finish_generation(self, req: Request, reason: str) -> None:
@@ -843,8 +848,12 @@ class Engine:
             freed = self.pool.release(req.block_table)
             req.block_table = []
             if freed:
-                self._commands.append(FreeBlocks(tuple(freed)))
+                self._free_blocks(freed)
         req.load_jobs = []
+
+    def _free_blocks(self, freed: list[int]) -> None:
+        self._record({"kind": "free", "t": self.now, "blocks": freed})
+        self._commands.append(FreeBlocks(tuple(freed)))
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.config.block_tokens)
@@ -892,7 +901,7 @@ class Engine:
             self.stats.failed_blocks += len(bad & set(hashes))
         freed = self.pool.release(m.device_block for m in job.moves)
         if freed:
-            self._commands.append(FreeBlocks(tuple(freed)))
+            self._free_blocks(freed)
 
     def _job_outcome(self, job: Job, failed: Sequence[int]) -> None:
         bad = set(failed)
@@ -944,11 +953,21 @@ class Engine:
             missing = self.ranks.missing_ranks(job.job_id)
             self._warn("rank_timeout", job=job.job_id, ranks=list(missing),
                        note="job failed on those ranks; its blocks stay held until they report")
+            if job.kind == "load":
+                # Nobody may join a load that has already been given up on.
+                for move in job.moves:
+                    owner = self.in_flight_loads.get(move.block_hash)
+                    if owner is not None and owner[0] == job.job_id:
+                        del self.in_flight_loads[move.block_hash]
             self._job_outcome(job, [m.block_hash for m in job.moves])
 
 
 def _seq(req: Request) -> int:
     return req.seq
+
+
+def _moves_record(moves: Iterable[BlockMove]) -> list[list[int | str]]:
+    return [[m.block_hash, m.device_block, m.tier] for m in moves]
 
 
 def _count_tiers(moves: Iterable[BlockMove]) -> dict[str, int]:

@@ -76,7 +76,8 @@ class RankWorker(threading.Thread):
     """One tensor-parallel rank: its KV shard, its tiers' bytes, its copy engine."""
 
     def __init__(self, rank: int, geometry: BlockGeometry, device_blocks: int,
-                 tiers: dict[str, TierBytes], outbox: queue.Queue[tuple[Any, ...]], verify: bool) -> None:
+                 tiers: dict[str, TierBytes], outbox: queue.Queue[tuple[Any, ...]], verify: bool,
+                 silent: Callable[[int, Any], bool] | None = None) -> None:
         super().__init__(name=f"kvlife-rank-{rank}", daemon=True)
         self.rank = rank
         self.kv = DeviceKV(geometry, device_blocks)
@@ -85,6 +86,8 @@ class RankWorker(threading.Thread):
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.outbox = outbox
         self.verify = verify
+        # Fault injection: a rank that never reports some jobs (tests of the deadline).
+        self.silent = silent
         self.stats = LiveStats()
         self._staging = torch.zeros((1, geometry.block_bytes), dtype=torch.uint8)
         # Moves of each load, kept for verification once the copy has landed.
@@ -134,6 +137,8 @@ class RankWorker(threading.Thread):
         for done in self.copies.poll():
             if done.kind == "load" and self.verify:
                 self._verify(done.job_id, set(done.failed_hashes))
+            if self.silent is not None and self.silent(self.rank, done.job_id):
+                continue
             self.outbox.put(("report", done.job_id, self.rank, done.failed_hashes))
 
     def _verify(self, job_id: Any, failed: set[int]) -> None:
@@ -176,7 +181,8 @@ class LiveRuntime:
 
     def __init__(self, config: RunConfig, workload: list[WorkloadRequest], policies: PolicyStack,
                  recorder: Recorder | None = None, time_scale: float = 1.0,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 silent: Callable[[int, Any], bool] | None = None) -> None:
         self.config = config
         self.live = config.live
         self.workload = sorted(workload, key=lambda w: w.arrival_ms)
@@ -221,7 +227,7 @@ class LiveRuntime:
                     tiers["remote"] = RedisTier(self.live.redis_url, self.geometry, rank=rank,
                                                 ttl_seconds=self.live.redis_ttl_s, name="remote")
             worker = RankWorker(rank, self.geometry, engine_config.device_blocks, tiers, self.outbox,
-                                self.live.verify)
+                                self.live.verify, silent)
             self.ranks.append(worker)
         self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvlife-lookup")
         self._remote_probe = (

@@ -44,6 +44,9 @@ def summarize(result: SimResult, wall_s: float, block_bytes: int) -> dict[str, A
         "requests": len(requests),
         "finished": reasons,
         "stranded": len(result.stranded),
+        # jobs given up after the rank deadline whose late reports never came: their
+        # blocks are held for good rather than risk reuse under a live copy
+        "quarantined_jobs": sum(1 for job in engine.jobs.values() if job.timed_out),
         "ttft_ms": {"p50": percentile(ttft, 50), "p90": percentile(ttft, 90), "p99": percentile(ttft, 99)},
         "tpot_ms": {"p50": percentile(tpot, 50), "p90": percentile(tpot, 90), "p99": percentile(tpot, 99)},
         "throughput_tokens_per_s": output_tokens / span_s,
@@ -96,7 +99,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     rows = [
         ("requests", _fmt(summary["requests"])),
         ("finished", _fmt(summary["finished"])),
-        ("stranded", _fmt(summary["stranded"])),
+        ("stranded / quarantined jobs", f"{summary['stranded']} / {summary['quarantined_jobs']}"),
         ("TTFT p50 / p90 / p99 (ms)", " / ".join(_fmt(summary["ttft_ms"][q]) for q in ("p50", "p90", "p99"))),
         ("TPOT p50 / p90 / p99 (ms)", " / ".join(_fmt(summary["tpot_ms"][q]) for q in ("p50", "p90", "p99"))),
         ("throughput (output tok/s)", _fmt(summary["throughput_tokens_per_s"])),

@@ -26,7 +26,8 @@ from lifecycle.trace import SCHEMA_VERSION, TraceError, render_record
 from lifecycle.workload import WorkloadRequest
 
 KNOWN_KINDS = frozenset(
-    {"header", "input", "transition", "decision", "step", "job", "job_done", "evict", "stale_lookup", "warning"}
+    {"header", "input", "transition", "decision", "step", "job", "job_done", "free", "evict", "stale_lookup",
+     "warning"}
 )
 
 

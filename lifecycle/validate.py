@@ -2,16 +2,17 @@
 
 Every line is checked; the first offending line is named and the rest are still checked
 and counted. Format problems (non-JSON, unknown kinds, bad input events, time going
-backwards) are findings of "invariant 0"; spec and invariant checks come from the
-independent observer in ``specs.invariants``. A truncated last line (a crash mid-write)
-is reported and everything before it is still used; the end-of-run checks (invariant 7)
-are skipped then, since the run did not end.
+backwards) are findings of "invariant 0"; spec and invariant checks (1-7; 6 only when
+the stack shares loads) come from the independent observer in ``specs.invariants``.
+A truncated last line (a crash mid-write) is reported and everything before it is still
+used; the end-of-run checks (invariant 7) are skipped then, since the run did not end.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import attrs
 import orjson
@@ -21,8 +22,12 @@ from lifecycle.replay import KNOWN_KINDS, config_from_header, iter_lines, parse_
 from lifecycle.trace import TraceError
 from specs.invariants import INVARIANTS, InvariantObserver, Violation
 
-# Checkable from trace records alone (see specs/invariants.py for why not 2, 5, 6, 8).
-CHECKED_FROM_TRACE = (0, 1, 3, 4, 7)
+# Checkable from trace records alone; 6 only applies when the stack shares loads, and 8
+# needs the pools' counters (see specs/invariants.py).
+CHECKED_FROM_TRACE = (0, 1, 2, 3, 4, 5, 6, 7)
+# Stacks that join in-flight loads, recognised by name in the header (no policy code is
+# imported to validate a trace).
+SHARING_POLICIES = frozenset({"shared-loads"})
 
 
 @attrs.frozen
@@ -32,6 +37,12 @@ class ValidationReport:
     findings: tuple[Violation, ...]
     truncated_line: int | None
     notes: tuple[str, ...] = ()
+    sharing: bool = False
+    skipped: tuple[int, ...] = ()  # not (fully) checkable: the trace lacks their records
+
+    @property
+    def checked(self) -> tuple[int, ...]:
+        return tuple(i for i in CHECKED_FROM_TRACE if (i != 6 or self.sharing) and i not in self.skipped)
 
     @property
     def ok(self) -> bool:
@@ -55,13 +66,28 @@ class ValidationReport:
             if len(self.findings) > limit:
                 out.append(f"  ... {len(self.findings) - limit:,} more")
         else:
-            checked = ", ".join(str(i) for i in CHECKED_FROM_TRACE)
-            out.append(f"valid: every transition legal; invariants {checked} hold "
-                       f"(2, 5, 6, 8 need block-level records a trace does not carry)")
+            checked = ", ".join(str(i) for i in self.checked)
+            why = []
+            if self.skipped:
+                why.append(f"{', '.join(map(str, self.skipped))} not (fully) checked: see the notes")
+            if not self.sharing and 6 not in self.skipped:
+                why.append("6 not checked: the stack does not share loads (--sharing on)")
+            why.append("8 needs the pools' counters")
+            out.append(f"valid: every transition legal; invariants {checked} hold ({'; '.join(why)})")
         return "\n".join(out)
 
 
-def validate(path: str | Path) -> ValidationReport:
+def sharing_from_header(header: dict[str, Any]) -> bool:
+    """Does the recorded stack join in-flight loads (invariant 6 applies)?"""
+    names: list[Any] = []
+    for source in (header.get("policies"), (header.get("config") or {}).get("policies")):
+        if isinstance(source, list):
+            names += source
+    return any(isinstance(n, str) and n in SHARING_POLICIES for n in names)
+
+
+def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
+    """``sharing``: check invariant 6; None decides from the header's policy stack."""
     p = str(path)
     lines = list(iter_lines(path))
     if not lines:
@@ -84,6 +110,8 @@ def validate(path: str | Path) -> ValidationReport:
         header = parse_header(p, number, raw)
         config = config_from_header(header, p, number).engine
         body = lines[1:]
+        if sharing is None:
+            sharing = sharing_from_header(header)
     except TraceError as exc:
         if "newer" in str(exc):
             raise  # another schema: nothing below can be interpreted
@@ -91,7 +119,8 @@ def validate(path: str | Path) -> ValidationReport:
         config = EngineConfig()
         notes.append(f"no usable header: assuming {config.ranks} rank(s) and {config.block_tokens}-token blocks")
         body = lines
-    observer = InvariantObserver(config.ranks, config.block_tokens)
+    sharing = bool(sharing)
+    observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing, from_trace=True)
     last_t = float("-inf")
     for number, raw in body:
         try:
@@ -121,7 +150,9 @@ def validate(path: str | Path) -> ValidationReport:
         observer.end_input()
     findings.extend(observer.violations[before:])
     findings.sort(key=lambda f: (f.line is None, f.line or 0))
-    return ValidationReport(p, body[-1][0] if body else 1, tuple(findings), truncated, tuple(notes))
+    notes += observer.unchecked
+    return ValidationReport(p, body[-1][0] if body else 1, tuple(findings), truncated, tuple(notes), sharing,
+                            tuple(sorted(observer.skipped)))
 
 
 def _ends_without_newline(path: str) -> bool:

@@ -5,12 +5,17 @@ stream a run produces — input events, trace records and, when it runs live bes
 engine, the commands ``Engine.handle`` returns — and checks that picture against the
 spec. Two modes share the same code:
 
-- from a trace (``kvlife validate``): records only. Invariants 1, 3, 4 and 7 are fully
-  checkable; 2, 5 and 6 need block-level detail (device blocks, hashes of each move)
-  that trace ``job`` records do not carry, and 8 needs the pools.
+- from a trace (``kvlife validate``, ``from_trace=True``): records only. ``job`` records
+  carry their moves, ``free`` records the device blocks whose last reference went away,
+  ``step`` records the prompt chunks they compute, so 1-7 are checkable: 2 as "no block
+  freed or loaded into while a load/store job that moves it still owes a rank report"
+  (a trace has no block tables, so a step writing into a busy block is not visible), 5
+  from the chunks confirmed by step outputs plus the hit length at admission, 6 when
+  ``sharing``. 8 needs the pools.
 - live (the model checker): records plus commands, which carry every move, every freed
-  block and every step's block table, so 2, 5 and 6 are checked too; block/tier
-  accounting (8) is delegated to ``engine.check_invariants()`` through ``accounting``.
+  block and every step's block table; the block-level checks come from the commands (the
+  same records are then ignored for them). Block/tier accounting (8) is delegated to
+  ``engine.check_invariants()`` through ``accounting``.
 
 Call ``feed_record`` for every record in order (input records open a new handling),
 ``feed_commands`` with what ``handle`` returned (live only), ``end_input`` after each
@@ -20,8 +25,9 @@ handling (live; in trace mode the next input record closes the previous one) and
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -63,12 +69,24 @@ class InvariantViolation(AssertionError):
         self.violation = violation
 
 
+@attrs.frozen(slots=True)
+class _Move:
+    """One block of a job as a trace records it. Duck-types ``BlockMove`` (live mode);
+    a prefetch moves tier to tier: no device block, ``tier`` is its source."""
+
+    block_hash: int
+    device_block: int | None
+    tier: str
+    dst_tier: str | None = None
+
+
 @attrs.define(slots=True, eq=False)
 class _Job:
     job_id: int
-    kind: str  # "load" | "store"
+    kind: str  # "load" | "store" | "prefetch"
     request_id: str
-    moves: tuple[Any, ...] | None = None  # BlockMove, live mode only
+    moves: tuple[Any, ...] | None = None  # BlockMove (live) or _Move (trace, prefetch); None: unknown
+    timed_out: bool = False  # a rank missed the deadline: the engine gave up on its result
     reported: set[int] = attrs.Factory(set)
     failed: set[int] = attrs.Factory(set)
     complete: bool = False  # every rank reported (the observer's own count)
@@ -83,6 +101,22 @@ class _Req:
     lookup_epoch: int | None = None  # epoch of the lookup in flight
     valid_tokens: int = 0  # tokens whose KV is known good (confirmed or hit)
     fresh: bool = False  # admitted; the next step entry tells the hit length
+    index: dict[int, int] | None = None  # hash -> first prompt block position (built lazily)
+
+    def position(self, block_hash: int) -> int | None:
+        if self.index is None:
+            self.index = {}
+            for i, h in enumerate(self.hashes):
+                self.index.setdefault(h, i)
+        return self.index.get(block_hash)
+
+    def confirm(self, end: int) -> None:
+        """A step output confirmed the request's tokens up to ``end``."""
+        self.valid_tokens = max(self.valid_tokens, end)
+
+    def restart(self) -> None:
+        self.valid_tokens = 0
+        self.fresh = False
 
 
 class InvariantObserver:
@@ -92,11 +126,19 @@ class InvariantObserver:
         block_tokens: int,
         sharing: bool = False,
         accounting: Callable[[], None] | None = None,
+        from_trace: bool = False,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
         self.sharing = sharing
         self.accounting = accounting
+        # Block-level facts (moves, freed blocks, step chunks) from records instead of commands.
+        self.from_trace = from_trace
+        # Invariant 5 needs every step's prompt chunks; a trace without them cannot tell.
+        self.chunks_known = not from_trace
+        self._chunks_missing = False
+        self.unchecked: list[str] = []  # what the records did not allow to check
+        self.skipped: set[int] = set()  # invariants not (fully) checked for lack of records
         self.violations: list[Violation] = []
         self.requests: dict[str, _Req] = {}
         self.jobs: dict[int, _Job] = {}
@@ -107,8 +149,10 @@ class InvariantObserver:
         self._t: float | None = None
         self._completed_now: list[_Job] = []
         self._discard_due: list[tuple[str, int]] = []
-        # Live mode only.
+        # Block level: from the commands (live) or the records (trace).
+        # Steps without an output yet, in plan order: (request, epoch, computed before, tokens).
         self._steps: dict[int, list[tuple[str, int, int, int]]] = {}
+        self._step_order: deque[int] = deque()
         self._busy_blocks: dict[int, list[_Job]] = {}  # device block -> in-flight jobs
         self._loading_hashes: dict[int, list[_Job]] = {}  # hash -> in-flight load jobs
         self._bad_in_tier: dict[tuple[str, int], int] = {}  # (tier, hash) -> failed load job
@@ -138,6 +182,24 @@ class InvariantObserver:
             self._on_job_done(record)
         elif kind == "stale_lookup" and not self._input_is("lookup_answer"):
             self._fail(4, f"stale_lookup record for {record.get('req')} outside a lookup answer")
+        elif kind == "warning":
+            if record.get("what") == "rank_timeout":
+                self._on_rank_timeout(record)
+        elif not self.from_trace:
+            return  # live: freed blocks and step plans come from the commands
+        elif kind == "free":
+            blocks = record.get("blocks")
+            if not isinstance(blocks, list) or not all(_is_int(b) for b in blocks):
+                self._fail(0, "free record lacks a list of device blocks")
+                return
+            self._on_free(blocks)
+        elif kind == "step":
+            self._on_step_record(record)
+
+    def _note(self, what: str, *invariants: int) -> None:
+        self.skipped.update(invariants)
+        if what not in self.unchecked:
+            self.unchecked.append(what)
 
     def _input_is(self, kind: str) -> bool:
         return self._input is not None and self._input.type == kind
@@ -182,15 +244,40 @@ class InvariantObserver:
             if len(job.reported) == self.ranks:
                 self._complete(job)
         elif kind == "step_output":
-            for rid, epoch, before, n in self._steps.pop(event.step_id, ()):
+            self._confirm_steps(event.step_id)
+
+    def _confirm_steps(self, step_id: int) -> None:
+        """The device runs steps in plan order, so the output of a step vouches for every
+        earlier one too (a simulated step that pays sync lookups reports after the next
+        one, and a trace does not list decode entries). Tokens count only if the request
+        is still running in the epoch they were computed for: a preemption or abort in
+        between voids them."""
+        if step_id not in self._steps:
+            return
+        while self._step_order and self._step_order[0] <= step_id:
+            for rid, epoch, before, n in self._steps.pop(self._step_order.popleft(), ()):
                 req = self.requests.get(rid)
                 if req is not None and req.state == "running" and req.epoch == epoch:
-                    req.valid_tokens = max(req.valid_tokens, before + n)
+                    req.confirm(before + n)
+
+    def _plan_step(self, step_id: int, entries: list[tuple[str, int, int, int]]) -> None:
+        if step_id in self._steps:
+            return  # a reused step id: the first plan keeps it
+        self._steps[step_id] = entries
+        self._step_order.append(step_id)
 
     def _complete(self, job: _Job) -> None:
         job.complete = True
         self._completed_now.append(job)
         if job.moves is None:
+            return
+        if job.kind == "prefetch":
+            for move in job.moves:
+                if move.block_hash in job.failed:
+                    # The engine drops a source copy that failed to be read, as for loads.
+                    self._bad_in_tier[(move.tier, move.block_hash)] = job.job_id
+                elif move.dst_tier is not None:
+                    self._bad_in_tier.pop((move.dst_tier, move.block_hash), None)
             return
         for move in job.moves:
             _drop(self._busy_blocks, move.device_block, job)
@@ -238,20 +325,104 @@ class InvariantObserver:
         if trigger in _EPOCH_BUMPS:
             req.epoch += 1
             req.lookup_epoch = None
-            req.valid_tokens = 0
-            req.fresh = False
+            req.restart()
         if trigger in ("admitted", "load_done"):
             req.fresh = True
 
     def _on_job(self, record: dict[str, Any]) -> None:
         job_id, op, rid = record.get("job"), record.get("op"), record.get("req")
-        if not isinstance(job_id, int) or op not in ("load", "store") or not isinstance(rid, str):
+        if not _is_int(job_id) or op not in ("load", "store", "prefetch") or not isinstance(rid, str):
             self._fail(0, "job record lacks job/op/req")
             return
+        assert isinstance(op, str)
         if job_id in self.jobs:
             self._fail(7, f"job {job_id} started twice")
             return
-        self.jobs[job_id] = _Job(job_id, op, rid)
+        job = self.jobs[job_id] = _Job(job_id, op, rid)
+        # Prefetch moves exist only in records (the observer ignores StartPrefetch), so
+        # they are read in both modes; load/store moves come from the commands when live.
+        if op == "prefetch" or self.from_trace:
+            moves = self._moves_of(record, job_id, op)
+            if moves is None:
+                return
+            if op == "prefetch":
+                job.moves = moves
+            else:
+                self._start_moves(job, moves)
+
+    def _moves_of(self, record: dict[str, Any], job_id: int, op: str) -> tuple[_Move, ...] | None:
+        raw = record.get("moves")
+        if raw is None:
+            self._note("job records without moves: invariants 2, 5 and 6 were not checked for them", 2, 5, 6)
+            return None
+        moves: list[_Move] = []
+        if isinstance(raw, list):
+            for item in raw:
+                if not (isinstance(item, list) and len(item) == 3 and _is_int(item[0])):
+                    break
+                if op == "prefetch" and isinstance(item[1], str) and isinstance(item[2], str):
+                    moves.append(_Move(item[0], None, item[1], item[2]))
+                elif op != "prefetch" and _is_int(item[1]) and isinstance(item[2], str):
+                    moves.append(_Move(item[0], item[1], item[2]))
+                else:
+                    break
+            else:
+                return tuple(moves)
+        shape = "[block_hash, src_tier, dst_tier]" if op == "prefetch" else "[block_hash, device_block, tier]"
+        self._fail(0, f"{op} job {job_id}: field 'moves' must be a list of {shape}")
+        return None
+
+    def _on_rank_timeout(self, record: dict[str, Any]) -> None:
+        job_id = record.get("job")
+        job = self.jobs.get(job_id) if _is_int(job_id) else None
+        if job is None or job.complete or job.timed_out:
+            return
+        job.timed_out = True
+        if job.kind == "load" and job.moves is not None:
+            # Given up on: its blocks are never registered, so it no longer "brings" them
+            # (the engine lets a new load start); it still holds its device blocks (2).
+            for move in job.moves:
+                _drop(self._loading_hashes, move.block_hash, job)
+
+    def _on_free(self, blocks: Iterable[int]) -> None:
+        for block in blocks:
+            for job in self._busy_blocks.get(block, ()):
+                self._fail(2, f"device block {block} freed while {job.kind} job {job.job_id} "
+                              f"still moves it (ranks {sorted(set(range(self.ranks)) - job.reported)} "
+                              f"have not reported)")
+
+    def _on_step_record(self, record: dict[str, Any]) -> None:
+        step_id, chunks = record.get("step"), record.get("prompt")
+        if not _is_int(step_id):
+            self._fail(0, "step record lacks an integer 'step'")
+            return
+        if chunks is None:
+            self.chunks_known = False
+            self._chunks_missing = True
+            self._note("step records without prompt chunks: invariant 5 was not checked", 5)
+            return
+        if not isinstance(chunks, list) or not all(
+            isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and _is_int(c[1]) and _is_int(c[2])
+            for c in chunks
+        ):
+            self._fail(0, f"step {step_id}: field 'prompt' must be a list of [request_id, computed_before, tokens]")
+            return
+        self.chunks_known = not self._chunks_missing
+        entries = []
+        for rid, before, n in chunks:
+            req = self.requests.get(rid)
+            if req is None:
+                self._fail(1, f"step {step_id} schedules {rid}, which never arrived")
+                continue
+            if req.state != "running":
+                self._fail(1, f"step {step_id} schedules {rid} in state {req.state}")
+            if req.fresh:
+                # The first chunk after an admission starts where the hit (device cache
+                # or a completed load) ends: those tokens are valid content.
+                req.valid_tokens = before
+                req.fresh = False
+            entries.append((rid, req.epoch, before, n))
+        self._plan_step(step_id, entries)
 
     def _on_job_done(self, record: dict[str, Any]) -> None:
         job_id = record.get("job")
@@ -308,11 +479,7 @@ class InvariantObserver:
             elif isinstance(command, StartLoad | StartStore):
                 self._on_start(command, "load" if isinstance(command, StartLoad) else "store")
             elif isinstance(command, FreeBlocks):
-                for block in command.device_blocks:
-                    for job in self._busy_blocks.get(block, ()):
-                        self._fail(2, f"device block {block} freed while {job.kind} job {job.job_id} "
-                                      f"still moves it (ranks {sorted(set(range(self.ranks)) - job.reported)} "
-                                      f"have not reported)")
+                self._on_free(command.device_blocks)
             elif isinstance(command, StepPlan):
                 self._on_plan(command)
 
@@ -320,10 +487,15 @@ class InvariantObserver:
         job = self.jobs.get(command.job_id)
         if job is None:  # no recorder attached: the command alone opens the job
             job = self.jobs[command.job_id] = _Job(command.job_id, kind, command.request_id)
-        job.moves = tuple(command.moves)
-        req = self.requests.get(command.request_id)
+        self._start_moves(job, tuple(command.moves))
+
+    def _start_moves(self, job: _Job, moves: tuple[Any, ...]) -> None:
+        """A load or store job starts moving these blocks: invariants 2, 4 (stale hit), 5, 6."""
+        job.moves = moves
+        kind = job.kind
+        req = self.requests.get(job.request_id)
         bt = self.block_tokens
-        for move in job.moves:
+        for move in moves:
             for other in self._busy_blocks.get(move.device_block, ()):
                 if kind == "load" or other.kind == "load":
                     self._fail(2, f"{kind} job {job.job_id} uses device block {move.device_block} while "
@@ -331,26 +503,26 @@ class InvariantObserver:
             if kind == "load":
                 if self.sharing:
                     for other in self._loading_hashes.get(move.block_hash, ()):
-                        self._fail(6, f"load job {job.job_id} ({command.request_id}) brings block "
+                        self._fail(6, f"load job {job.job_id} ({job.request_id}) brings block "
                                       f"{move.block_hash} that load job {other.job_id} "
                                       f"({other.request_id}) is already loading")
                 bad = self._bad_in_tier.get((move.tier, move.block_hash))
                 if bad is not None:
                     self._fail(4, f"load job {job.job_id} reads block {move.block_hash} from {move.tier}, "
                                   f"which failed to load in job {bad} and was never stored again (stale hit)")
-            else:
-                hashes = req.hashes if req is not None else ()
-                if move.block_hash not in hashes:
+            elif self.chunks_known:
+                position = req.position(move.block_hash) if req is not None else None
+                if position is None:
                     self._fail(5, f"store job {job.job_id} writes block {move.block_hash}, not a prompt "
-                                  f"block of {command.request_id}")
+                                  f"block of {job.request_id}")
                 else:
-                    end = (hashes.index(move.block_hash) + 1) * bt
+                    end = (position + 1) * bt
                     valid = req.valid_tokens if req is not None else 0
                     if end > valid:
-                        self._fail(5, f"store job {job.job_id} of {command.request_id} covers tokens up to "
+                        self._fail(5, f"store job {job.job_id} of {job.request_id} covers tokens up to "
                                       f"{end}, only {valid} are computed (the rest are placeholders or "
                                       f"in flight)")
-        for move in job.moves:
+        for move in moves:
             self._busy_blocks.setdefault(move.device_block, []).append(job)
             if kind == "load":
                 self._loading_hashes.setdefault(move.block_hash, []).append(job)
@@ -377,7 +549,7 @@ class InvariantObserver:
                                       f"{'writes' if first <= i <= last else 'reads'} device block {block} "
                                       f"while {job.kind} job {job.job_id} still moves it")
             entries.append((entry.request_id, req.epoch, entry.computed_before, entry.num_tokens))
-        self._steps[plan.step_id] = entries
+        self._plan_step(plan.step_id, entries)
 
     # ---- end of inputs -------------------------------------------------------------------------
     def finish(self) -> None:
@@ -394,6 +566,10 @@ class InvariantObserver:
 
     def states(self) -> dict[str, str]:
         return {rid: req.state for rid, req in self.requests.items()}
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _drop(index: dict[int, list[_Job]], key: int, job: _Job) -> None:

@@ -88,3 +88,60 @@ def test_redis_tier_round_trip_and_redis_killed_mid_run(tmp_path: Path) -> None:
         assert warnings, "a dead Redis must be reported as tier events"
     finally:
         server.stop()
+
+
+def test_rank_that_never_reports_is_failed_after_the_deadline(tmp_path: Path) -> None:
+    from lifecycle.live import LiveRuntime
+    from policies.base import load_stack
+
+    config = live_config(tmp_path, TierConfig("host", capacity_blocks=60))
+    config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=50.0))
+    silenced: list[int] = []
+
+    def rank1_silent_on_two_jobs(rank: int, job_id: object) -> bool:
+        if rank == 1 and len(silenced) < 2 and isinstance(job_id, int):
+            silenced.append(job_id)
+            return True
+        return False
+
+    runtime = LiveRuntime(config, workload(80), load_stack(()), time_scale=40.0, silent=rank1_silent_on_two_jobs)
+    result = runtime.run()
+    assert len(silenced) == 2
+    assert result.engine.stats.rank_timeouts == 2
+    assert result.stranded == []
+    assert all(r.state == "finished" for r in result.engine.requests.values())
+    assert runtime.stats().mismatches == 0
+    # the silenced jobs never completed: their blocks stay held (quarantined), never reused
+    for job_id in silenced:
+        assert job_id in result.engine.jobs and result.engine.jobs[job_id].timed_out
+        for move in result.engine.jobs[job_id].moves:
+            assert result.engine.pool.refs[move.device_block] > 0
+
+
+def test_disk_full_mid_run_fails_stores_and_loads_of_them_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    real_pwritev = os.pwritev
+    calls = {"n": 0}
+
+    def fills_up(fd: int, buffers: object, offset: int) -> int:
+        calls["n"] += 1
+        if calls["n"] > 60:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwritev(fd, buffers, offset)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "pwritev", fills_up)
+    config = live_config(tmp_path, TierConfig("disk", capacity_blocks=300), ranks=1)
+    outcome = run_live(config, workload(120), time_scale=40.0, trace_path=tmp_path / "full.jsonl")
+    assert calls["n"] > 60
+    assert outcome.result.stranded == []
+    assert sum(outcome.summary["finished"].values()) == 120
+    assert outcome.stats.mismatches == 0
+    assert any(e.get("event") == "disk_write_failed" for e in outcome.stats.tier_events)
+    failed_stores = [r for _, r in read_trace(tmp_path / "full.jsonl")
+                     if r["kind"] == "job_done" and r["op"] == "store" and r["failed"] > 0]
+    assert failed_stores, "the engine records the failed stores"
+    # whatever failed to store is not in the index, so it can never be served
+    disk = outcome.result.engine.tiers["disk"]
+    disk.check_accounting()

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
 from lifecycle.cli import main
-from lifecycle.config import EngineConfig, RunConfig, TierConfig
+from lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
 from lifecycle.runner import run_workload
 from lifecycle.synthetic import synthetic_workload
 from lifecycle.trace import TraceError
 from lifecycle.validate import validate
+from lifecycle.workload import WorkloadRequest
+
+# Two ranks and a small device: reports per rank, loads, stores and preemptions.
+SMALL = EngineConfig(ranks=2, device_blocks=60, max_batched_tokens=2048,
+                     tiers=(TierConfig("host", capacity_blocks=400),))
+
+
+def _small_workload() -> list[WorkloadRequest]:
+    return synthetic_workload(seed=5, num_requests=80, block_tokens=512, arrival_rate_per_s=20.0,
+                              num_system_prompts=2, user_tokens=(200, 1500))
 
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("validate") / "run.jsonl"
-    # Two ranks and a small device: reports per rank, loads, stores and preemptions.
-    config = RunConfig(engine=EngineConfig(ranks=2, device_blocks=300,
-                                           tiers=(TierConfig("host", capacity_blocks=400),)))
-    workload = synthetic_workload(seed=5, num_requests=80, block_tokens=512, arrival_rate_per_s=20.0)
-    run_workload(config, workload, trace_path=path)
+    run_workload(RunConfig(engine=SMALL), _small_workload(), trace_path=path)
     return path
 
 
@@ -35,10 +42,22 @@ def _write(path: Path, lines: list[bytes], newline: bool = True) -> Path:
     return path
 
 
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(raw) for raw in _lines(path)]
+
+
+def _dump(path: Path, records: list[dict[str, Any]]) -> Path:
+    return _write(path, [orjson.dumps(r) for r in records])
+
+
 def test_simulated_trace_is_valid(trace: Path) -> None:
     report = validate(trace)
     assert report.ok, report.format()
-    assert b'"type":"transfer_report"' in trace.read_bytes()
+    assert report.checked == (0, 1, 2, 3, 4, 5, 7)
+    data = trace.read_bytes()
+    for needle in (b'"type":"transfer_report"', b'"op":"load"', b'"op":"store"', b'"kind":"free"',
+                   b'"trigger":"preempted"'):
+        assert needle in data
 
 
 def test_illegal_transition_named_and_rest_counted(trace: Path, tmp_path: Path) -> None:
@@ -148,3 +167,245 @@ def test_cli_exit_codes(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     lines.insert(2, b"garbage")
     assert main(["validate", str(_write(tmp_path / "g.jsonl", lines))]) == 1
     assert "line 3" in capsys.readouterr().out
+
+
+# ---- invariants 2, 5 and 6 from the block-level records ----------------------------------
+BT = 256
+SHARED = EngineConfig(block_tokens=BT, device_blocks=1000, max_batched_tokens=8192, max_running=64,
+                      lookup_latency_ms=1.0,
+                      tiers=(TierConfig("host", capacity_blocks=6000, bandwidth_gbps=0.5, latency_ms=1.0),))
+PREFETCH = EngineConfig(block_tokens=BT, device_blocks=100, max_batched_tokens=4096, max_running=64,
+                        lookup_latency_ms=2.0, ranks=2,
+                        tiers=(TierConfig("host", capacity_blocks=60),
+                               TierConfig("disk", capacity_blocks=8000, bandwidth_gbps=0.25, latency_ms=2.0,
+                                          failure_rate=0.02)))
+# Two ranks, a transfer deadline that slow disk stores miss, and blocks failing in both tiers.
+FLAKY = EngineConfig(ranks=2, device_blocks=60, max_batched_tokens=2048, transfer_deadline_ms=10.0,
+                     tiers=(TierConfig("host", capacity_blocks=30, failure_rate=0.05),
+                            TierConfig("disk", capacity_blocks=2000, latency_ms=2.0, bandwidth_gbps=4.0,
+                                       failure_rate=0.05)))
+ASYNC = EngineConfig(block_tokens=64, device_blocks=600, max_batched_tokens=512, max_running=32,
+                     async_scheduling=True, tiers=(TierConfig("host", capacity_blocks=4000),))
+
+
+def burst_workload(burst: int = 6, prefix_blocks: int = 24, own: int = 12, fillers: int = 38) -> list[WorkloadRequest]:
+    """Warm a shared prefix into the host tier, flush the device with unrelated requests,
+    then send a burst that hits the prefix: loads of the same blocks at the same time."""
+    out: list[WorkloadRequest] = []
+    prefix = tuple(range(prefix_blocks))
+    h, t = 1_000_000, 0.0
+    owns = []
+    for b in range(burst):
+        mine = tuple(range(h, h + own))
+        h += own + 1
+        owns.append(mine)
+        out.append(WorkloadRequest(f"warm-{b}", t, (prefix_blocks + own) * BT + 10, 2, prefix + mine + (h - 1,)))
+        t += 150.0
+    for f in range(fillers):
+        out.append(WorkloadRequest(f"fill-{f}", t, 30 * BT, 2, tuple(range(h, h + 30))))
+        h += 30
+        t += 60.0
+    t += 1000.0
+    for b in range(burst):
+        out.append(WorkloadRequest(f"b-{b}", t + b, (prefix_blocks + own + 1) * BT + 100, 20,
+                                   prefix + owns[b] + (h, h + 1)))
+        h += 2
+    return out
+
+
+def _run(path: Path, engine: EngineConfig, stack: tuple[str, ...], workload: list[WorkloadRequest],
+         sim: SimConfig | None = None) -> Path:
+    config = RunConfig(engine=engine, sim=sim or SimConfig(seed=1, block_bytes=16 * 1024 * 1024), policies=stack)
+    outcome = run_workload(config, workload, trace_path=path)
+    assert outcome.summary["stranded"] == 0
+    return path
+
+
+def _prefetch_workload() -> list[WorkloadRequest]:
+    return synthetic_workload(seed=3, num_requests=60, arrival_rate_per_s=2.0, block_tokens=BT)
+
+
+def _async_workload() -> list[WorkloadRequest]:
+    return synthetic_workload(seed=4, num_requests=30, arrival_rate_per_s=20.0, block_tokens=64)
+
+
+STACKS: dict[str, tuple[EngineConfig, tuple[str, ...], Any, tuple[bytes, ...]]] = {
+    # name: engine, stack, workload, what the trace must contain for the run to prove something
+    "shared-loads": (SHARED, ("shared-loads",), burst_workload, (b"joined", b'"op":"load"')),
+    "async-lookup": (SMALL, ("async-lookup",), _small_workload, (b'"to":"lookup_pending"', b'"op":"load"')),
+    "early-prefetch": (PREFETCH, ("early-prefetch",), _prefetch_workload, (b'"op":"prefetch"', b'"op":"load"')),
+    "prefetch-best-effort": (PREFETCH, ("prefetch-best-effort", "early-prefetch"), _prefetch_workload,
+                             (b'"op":"prefetch"',)),
+    "ranks-deadline-failures": (FLAKY, ("shared-loads",), _small_workload,
+                                (b'"what":"rank_timeout"', b'"late":true', b'"trigger":"load_failed"')),
+    "async-scheduling-safe-stores": (ASYNC, ("placeholder-safe-stores",), _async_workload, (b'"op":"store"',)),
+    "async-scheduling-baseline": (ASYNC, (), _async_workload, (b'"op":"store"',)),
+}
+
+
+@pytest.mark.parametrize("name", list(STACKS))
+def test_real_traces_of_builtin_stacks_are_valid(name: str, tmp_path: Path) -> None:
+    engine, stack, workload, needles = STACKS[name]
+    sim = SimConfig(rank_jitter_ms=4.0) if engine is FLAKY else None
+    path = _run(tmp_path / "run.jsonl", engine, stack, workload(), sim)
+    report = validate(path)
+    assert report.ok, report.format()
+    assert report.sharing == ("shared-loads" in stack)
+    assert {2, 5} <= set(report.checked) and not report.notes
+    data = path.read_bytes()
+    for needle in (b'"kind":"free"', b'"op":"store"', *needles):
+        assert needle in data, needle
+
+
+@pytest.fixture(scope="module")
+def flaky(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run(tmp_path_factory.mktemp("flaky") / "run.jsonl", FLAKY, (), _small_workload(),
+                SimConfig(rank_jitter_ms=4.0))
+
+
+def _job_done_index(records: list[dict[str, Any]], job: int) -> int:
+    return next(i for i, r in enumerate(records) if r["kind"] == "job_done" and r["job"] == job)
+
+
+def test_free_while_a_job_moves_the_block_is_caught(trace: Path, tmp_path: Path) -> None:
+    records = _records(trace)
+    for j, record in enumerate(records):
+        if record["kind"] == "job" and record["op"] in ("load", "store"):
+            blocks = {m[1] for m in record["moves"]}
+            k = next((k for k in range(j + 1, len(records)) if records[k]["kind"] == "free"
+                      and blocks & set(records[k]["blocks"])), None)
+            if k is not None:
+                break
+    else:
+        pytest.fail("no freed block of a job in the trace")
+    # Move the free record to right after the job that moves the block: no rank reported yet.
+    records.insert(j + 1, records.pop(k))
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    assert report.findings, report.format()
+    assert {(f.invariant, f.line) for f in report.findings} == {(2, j + 2)}
+    assert f"{record['op']} job {record['job']} still moves it" in report.findings[0].message
+
+
+def test_free_after_a_rank_timeout_but_before_the_late_report_is_caught(flaky: Path, tmp_path: Path) -> None:
+    records = _records(flaky)
+    assert validate(flaky).ok
+    jobs = {r["job"]: r for r in records if r["kind"] == "job"}
+
+    def freed_after_timeout() -> tuple[int, int]:
+        for w, warning in enumerate(records):
+            if warning["kind"] != "warning" or warning["what"] != "rank_timeout":
+                continue
+            blocks = {m[1] for m in jobs[warning["job"]]["moves"]}
+            done = _job_done_index(records, warning["job"])
+            assert records[done]["late"] is True
+            for k in range(done, len(records)):
+                if records[k]["kind"] == "free" and blocks & set(records[k]["blocks"]):
+                    return w, k
+        raise AssertionError("no timed-out job whose blocks were freed")
+
+    w, k = freed_after_timeout()
+    # The job timed out on a rank, but its blocks stay held until that rank's late report.
+    records.insert(w + 1, records.pop(k))
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    assert {(f.invariant, f.line) for f in report.findings} == {(2, w + 2)}, report.format()
+
+
+def test_load_into_a_block_another_job_still_moves_is_caught(trace: Path, tmp_path: Path) -> None:
+    records = _records(trace)
+
+    def load_beside_another_job() -> tuple[int, dict[str, Any], dict[str, Any]]:
+        in_flight: dict[int, dict[str, Any]] = {}
+        for i, record in enumerate(records):
+            if record["kind"] == "job_done":
+                in_flight.pop(record["job"], None)
+            elif record["kind"] == "job":
+                if record["op"] == "load" and in_flight:
+                    return i, record, next(iter(in_flight.values()))
+                in_flight[record["job"]] = record
+        raise AssertionError("no load started while another job was in flight")
+
+    i, record, other = load_beside_another_job()
+    record["moves"][0][1] = other["moves"][0][1]
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    assert report.findings and report.findings[0].invariant == 2 and report.findings[0].line == i + 1, \
+        report.format()
+    assert f"{other['op']} job {other['job']} still moves it" in report.findings[0].message
+
+
+def test_store_of_an_unconfirmed_block_is_caught(trace: Path, tmp_path: Path) -> None:
+    records = _records(trace)
+    bt = SMALL.block_tokens
+    arrivals = {r["request_id"]: r for r in records if r["kind"] == "input" and r["type"] == "arrival"}
+
+    def step_computing_a_whole_block() -> tuple[int, dict[str, Any], str, int, int]:
+        for s, step in enumerate(records):
+            for rid, before, n in step.get("prompt", ()) if step["kind"] == "step" else ():
+                full = arrivals[rid]["prompt_tokens"] // bt
+                block = -(-before // bt)  # the first block that starts inside this chunk
+                if block < full and (block + 1) * bt <= before + n:
+                    return s, step, rid, before, block
+        raise AssertionError("no step computes a whole prompt block")
+
+    s, step, rid, before, block = step_computing_a_whole_block()
+    # A store of that block issued with the step plan: its tokens are still being computed.
+    fake = {"kind": "job", "t": step["t"], "job": 10**6, "op": "store", "req": rid, "blocks": 1,
+            "tiers": {"host": 1}, "moves": [[arrivals[rid]["block_hashes"][block], 10**6, "host"]]}
+    records.insert(s + 1, fake)
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    located = [(f.invariant, f.line) for f in report.findings if f.line is not None]
+    assert located == [(5, s + 2)], report.format()
+    assert f"covers tokens up to {(block + 1) * bt}, only {before} are computed" in report.findings[0].message
+    # The made-up job never hears from a rank: that is the only other finding.
+    assert all("job 1000000" in f.message for f in report.findings if f.invariant == 7)
+
+
+def test_naive_stores_under_async_scheduling_are_flagged(tmp_path: Path) -> None:
+    path = _run(tmp_path / "naive.jsonl", ASYNC, ("naive-stores-unsafe",), _async_workload())
+    report = validate(path)
+    counts = report.counts()
+    assert set(counts) == {5} and counts[5] > 10, report.format()
+    assert "only" in report.findings[0].message and "are computed" in report.findings[0].message
+
+
+@pytest.fixture(scope="module")
+def bursts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bursts")
+    return (_run(root / "plain.jsonl", SHARED, (), burst_workload()),
+            _run(root / "shared.jsonl", SHARED, ("shared-loads",), burst_workload()))
+
+
+def test_second_inflight_load_of_a_hash_is_caught_with_sharing(bursts: tuple[Path, Path], tmp_path: Path) -> None:
+    records = _records(bursts[1])
+    loads = [(i, r) for i, r in enumerate(records) if r["kind"] == "job" and r["op"] == "load"]
+    first, (c, second) = next((first, (c, r)) for i, first in loads
+                              for c, r in loads if i < c < _job_done_index(records, first["job"]))
+    second["moves"].append([first["moves"][0][0], 10**6, first["moves"][0][2]])
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    assert report.findings and report.findings[0].line == c + 1, report.format()
+    assert {f.invariant for f in report.findings} == {6}
+    assert "already loading" in report.findings[0].message
+    assert validate(tmp_path / "bad.jsonl", sharing=False).ok
+
+
+def test_sharing_flag_checks_a_stack_that_loads_twice(bursts: tuple[Path, Path],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    plain = bursts[0]
+    assert validate(plain).ok  # baseline does not share loads: 6 does not apply
+    assert set(validate(plain, sharing=True).counts()) == {6}
+    assert main(["validate", str(plain), "--sharing", "on", "--limit", "1"]) == 1
+    assert "invariant 6" in capsys.readouterr().out
+    assert main(["validate", str(bursts[1])]) == 0
+    assert "invariants 0, 1, 2, 3, 4, 5, 6, 7 hold" in capsys.readouterr().out
+
+
+def test_trace_without_block_records_is_not_misjudged(trace: Path, tmp_path: Path) -> None:
+    # An older or foreign trace: jobs without moves, steps without prompt chunks, no frees.
+    records = [r for r in _records(trace) if r["kind"] != "free"]
+    for r in records:
+        r.pop("moves", None)
+        r.pop("prompt", None)
+    report = validate(_dump(tmp_path / "old.jsonl", records))
+    assert report.ok, report.format()
+    assert report.checked == (0, 1, 3, 4, 7)
+    assert any("invariants 2, 5 and 6 were not checked" in n for n in report.notes)
+    assert any("invariant 5 was not checked" in n for n in report.notes)

@@ -29,7 +29,8 @@ def handle(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else DEFAULT_STEPS
     if examples <= 0 or steps <= 0:
         raise UsageError(f"--examples and --steps must be positive, got {examples} and {steps}")
-    stack = list(args.stack or [])
+    # --stack A,B and --stack A --stack B both name the stack A, B (top-down), as in compare.
+    stack = [p.strip() for entry in args.stack or [] for p in entry.split(",") if p.strip()]
     load_stack(stack)  # a bad policy is a one-line error here, not a failure inside Hypothesis
     sharing = {"auto": None, "on": True, "off": False}[args.sharing]
     started = time.perf_counter()

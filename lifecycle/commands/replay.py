@@ -20,6 +20,8 @@ def handle(args: argparse.Namespace) -> int:
     from lifecycle.replay import format_side_by_side, replay, what_if
 
     if args.stack:
+        # --stack A,B and --stack A --stack B both name the stack A, B (top-down), as in compare.
+        args.stack = [p.strip() for entry in args.stack for p in entry.split(",") if p.strip()]
         recorded, other, config = what_if(args.trace, args.stack)
         left = "recorded: " + (", ".join(config.policies) or "baseline")
         print(format_side_by_side(left, recorded, "what-if: " + ", ".join(args.stack), other))
