@@ -92,6 +92,7 @@ class RankWorker(threading.Thread):
         self._staging = torch.zeros((1, geometry.block_bytes), dtype=torch.uint8)
         # Moves of each load, kept for verification once the copy has landed.
         self._moves_of: dict[Any, tuple[Move, ...]] = {}
+        self._open: dict[Any, tuple[int, ...]] = {}  # submitted, not yet reported
 
     def run(self) -> None:
         while True:
@@ -105,9 +106,13 @@ class RankWorker(threading.Thread):
                     self.outbox.put(("step_done", message[1].step_id, self.rank))
                 elif kind == "load":
                     self.copies.submit_load(message[1], [_move(m) for m in message[2]])
-                    self._flush()
+                    self._open[message[1]] = tuple(m.block_hash for m in message[2])
                 elif kind == "store":
                     self.copies.submit_store(message[1], [_move(m) for m in message[2]])
+                    self._open[message[1]] = tuple(m.block_hash for m in message[2])
+                elif kind == "flush":
+                    # One batched submission per direction for everything one engine call
+                    # asked for, issued after that call's step was computed.
                     self._flush()
                 elif kind == "prefetch":
                     self.outbox.put(("report", message[1], self.rank, self._prefetch(message[2])))
@@ -117,6 +122,11 @@ class RankWorker(threading.Thread):
                     self.outbox.put(("report", message[1], self.rank, tuple(m.block_hash for m in message[2])))
                 elif kind == "step":
                     self.outbox.put(("step_done", message[1].step_id, self.rank))
+                elif kind == "flush":
+                    # Whatever the failed flush held is reported failed, never left hanging.
+                    for job_id, hashes in self._open.items():
+                        self.outbox.put(("report", job_id, self.rank, hashes))
+                    self._open.clear()
             for tier in self.tiers.values():
                 drain = getattr(tier, "drain_events", None)
                 if drain is not None:
@@ -135,6 +145,7 @@ class RankWorker(threading.Thread):
     def _flush(self) -> None:
         self.copies.flush()
         for done in self.copies.poll():
+            self._open.pop(done.job_id, None)
             if done.kind == "load" and self.verify:
                 self._verify(done.job_id, set(done.failed_hashes))
             if self.silent is not None and self.silent(self.rank, done.job_id):
@@ -311,6 +322,7 @@ class LiveRuntime:
 
     # ---- commands out ------------------------------------------------------------------
     def _dispatch(self, commands: list[Any], now: float) -> None:
+        transfers = False
         for command in commands:
             if isinstance(command, StepPlan):
                 if command.entries:
@@ -321,10 +333,12 @@ class LiveRuntime:
                     self._steps[command.step_id] = (command, {w.rank for w in self.ranks})
                     self._complete_step(command.step_id, now)
             elif isinstance(command, StartLoad):
+                transfers = True
                 for worker in self.ranks:
                     worker.remember(command.job_id, command.moves)
                     worker.inbox.put(("load", command.job_id, command.moves))
             elif isinstance(command, StartStore):
+                transfers = True
                 for worker in self.ranks:
                     worker.inbox.put(("store", command.job_id, command.moves))
             elif isinstance(command, StartPrefetch):
@@ -338,6 +352,9 @@ class LiveRuntime:
                 key = (command.request_id, command.epoch)
                 if key in self._pending_lookups:
                     self._pending_lookups.pop(key).cancel()
+        if transfers:
+            for worker in self.ranks:
+                worker.inbox.put(("flush",))
 
     def _confirm_lookup(self, hashes: tuple[int, ...], snapshot: tuple[str, ...]) -> tuple[str, ...] | None:
         """Runs on the lookup thread: checks the remote blocks really exist (one pipelined
