@@ -14,8 +14,7 @@ from typing import Any
 import attrs
 import orjson
 
-from lifecycle.replay import KNOWN_KINDS, iter_lines, parse_header
-from lifecycle.trace import TraceError
+from lifecycle.trace import KNOWN_KINDS, TraceError, read_header
 
 
 @attrs.define
@@ -51,11 +50,7 @@ class Timeline:
 
 def read_timeline(path: str | Path) -> Timeline:
     p = str(path)
-    lines = iter_lines(path)
-    first = next(lines, None)
-    if first is None:
-        raise TraceError(p, None, "empty trace: missing header")
-    header = parse_header(p, *first)
+    header, _header_line, lines = read_header(path)
     segments: dict[str, list[Segment]] = {}
     arrivals: dict[str, dict[str, Any]] = {}
     records: dict[str, list[tuple[int, dict[str, Any]]]] = {}

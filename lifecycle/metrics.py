@@ -73,16 +73,22 @@ def summarize(result: SimResult, wall_s: float, block_bytes: int) -> dict[str, A
     }
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any, fractions_as_percent: bool = False) -> str:
+    """A summary value for a table cell; dict values as "key value, ..."."""
     if value is None:
         return "-"
     if isinstance(value, float):
+        if fractions_as_percent and 0.0 <= value <= 1.0:
+            return f"{value:.1%}"
         return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) or "none"
+        return ", ".join(f"{k} {format_value(v, fractions_as_percent)}" for k, v in value.items()) or "none"
     return str(value)
+
+
+_fmt = format_value
 
 
 def _bytes(n: int) -> str:

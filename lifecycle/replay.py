@@ -13,7 +13,6 @@ generated in an exact replay) and simulates it under both stacks.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,44 +21,9 @@ import orjson
 
 from lifecycle.config import ConfigError, RunConfig, config_from_dict
 from lifecycle.events import BadEvent, input_from_record
-from lifecycle.trace import SCHEMA_VERSION, TraceError, render_record
+from lifecycle.metrics import format_value
+from lifecycle.trace import KNOWN_KINDS, TraceError, read_header, render_record
 from lifecycle.workload import WorkloadRequest
-
-KNOWN_KINDS = frozenset(
-    {"header", "input", "transition", "decision", "step", "job", "job_done", "free", "evict", "stale_lookup",
-     "warning"}
-)
-
-
-def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line without its newline) for every non-empty line."""
-    p = Path(path)
-    try:
-        stream = open(p, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise TraceError(str(p), None, f"cannot read trace: {exc.strerror}") from None
-    with stream:
-        for number, raw in enumerate(stream, 1):
-            line = raw.rstrip(b"\r\n")
-            if line.strip():
-                yield number, line
-
-
-def parse_header(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
-    """The header record, checked: a clear TraceError otherwise."""
-    try:
-        record = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise TraceError(str(path), number, "missing header: the first line is not JSON") from None
-    if not isinstance(record, dict) or record.get("kind") != "header":
-        raise TraceError(str(path), number, "missing header: the first record must have kind 'header'")
-    schema = record.get("schema")
-    if not isinstance(schema, int) or isinstance(schema, bool):
-        raise TraceError(str(path), number, f"field 'schema': expected an integer, got {schema!r}")
-    if schema > SCHEMA_VERSION:
-        raise TraceError(str(path), number, f"trace schema {schema} is newer than this kvlife "
-                                            f"(reads schema {SCHEMA_VERSION} and older)")
-    return record
 
 
 def config_from_header(header: dict[str, Any], path: str = "trace", line: int = 1) -> RunConfig:
@@ -106,17 +70,13 @@ def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
     from policies.base import load_stack
 
     p = str(path)
-    lines = iter_lines(path)
-    first = next(lines, None)
-    if first is None:
-        raise TraceError(p, None, "empty trace: missing header")
-    header = parse_header(p, *first)
-    config = config_from_header(header, p, first[0])
+    header, header_line, lines = read_header(path)
+    config = config_from_header(header, p, header_line)
     produced: deque[bytes] = deque()
     engine = Engine(config.engine, load_stack(config.policies),
                     recorder=lambda record: produced.append(render_record(record)))
     inputs = 0
-    number = first[0]
+    number = header_line
     divergence: Divergence | None = None
     for number, raw in lines:
         if not produced:
@@ -158,11 +118,11 @@ def workload_from_trace(path: str | Path) -> tuple[RunConfig, list[WorkloadReque
         assert result.divergence is not None
         raise TraceError(p, result.divergence.line,
                          "the trace does not replay exactly with this engine; cannot recover its workload")
-    first = next(iter_lines(path))
-    config = config_from_header(parse_header(p, *first), p, first[0])
+    header, header_line, lines = read_header(path)
+    config = config_from_header(header, p, header_line)
     workload = []
-    for number, raw in iter_lines(path):
-        if number == first[0] or b'"type":"arrival"' not in raw:
+    for _number, raw in lines:
+        if b'"type":"arrival"' not in raw:
             continue
         record = orjson.loads(raw)
         if record.get("kind") != "input":
@@ -218,16 +178,10 @@ def _get(summary: dict[str, Any], dotted: str) -> Any:
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
-    if isinstance(value, int):
-        return f"{value:,}"
+    # Dicts of fractions here are hit rates: show them as percentages.
     if isinstance(value, dict):
-        return ", ".join(f"{k} {_fmt(v) if not isinstance(v, float) or v > 1 else f'{v:.1%}'}"
-                         for k, v in value.items()) or "none"
-    return str(value)
+        return format_value(value, fractions_as_percent=True)
+    return format_value(value)
 
 
 def format_side_by_side(left_name: str, left: dict[str, Any], right_name: str, right: dict[str, Any]) -> str:

@@ -9,7 +9,6 @@ in the order the engine produced them. Same inputs and config give the same byte
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import IO, Any
@@ -93,21 +92,60 @@ def render_record(record: dict[str, Any]) -> bytes:
                                                **{k: v for k, v in record.items() if k != "kind"}}))
 
 
-def read_trace(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, record); raises TraceError naming the line on bad input."""
+KNOWN_KINDS = frozenset(
+    {"header", "input", "transition", "decision", "step", "job", "job_done", "free", "evict", "stale_lookup",
+     "warning"}
+)
+
+
+def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line without its newline) for every non-empty line."""
     p = Path(path)
     try:
         stream = open(p, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise TraceError(str(p), None, f"cannot read trace: {exc.strerror}") from None
     with stream:
-        for number, raw in enumerate(io.BufferedReader(stream), 1):
-            if not raw.strip():
-                continue
-            try:
-                record = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise TraceError(str(p), number, f"not JSON: {exc}") from None
-            if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
-                raise TraceError(str(p), number, "field 'kind': missing (not a trace record)")
-            yield number, record
+        for number, raw in enumerate(stream, 1):
+            line = raw.rstrip(b"\r\n")
+            if line.strip():
+                yield number, line
+
+
+def parse_header(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
+    """The header record, checked: a clear TraceError otherwise."""
+    try:
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise TraceError(str(path), number, "missing header: the first line is not JSON") from None
+    if not isinstance(record, dict) or record.get("kind") != "header":
+        raise TraceError(str(path), number, "missing header: the first record must have kind 'header'")
+    schema = record.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise TraceError(str(path), number, f"field 'schema': expected an integer, got {schema!r}")
+    if schema > SCHEMA_VERSION:
+        raise TraceError(str(path), number, f"trace schema {schema} is newer than this kvlife "
+                                            f"(reads schema {SCHEMA_VERSION} and older)")
+    return record
+
+
+def read_header(path: str | Path) -> tuple[dict[str, Any], int, Iterator[tuple[int, bytes]]]:
+    """The checked header, its line number, and the remaining (line number, raw) lines."""
+    lines = iter_lines(path)
+    first = next(lines, None)
+    if first is None:
+        raise TraceError(str(path), None, "empty trace: missing header")
+    return parse_header(path, *first), first[0], lines
+
+
+def read_trace(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, record); raises TraceError naming the line on bad input."""
+    p = Path(path)
+    for number, raw in iter_lines(p):
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise TraceError(str(p), number, f"not JSON: {exc}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+            raise TraceError(str(p), number, "field 'kind': missing (not a trace record)")
+        yield number, record

@@ -18,8 +18,8 @@ import attrs
 import orjson
 
 from lifecycle.config import EngineConfig
-from lifecycle.replay import KNOWN_KINDS, config_from_header, iter_lines, parse_header
-from lifecycle.trace import TraceError
+from lifecycle.replay import config_from_header
+from lifecycle.trace import KNOWN_KINDS, TraceError, iter_lines, parse_header
 from specs.invariants import INVARIANTS, InvariantObserver, Violation
 
 # Checkable from trace records alone; 6 only applies when the stack shares loads, and 8

@@ -24,7 +24,7 @@ import torch
 
 from transfer.content import stable_mix
 from transfer.index import TierIndex
-from transfer.layout import BlockGeometry
+from transfer.layout import BlockGeometry, Buffer, cpu_byte_view
 
 _MAGIC = b"KVB1"
 _VERSION = 1
@@ -35,7 +35,6 @@ HEADER_BYTES = 64
 # Page-aligned slots keep each block's payload within as few pages as possible.
 _ALIGN = 4096
 
-Buffer = bytes | bytearray | memoryview
 Writer = Callable[[int, Sequence[Buffer], int], int]
 
 
@@ -45,15 +44,6 @@ class DiskTierError(OSError):
 
 def _fingerprint(block_hash: int) -> int:
     return stable_mix(block_hash)
-
-
-def _byte_view(data: torch.Tensor | Buffer) -> memoryview:
-    if isinstance(data, torch.Tensor):
-        if data.device.type != "cpu" or not data.is_contiguous():
-            # A copy would silently swallow reads into it: insist on shared CPU memory.
-            raise ValueError("disk tier buffers must be contiguous CPU tensors")
-        return data.detach().reshape(-1).view(torch.uint8).numpy().data
-    return memoryview(data).cast("B")
 
 
 class DiskTier:
@@ -129,7 +119,7 @@ class DiskTier:
     def write_block(self, block_hash: int, slot: int, payload: torch.Tensor | Buffer) -> bool:
         """Store one block; False (and a fault event) when the write did not complete."""
         self._check_slot(slot)
-        view = _byte_view(payload)
+        view = cpu_byte_view(payload)
         if view.nbytes != self.block_bytes:
             raise ValueError(f"{self.name}: payload is {view.nbytes} bytes, blocks are {self.block_bytes}")
         head = _HEAD.pack(_MAGIC, _VERSION, 0, _fingerprint(block_hash), view.nbytes, zlib.crc32(view))
@@ -162,7 +152,7 @@ class DiskTier:
         """Read one block into ``dst`` (``block_bytes`` long). False means a miss: then
         ``dst`` holds unspecified bytes that must not be used."""
         self._check_slot(slot)
-        view = _byte_view(dst) if isinstance(dst, torch.Tensor) else memoryview(dst).cast("B")
+        view = cpu_byte_view(dst) if isinstance(dst, torch.Tensor) else memoryview(dst).cast("B")
         if view.nbytes != self.block_bytes or view.readonly:
             raise ValueError(f"{self.name}: destination must be {self.block_bytes} writable bytes")
         header = self._header

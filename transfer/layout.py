@@ -136,3 +136,16 @@ class DeviceKV:
     def layer(self, layer: int) -> torch.Tensor:
         """Strided view of one layer: ``[num_blocks, 2, block_tokens, heads, head_dim]``."""
         return self.data[:, layer]
+
+
+Buffer = bytes | bytearray | memoryview
+
+
+def cpu_byte_view(data: torch.Tensor | Buffer) -> memoryview:
+    """The bytes of a CPU buffer, shared, not copied: a copy would silently swallow reads
+    into it, so a tensor must be contiguous and on the CPU."""
+    if isinstance(data, torch.Tensor):
+        if data.device.type != "cpu" or not data.is_contiguous():
+            raise ValueError("byte tiers need contiguous CPU tensors as buffers")
+        return data.detach().reshape(-1).view(torch.uint8).numpy().data
+    return memoryview(data).cast("B")

@@ -26,23 +26,14 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from transfer.content import stable_mix
-from transfer.layout import BlockGeometry
+from transfer.layout import BlockGeometry, Buffer, cpu_byte_view
 
 _MAGIC = b"KVR1"
 _HEAD = struct.Struct("<4sIQQ")  # magic, payload crc32, payload length, hash fingerprint
 HEADER_BYTES = _HEAD.size
 
-Buffer = bytes | bytearray | memoryview
 # What a dead, slow or confused server raises through redis-py.
 _DEGRADED = (redis.RedisError, OSError)
-
-
-def _byte_view(data: torch.Tensor | Buffer) -> memoryview:
-    if isinstance(data, torch.Tensor):
-        if data.device.type != "cpu" or not data.is_contiguous():
-            raise ValueError("redis tier buffers must be contiguous CPU tensors")
-        return data.detach().reshape(-1).view(torch.uint8).numpy().data
-    return memoryview(data).cast("B")
 
 
 class RedisTier:
@@ -126,7 +117,7 @@ class RedisTier:
 
     # ---- bytes ---------------------------------------------------------------------
     def _pack(self, block_hash: int, payload: torch.Tensor | Buffer) -> bytes:
-        view = _byte_view(payload)
+        view = cpu_byte_view(payload)
         if view.nbytes != self.block_bytes:
             raise ValueError(f"{self.name}: payload is {view.nbytes} bytes, blocks are {self.block_bytes}")
         head = _HEAD.pack(_MAGIC, zlib.crc32(view), view.nbytes, stable_mix(block_hash))
@@ -206,5 +197,5 @@ class RedisTier:
         payloads = self._fetch([block_hash for block_hash, _ in items])
         for i, payload in enumerate(payloads):
             if payload is not None:
-                _byte_view(dst[i])[:] = payload
+                cpu_byte_view(dst[i])[:] = payload
         return [payload is not None for payload in payloads]
