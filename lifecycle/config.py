@@ -19,6 +19,7 @@ class ConfigError(Exception):
         where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
         super().__init__(f"{where}field '{field}': {message}")
         self.field = field
+        self.message = message
         self.path = path
         self.line = line
 
@@ -133,6 +134,19 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
     def fail(field: str, message: str, key: str | None = None) -> ConfigError:
         return ConfigError(field, message, path, _line_of(text, key or field.split(".")[-1]))
 
+    def build(prefix: str, cls: type[Any], values: dict[str, Any]) -> Any:
+        try:
+            return cls(**values)
+        except ConfigError as exc:
+            raise fail(f"{prefix}.{exc.field}", exc.message, exc.field) from None
+        except (TypeError, ValueError) as exc:
+            # attrs' own validators name the attribute in quotes: point at it when they do.
+            message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+            named = [f.name for f in attrs.fields(cls) if f"'{f.name}'" in message]
+            if named:
+                raise fail(f"{prefix}.{named[0]}", message, named[0]) from None
+            raise fail(prefix, message) from None
+
     unknown = sorted(set(data) - {"engine", "sim", "tiers", "policies", "live"})
     if unknown:
         raise fail(unknown[0], "unknown section")
@@ -155,33 +169,11 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
         for i, tier in enumerate(tiers):
             if not isinstance(tier, dict):
                 raise fail(f"tiers[{i}]", "must be a table")
-            try:
-                built.append(TierConfig(**tier))
-            except ConfigError as exc:
-                raise fail(f"tiers[{i}].{exc.field}", str(exc).split(": ", 1)[-1], exc.field) from None
-            except TypeError as exc:
-                raise fail(f"tiers[{i}]", str(exc)) from None
-            except ValueError as exc:
-                raise fail(f"tiers[{i}].eviction", str(exc), "eviction") from None
+            built.append(build(f"tiers[{i}]", TierConfig, tier))
         engine_kwargs["tiers"] = tuple(built)
-    try:
-        engine = EngineConfig(**engine_kwargs)
-    except ConfigError as exc:
-        raise fail(f"engine.{exc.field}", str(exc).split(": ", 1)[-1], exc.field) from None
-    except (TypeError, ValueError) as exc:
-        raise fail("engine", str(exc)) from None
-    try:
-        sim = SimConfig(**kwargs.get("sim", {}))
-    except ConfigError as exc:
-        raise fail(f"sim.{exc.field}", str(exc).split(": ", 1)[-1], exc.field) from None
-    except (TypeError, ValueError) as exc:
-        raise fail("sim", str(exc)) from None
-    try:
-        live = LiveConfig(**kwargs.get("live", {}))
-    except ConfigError as exc:
-        raise fail(f"live.{exc.field}", str(exc).split(": ", 1)[-1], exc.field) from None
-    except (TypeError, ValueError) as exc:
-        raise fail("live", str(exc)) from None
+    engine = build("engine", EngineConfig, engine_kwargs)
+    sim = build("sim", SimConfig, kwargs.get("sim", {}))
+    live = build("live", LiveConfig, kwargs.get("live", {}))
     policies = data.get("policies", {})
     stack = policies.get("stack", []) if isinstance(policies, dict) else None
     if not isinstance(stack, list) or not all(isinstance(s, str) for s in stack):

@@ -108,3 +108,15 @@ def test_policy_failing_mid_run_keeps_the_partial_trace_valid(tmp_path: Path) ->
 def test_policies_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["policies"]) == 0
     assert "baseline" in capsys.readouterr().out
+
+
+def test_choice_fields_name_the_field_and_the_options(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('[[tiers]]\nname = "host"\ncapacity_blocks = 10\neviction = "fifo"\n')
+    proc = run_cli("run", "--config", str(config))
+    assert proc.returncode == 2
+    assert f"{config}:4: field 'tiers[0].eviction'" in proc.stderr and "'lru', 'arc'" in proc.stderr
+    config.write_text('[live]\ndtype = "int8"\n')
+    proc = run_cli("run", "--live", "--config", str(config))
+    assert proc.returncode == 2 and f"{config}:2: field 'live.dtype'" in proc.stderr
+    assert "Attribute(" not in proc.stderr
