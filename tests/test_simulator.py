@@ -90,3 +90,21 @@ def test_first_2000_requests_of_the_conversation_trace(conversation_trace: Path)
         assert tier.free + tier.used == tier.capacity
         assert tier.pinned() == 0
     assert engine.stats.blocks_loaded > 0 and engine.stats.blocks_stored > 0
+
+
+def test_trace_does_not_depend_on_hash_randomisation(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    traces = []
+    for seed in ("0", "12345"):
+        path = tmp_path / f"hashseed-{seed}.jsonl"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run(
+            [sys.executable, "-m", "lifecycle.cli", "run", "--limit", "80", "--policy", "shared-loads",
+             "--policy", "async-lookup", "--trace", str(path)],
+            check=True, capture_output=True, env=env, cwd=Path(__file__).resolve().parents[1],
+        )
+        traces.append(path.read_bytes())
+    assert traces[0] == traces[1]
