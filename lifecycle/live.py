@@ -96,7 +96,15 @@ class RankWorker(threading.Thread):
 
     def run(self) -> None:
         while True:
-            message = self.inbox.get()
+            if self.copies.pending_jobs:
+                # Copies in flight (CUDA events not yet done): keep polling between messages.
+                try:
+                    message = self.inbox.get(timeout=0.0005)
+                except queue.Empty:
+                    self._report_completions()
+                    continue
+            else:
+                message = self.inbox.get()
             kind = message[0]
             if kind == "stop":
                 return
@@ -144,6 +152,9 @@ class RankWorker(threading.Thread):
 
     def _flush(self) -> None:
         self.copies.flush()
+        self._report_completions()
+
+    def _report_completions(self) -> None:
         for done in self.copies.poll():
             self._open.pop(done.job_id, None)
             if done.kind == "load" and self.verify:

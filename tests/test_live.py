@@ -145,3 +145,48 @@ def test_disk_full_mid_run_fails_stores_and_loads_of_them_miss(tmp_path: Path, m
     # whatever failed to store is not in the index, so it can never be served
     disk = outcome.result.engine.tiers["disk"]
     disk.check_accounting()
+
+
+def test_rank_polls_copies_that_finish_later_without_new_messages() -> None:
+    """On CUDA a job completes when its event does, after ``flush`` returned: the rank
+    thread must keep polling while copies are in flight, not wait for the next message."""
+    import queue as queue_module
+
+    from lifecycle.live import RankWorker
+    from transfer.copy_engine import Completion
+    from transfer.layout import SMALL_SHAPE, BlockGeometry
+
+    class LateCopies:
+        def __init__(self) -> None:
+            self.jobs: list[int] = []
+            self.polls = 0
+
+        @property
+        def pending_jobs(self) -> int:
+            return len(self.jobs)
+
+        def submit_store(self, job_id: int, moves: object) -> None:
+            self.jobs.append(job_id)
+
+        def flush(self) -> None:
+            pass
+
+        def poll(self) -> list[Completion]:
+            self.polls += 1
+            if self.polls < 5 or not self.jobs:
+                return []
+            done = [Completion(j, 0, "store", ()) for j in self.jobs]
+            self.jobs = []
+            return done
+
+    outbox: queue_module.Queue[tuple[object, ...]] = queue_module.Queue()
+    worker = RankWorker(0, BlockGeometry(SMALL_SHAPE), 4, {}, outbox, verify=False)
+    worker.copies = LateCopies()  # type: ignore[assignment]
+    worker.start()
+    try:
+        worker.inbox.put(("store", 7, ()))
+        worker.inbox.put(("flush",))
+        assert outbox.get(timeout=5) == ("report", 7, 0, ())
+    finally:
+        worker.inbox.put(("stop",))
+        worker.join(timeout=5)
