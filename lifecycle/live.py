@@ -272,6 +272,7 @@ class LiveRuntime:
         arrivals = list(self.workload)
         next_arrival = 0
         engine = self.engine
+        max_in_flight = 2 if self.config.engine.async_scheduling else 1
         try:
             while True:
                 now = (time.monotonic() - start) * 1000.0
@@ -285,7 +286,9 @@ class LiveRuntime:
                     progressed = True
                 events += self._drain_outbox(now)
                 events += self._deliver_lookups(now)
-                if not self._steps and engine.busy():
+                # With async scheduling the next step is planned while one still runs,
+                # so placeholders really are in flight, as in vLLM.
+                if len(self._steps) < max_in_flight and engine.busy():
                     commands = engine.handle(Tick(max(now, engine.now)))
                     events += 1
                     self._dispatch(commands, now)
