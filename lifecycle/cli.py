@@ -111,7 +111,8 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
         args.limit = 200
     workload, name = _load_workload(args, config)
     scale = args.time_scale if args.time_scale != 1.0 or args.workload else 20.0
-    outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale)
+    progress = _progress_bar(sys.stderr) if sys.stdout.isatty() and len(workload) >= 1000 else None
+    outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale, progress=progress)
     if args.json:
         print(json.dumps(outcome.summary))
     else:

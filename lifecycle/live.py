@@ -273,6 +273,7 @@ class LiveRuntime:
         next_arrival = 0
         engine = self.engine
         max_in_flight = 2 if self.config.engine.async_scheduling else 1
+        reported = 0  # finished requests last told to the progress callback
         try:
             while True:
                 now = (time.monotonic() - start) * 1000.0
@@ -306,8 +307,9 @@ class LiveRuntime:
                         message = None
                     if message is not None:
                         events += self._handle_message(message, (time.monotonic() - start) * 1000.0)
-                if self.progress is not None and events % 500 == 0:
-                    self.progress(engine.state_counts["finished"], len(arrivals))
+                if self.progress is not None and engine.state_counts["finished"] != reported:
+                    reported = engine.state_counts["finished"]
+                    self.progress(reported, len(arrivals))
         finally:
             for worker in self.ranks:
                 worker.inbox.put(("stop",))
