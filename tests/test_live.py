@@ -204,3 +204,19 @@ def test_async_scheduling_live_keeps_loads_byte_exact(tmp_path: Path, stores: st
     # stream ordered after the compute stream would: even naive stores read computed
     # bytes here; the model checker and `kvlife validate` are what flag them.
     assert outcome.stats.mismatches == 0
+
+
+def test_live_trace_replays_exactly_and_validates(tmp_path: Path) -> None:
+    """Wall-clock runs are not repeatable, but their traces are: every input is recorded
+    (lookup answers with their tiers, step outputs with their finishes)."""
+    from lifecycle.replay import replay
+    from lifecycle.validate import validate
+
+    config = live_config(tmp_path, TierConfig("host", capacity_blocks=40), TierConfig("disk", capacity_blocks=300))
+    config = attrs.evolve(config, policies=("async-lookup", "shared-loads"))
+    trace = tmp_path / "live.jsonl"
+    run_live(config, workload(100), time_scale=40.0, trace_path=trace)
+    result = replay(trace)
+    assert result.identical, result.divergence
+    report = validate(trace)
+    assert report.ok, report.findings[:3]
