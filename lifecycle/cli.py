@@ -46,6 +46,31 @@ def _load_run_config(args: argparse.Namespace) -> RunConfig:
     return config
 
 
+def _apply_sizes(args: argparse.Namespace, config: RunConfig) -> RunConfig:
+    """--device-blocks N and --tier NAME=BLOCKS (0 drops the tier) over the config."""
+    from lifecycle.config import TierConfig
+
+    engine = config.engine
+    if args.device_blocks is not None:
+        engine = attrs.evolve(engine, device_blocks=args.device_blocks)
+    tiers = {t.name: t for t in engine.tiers}
+    for spec in args.tier or []:
+        name, sep, size = spec.partition("=")
+        if not sep or name not in ("host", "disk", "remote") or not size.isdigit():
+            raise UsageError(f"--tier {spec!r}: expected host=N, disk=N or remote=N (N blocks, 0 drops it)")
+        if int(size) == 0:
+            tiers.pop(name, None)
+        elif name in tiers:
+            tiers[name] = attrs.evolve(tiers[name], capacity_blocks=int(size))
+        else:
+            defaults = {"disk": {"bandwidth_gbps": 3.0, "latency_ms": 0.1},
+                        "remote": {"bandwidth_gbps": 1.0, "latency_ms": 0.5}}.get(name, {})
+            tiers[name] = TierConfig(name, capacity_blocks=int(size), **defaults)  # type: ignore[arg-type]
+    order = ("host", "disk", "remote")
+    engine = attrs.evolve(engine, tiers=tuple(tiers[n] for n in order if n in tiers))
+    return attrs.evolve(config, engine=engine)
+
+
 def _load_workload(args: argparse.Namespace, config: RunConfig) -> tuple[list[WorkloadRequest], str]:
     if args.workload:
         workload = load_mooncake(
@@ -74,6 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _load_run_config(args)
     if args.live:
         return _run_live(args, config)
+    config = _apply_sizes(args, config)
     workload, name = _load_workload(args, config)
     progress = _progress_bar(sys.stderr) if sys.stdout.isatty() and len(workload) >= 1000 else None
     outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name)
@@ -91,7 +117,7 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     from lifecycle.live import live_defaults, run_live
     from lifecycle.metrics import format_summary
 
-    config = live_defaults(config, explicit_config=bool(args.config))
+    config = _apply_sizes(args, live_defaults(config, explicit_config=bool(args.config)))
     live = config.live
     if args.ranks is not None:
         config = attrs.evolve(config, engine=attrs.evolve(config.engine, ranks=args.ranks))
@@ -174,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int)
     run.add_argument("--trace", help="write the JSON-lines trace here")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    run.add_argument("--device-blocks", type=int, help="device KV capacity in blocks")
+    run.add_argument("--tier", action="append", metavar="NAME=BLOCKS",
+                     help="size a tier (host, disk, remote); 0 drops it; repeatable")
     run.add_argument("--live", action="store_true",
                      help="drive the engine in wall-clock time with real KV bytes (host + disk tiers)")
     run.add_argument("--ranks", type=int, help="live: tensor-parallel ranks (threads)")

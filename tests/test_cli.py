@@ -120,3 +120,20 @@ def test_choice_fields_name_the_field_and_the_options(tmp_path: Path) -> None:
     proc = run_cli("run", "--live", "--config", str(config))
     assert proc.returncode == 2 and f"{config}:2: field 'live.dtype'" in proc.stderr
     assert "Attribute(" not in proc.stderr
+
+
+def test_size_flags_shape_the_tiers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--limit", "150", "--device-blocks", "120", "--tier", "host=60", "--tier", "disk=900",
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["prefix_hit_rate"]) == {"device", "host", "disk"}
+    assert summary["prefix_hit_rate"]["disk"] > 0  # a 120-block device and 60-block host spill to disk
+    assert main(["run", "--limit", "20", "--tier", "host=0", "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["prefix_hit_rate"]) == {"device"}
+
+
+def test_bad_size_flags_are_one_line_errors() -> None:
+    proc = run_cli("run", "--tier", "ssd=4")
+    assert proc.returncode == 2 and "--tier 'ssd=4'" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("run", "--device-blocks", "0")
+    assert proc.returncode == 2 and "device_blocks" in proc.stderr and "Traceback" not in proc.stderr
