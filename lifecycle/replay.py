@@ -99,6 +99,7 @@ def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
                     raise TraceError(p, number, str(exc)) from None
         got = produced.popleft() if produced else None
         if got != raw:
+            _check_record_line(p, number, raw)  # a broken line is bad input, not a divergence
             nothing = "<nothing: the engine produced no record here>"
             divergence = Divergence(number, raw.decode(errors="replace"),
                                     got.decode() if got is not None else nothing)
@@ -106,6 +107,16 @@ def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
     if divergence is None and produced:
         divergence = Divergence(number + 1, "<end of trace>", produced[0].decode())
     return ReplayResult(number, inputs, divergence, engine)
+
+
+def _check_record_line(path: str, number: int, raw: bytes) -> None:
+    try:
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(path, number, f"not JSON: {exc}") from None
+    kind = record.get("kind") if isinstance(record, dict) else None
+    if kind not in KNOWN_KINDS:
+        raise TraceError(path, number, f"field 'kind': unknown record kind {kind!r}")
 
 
 # ---- what-if ---------------------------------------------------------------------------------

@@ -121,3 +121,20 @@ def test_what_if_prints_both_runs(trace: Path, capsys: pytest.CaptureFixture[str
     assert "recorded: baseline" in out and "what-if: specs.model_check:AsyncLookups" in out
     lookups = next(line for line in out.splitlines() if line.startswith("lookups async"))
     assert lookups.split()[2] == "0" and lookups.split()[3] != "0"
+
+
+@pytest.mark.parametrize(("broken", "message"), [
+    (b"this is not json", "not JSON"),
+    (b'{"kind":"weird"}', "unknown record kind 'weird'"),
+    (b'{"kind":"transition","t":0.0,"req"', "not JSON"),
+])
+def test_broken_line_mid_trace_is_an_error_not_a_divergence(trace: Path, tmp_path: Path, broken: bytes,
+                                                             message: str) -> None:
+    from lifecycle.trace import TraceError
+
+    lines = _lines(trace)
+    index = next(i for i, raw in enumerate(lines) if b'"kind":"transition"' in raw and i > 20)
+    path = _write(tmp_path / "broken.jsonl", lines[:index] + [broken] + lines[index + 1:])
+    with pytest.raises(TraceError) as info:
+        replay(path)
+    assert info.value.line == index + 1 and message in str(info.value)
