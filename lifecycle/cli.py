@@ -187,11 +187,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     raise UsageError(f"unknown benchmark {args.what!r}")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvlife")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvlife", description="KV-cache request lifecycle engine")
+    parser.add_argument("--version", action="version", version=f"kvlife {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="simulate a workload and print a summary")
+    run = sub.add_parser("run", help="simulate a workload (or --live: real KV bytes) and print a summary")
     run.add_argument("--workload", help="Mooncake JSON-lines trace (default: built-in synthetic)")
     run.add_argument("--limit", type=int, help="use only the first N requests")
     run.add_argument("--time-scale", type=float, default=1.0, help="arrival rate multiplier")
