@@ -41,6 +41,15 @@ def _load_run_config(args: argparse.Namespace) -> RunConfig:
     config = load_config(args.config) if args.config else RunConfig()
     if args.policy:
         config = attrs.evolve(config, policies=tuple(args.policy))
+    elif args.config and config.policies:
+        # A bad name in the file is a config error: point at the file and the line.
+        from lifecycle.config import key_line
+        from policies.base import load_stack
+
+        try:
+            load_stack(config.policies)
+        except PolicyError as exc:
+            raise ConfigError("policies.stack", str(exc), args.config, key_line(args.config, "stack")) from None
     if args.seed is not None:
         config = attrs.evolve(config, sim=attrs.evolve(config.sim, seed=args.seed))
     return config

@@ -195,6 +195,14 @@ def load_config(path: str | Path) -> RunConfig:
     return config_from_dict(data, str(p), text)
 
 
+def key_line(path: str | Path, key: str) -> int | None:
+    """The line of a config file where ``key`` is set (None when it cannot be found)."""
+    try:
+        return _line_of(Path(path).read_text(), key)
+    except OSError:
+        return None
+
+
 def _line_of(text: str | None, key: str) -> int | None:
     if text is None:
         return None

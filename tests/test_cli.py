@@ -137,3 +137,11 @@ def test_bad_size_flags_are_one_line_errors() -> None:
     assert proc.returncode == 2 and "--tier 'ssd=4'" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_cli("run", "--device-blocks", "0")
     assert proc.returncode == 2 and "device_blocks" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_policy_in_a_config_file_names_file_line_and_field(tmp_path: Path) -> None:
+    config = tmp_path / "stack.toml"
+    config.write_text('[engine]\nranks = 1\n\n[policies]\nstack = ["shared-loads", "no-such"]\n')
+    proc = run_cli("run", "--config", str(config))
+    assert proc.returncode == 2
+    assert f"{config}:5: field 'policies.stack'" in proc.stderr and "no-such" in proc.stderr
