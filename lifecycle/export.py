@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import orjson
 
-from lifecycle.trace import KNOWN_KINDS, TraceError, read_header
+from lifecycle.trace import TraceError, parse_record, read_header
 
 
 @attrs.define
@@ -60,13 +60,8 @@ def read_timeline(path: str | Path) -> Timeline:
     ticks: list[float] = []
     end_t = 0.0
     for number, raw in lines:
-        try:
-            record = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise TraceError(p, number, f"not JSON: {exc}") from None
-        kind = record.get("kind") if isinstance(record, dict) else None
-        if kind not in KNOWN_KINDS:
-            raise TraceError(p, number, f"field 'kind': unknown record kind {kind!r}")
+        record = parse_record(p, number, raw)
+        kind = record["kind"]
         t = record.get("t")
         if not isinstance(t, (int, float)) or isinstance(t, bool):
             raise TraceError(p, number, f"field 't': expected a number, got {t!r}")

@@ -22,7 +22,7 @@ import orjson
 from lifecycle.config import ConfigError, RunConfig, config_from_dict
 from lifecycle.events import BadEvent, input_from_record
 from lifecycle.metrics import format_value
-from lifecycle.trace import KNOWN_KINDS, TraceError, read_header, render_record
+from lifecycle.trace import TraceError, parse_record, read_header, render_record
 from lifecycle.workload import WorkloadRequest
 
 
@@ -80,13 +80,7 @@ def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
     divergence: Divergence | None = None
     for number, raw in lines:
         if not produced:
-            try:
-                record = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise TraceError(p, number, f"not JSON: {exc}") from None
-            if not isinstance(record, dict) or record.get("kind") not in KNOWN_KINDS:
-                kind = record.get("kind") if isinstance(record, dict) else None
-                raise TraceError(p, number, f"field 'kind': unknown record kind {kind!r}")
+            record = parse_record(p, number, raw)
             if record["kind"] == "input":
                 try:
                     event = input_from_record(record)
@@ -99,7 +93,7 @@ def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
                     raise TraceError(p, number, str(exc)) from None
         got = produced.popleft() if produced else None
         if got != raw:
-            _check_record_line(p, number, raw)  # a broken line is bad input, not a divergence
+            parse_record(p, number, raw)  # a broken line is bad input, not a divergence
             nothing = "<nothing: the engine produced no record here>"
             divergence = Divergence(number, raw.decode(errors="replace"),
                                     got.decode() if got is not None else nothing)
@@ -107,16 +101,6 @@ def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
     if divergence is None and produced:
         divergence = Divergence(number + 1, "<end of trace>", produced[0].decode())
     return ReplayResult(number, inputs, divergence, engine)
-
-
-def _check_record_line(path: str, number: int, raw: bytes) -> None:
-    try:
-        record = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise TraceError(path, number, f"not JSON: {exc}") from None
-    kind = record.get("kind") if isinstance(record, dict) else None
-    if kind not in KNOWN_KINDS:
-        raise TraceError(path, number, f"field 'kind': unknown record kind {kind!r}")
 
 
 # ---- what-if ---------------------------------------------------------------------------------

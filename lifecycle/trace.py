@@ -129,6 +129,19 @@ def parse_header(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
     return record
 
 
+def parse_record(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
+    """One trace line as a record of a known kind; a TraceError naming the line otherwise."""
+    try:
+        record = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise TraceError(str(path), number, f"not JSON: {exc}") from None
+    kind = record.get("kind") if isinstance(record, dict) else None
+    if kind not in KNOWN_KINDS:
+        raise TraceError(str(path), number, f"field 'kind': unknown record kind {kind!r}")
+    parsed: dict[str, Any] = record
+    return parsed
+
+
 def read_header(path: str | Path) -> tuple[dict[str, Any], int, Iterator[tuple[int, bytes]]]:
     """The checked header, its line number, and the remaining (line number, raw) lines."""
     lines = iter_lines(path)
