@@ -29,20 +29,17 @@ class Scheduler(Transfers):
         if self.config.transfer_deadline_ms is not None:
             self._expire_jobs(self.config.transfer_deadline_ms)
         budget = self.config.max_batched_tokens
-        bt = self.config.block_tokens
         entries: list[tuple[Request, int, bool]] = []
         preempted = False
         i = 0
-        # The hot loop of a run (every running request, every tick): arithmetic inlined.
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            known = req.prompt_tokens + req.generated + req.placeholders
-            want = known - req.computed
+            want = req.known_tokens - req.computed
             if want <= 0:
                 i += 1
                 continue
-            n = want if want < budget else budget
-            need = -(-(req.computed + n) // bt) - len(req.block_table)
+            n = min(want, budget)
+            need = self._blocks_for(req.computed + n) - len(req.block_table)
             while need > 0 and need > self.pool.free:
                 victim = self.running[-1]
                 if victim is req and len(self.running) == 1 and not self.jobs:
@@ -57,11 +54,7 @@ class Scheduler(Transfers):
                 break
             if need > 0:
                 req.block_table.extend(self.pool.allocate(need))
-            samples = req.computed + n >= known
-            req.computed += n
-            if samples:
-                req.placeholders += 1
-            entries.append((req, n, samples))
+            entries.append(self._schedule(req, n))
             budget -= n
             i += 1
         sync_lookups = 0
