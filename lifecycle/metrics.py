@@ -88,8 +88,6 @@ def format_value(value: Any, fractions_as_percent: bool = False) -> str:
     return str(value)
 
 
-_fmt = format_value
-
 
 def _bytes(n: int) -> str:
     size = float(n)
@@ -103,24 +101,24 @@ def _bytes(n: int) -> str:
 def format_summary(summary: dict[str, Any]) -> str:
     hit = ", ".join(f"{k} {v:.1%}" for k, v in summary["prefix_hit_rate"].items())
     rows = [
-        ("requests", _fmt(summary["requests"])),
-        ("finished", _fmt(summary["finished"])),
+        ("requests", format_value(summary["requests"])),
+        ("finished", format_value(summary["finished"])),
         ("stranded / quarantined jobs", f"{summary['stranded']} / {summary['quarantined_jobs']}"),
-        ("TTFT p50 / p90 / p99 (ms)", " / ".join(_fmt(summary["ttft_ms"][q]) for q in ("p50", "p90", "p99"))),
-        ("TPOT p50 / p90 / p99 (ms)", " / ".join(_fmt(summary["tpot_ms"][q]) for q in ("p50", "p90", "p99"))),
-        ("throughput (output tok/s)", _fmt(summary["throughput_tokens_per_s"])),
+        ("TTFT p50 / p90 / p99 (ms)", " / ".join(format_value(summary["ttft_ms"][q]) for q in ("p50", "p90", "p99"))),
+        ("TPOT p50 / p90 / p99 (ms)", " / ".join(format_value(summary["tpot_ms"][q]) for q in ("p50", "p90", "p99"))),
+        ("throughput (output tok/s)", format_value(summary["throughput_tokens_per_s"])),
         ("prefix hit rate", hit),
         ("loaded", f"{summary['blocks_loaded']:,} blocks, {_bytes(summary['bytes_loaded'])}"),
         ("stored", f"{summary['blocks_stored']:,} blocks, {_bytes(summary['bytes_stored'])}"),
-        ("redundant block loads", _fmt(summary["redundant_block_loads"])),
-        ("deferrals by reason", _fmt(summary["deferrals"])),
+        ("redundant block loads", format_value(summary["redundant_block_loads"])),
+        ("deferrals by reason", format_value(summary["deferrals"])),
         ("lookups (sync / async)", f"{summary['sync_lookups']:,} / {summary['async_lookups']:,}"),
-        ("critical-path lookup (ms)", _fmt(summary["critical_path_lookup_ms"])),
-        ("preemptions", _fmt(summary["preemptions"])),
-        ("warnings", _fmt(summary["warnings"])),
-        ("scheduler ticks", _fmt(summary["scheduler_ticks"])),
-        ("simulated time (s)", _fmt(summary["simulated_s"])),
-        ("wall time (s)", _fmt(summary["wall_s"])),
+        ("critical-path lookup (ms)", format_value(summary["critical_path_lookup_ms"])),
+        ("preemptions", format_value(summary["preemptions"])),
+        ("warnings", format_value(summary["warnings"])),
+        ("scheduler ticks", format_value(summary["scheduler_ticks"])),
+        ("simulated time (s)", format_value(summary["simulated_s"])),
+        ("wall time (s)", format_value(summary["wall_s"])),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

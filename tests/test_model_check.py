@@ -68,3 +68,15 @@ def test_observer_flags_free_under_inflight_load_live() -> None:
     assert [v.invariant for v in observer.violations if v.invariant == 2] == [2]
     # ... and the engine never completing a job every rank reported is a finding too.
     assert any(v.invariant == 3 for v in observer.violations)
+
+
+def test_cli_check_takes_a_comma_stack_and_reports_counterexamples(capsys: pytest.CaptureFixture[str]) -> None:
+    from lifecycle.cli import main
+
+    assert main(["check", "--stack", "async-lookup,shared-loads", "--examples", "10", "--steps", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "stack async-lookup, shared-loads:" in out and "invariants 1-8 hold" in out
+    assert main(["check", "--stack", "naive-stores-unsafe"]) == 1
+    out = capsys.readouterr().out
+    assert "counterexample found" in out and "@reproduce_failure" in out
+    assert main(["check", "--stack", "async-lookup,,shared-loads"]) == 2

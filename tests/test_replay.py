@@ -138,3 +138,10 @@ def test_broken_line_mid_trace_is_an_error_not_a_divergence(trace: Path, tmp_pat
     with pytest.raises(TraceError) as info:
         replay(path)
     assert info.value.line == index + 1 and message in str(info.value)
+
+
+def test_what_if_takes_a_comma_stack(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", str(trace), "--stack", "specs.model_check:AsyncLookups,shared-loads"]) == 0
+    assert "what-if: specs.model_check:AsyncLookups, shared-loads" in capsys.readouterr().out
+    assert main(["replay", str(trace), "--stack", "baseline"]) == 0
+    assert "what-if: baseline" in capsys.readouterr().out

@@ -10,7 +10,8 @@ from typing import Any
 def register(sub: Any) -> None:
     parser = sub.add_parser("check", help="model-check the engine with a policy stack (Hypothesis)")
     parser.add_argument("--stack", action="append", metavar="POLICY",
-                        help="policy (name, pkg.mod:Class, file.py:Class); repeatable; default baseline")
+                        help="policy (name, pkg.mod:Class, file.py:Class) or a comma list A,B, top first; "
+                             "repeatable; default baseline")
     parser.add_argument("--examples", type=int, default=None, help="examples to run (default 100)")
     parser.add_argument("--steps", type=int, default=None, help="max steps per example (default 50)")
     parser.add_argument("--random", action="store_true",
@@ -22,6 +23,7 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from lifecycle.cli import UsageError
+    from lifecycle.compare import parse_stack
     from policies.base import load_stack
     from specs.model_check import DEFAULT_EXAMPLES, DEFAULT_STEPS, run_check
 
@@ -30,7 +32,7 @@ def handle(args: argparse.Namespace) -> int:
     if examples <= 0 or steps <= 0:
         raise UsageError(f"--examples and --steps must be positive, got {examples} and {steps}")
     # --stack A,B and --stack A --stack B both name the stack A, B (top-down), as in compare.
-    stack = [p.strip() for entry in args.stack or [] for p in entry.split(",") if p.strip()]
+    stack = [spec for entry in args.stack or [] for spec in parse_stack(entry)]
     load_stack(stack)  # a bad policy is a one-line error here, not a failure inside Hypothesis
     sharing = {"auto": None, "on": True, "off": False}[args.sharing]
     started = time.perf_counter()

@@ -11,20 +11,22 @@ def register(sub: Any) -> None:
     parser = sub.add_parser("replay", help="re-feed a trace's inputs: identical, or the first divergence")
     parser.add_argument("trace", help="JSON-lines trace written by kvlife run --trace")
     parser.add_argument("--stack", action="append", metavar="POLICY",
-                        help="what-if: simulate the same workload under this stack (repeatable) "
+                        help="what-if: simulate the same workload under this stack (a policy or a comma list A,B; "
+                             "repeatable) "
                              "and print both runs side by side")
     parser.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from lifecycle.compare import parse_stack
     from lifecycle.replay import format_side_by_side, replay, what_if
 
     if args.stack:
         # --stack A,B and --stack A --stack B both name the stack A, B (top-down), as in compare.
-        args.stack = [p.strip() for entry in args.stack for p in entry.split(",") if p.strip()]
+        args.stack = [spec for entry in args.stack for spec in parse_stack(entry)]
         recorded, other, config = what_if(args.trace, args.stack)
         left = "recorded: " + (", ".join(config.policies) or "baseline")
-        print(format_side_by_side(left, recorded, "what-if: " + ", ".join(args.stack), other))
+        print(format_side_by_side(left, recorded, "what-if: " + (", ".join(args.stack) or "baseline"), other))
         return 0
     started = time.perf_counter()
     result = replay(args.trace)
