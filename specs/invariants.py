@@ -410,18 +410,9 @@ class InvariantObserver:
         self.chunks_known = not self._chunks_missing
         entries = []
         for rid, before, n in chunks:
-            req = self.requests.get(rid)
-            if req is None:
-                self._fail(1, f"step {step_id} schedules {rid}, which never arrived")
-                continue
-            if req.state != "running":
-                self._fail(1, f"step {step_id} schedules {rid} in state {req.state}")
-            if req.fresh:
-                # The first chunk after an admission starts where the hit (device cache
-                # or a completed load) ends: those tokens are valid content.
-                req.valid_tokens = before
-                req.fresh = False
-            entries.append((rid, req.epoch, before, n))
+            req = self._scheduled(step_id, rid, before)
+            if req is not None:
+                entries.append((rid, req.epoch, before, n))
         self._plan_step(step_id, entries)
 
     def _on_job_done(self, record: dict[str, Any]) -> None:
@@ -527,19 +518,28 @@ class InvariantObserver:
             if kind == "load":
                 self._loading_hashes.setdefault(move.block_hash, []).append(job)
 
+    def _scheduled(self, step_id: int, rid: str, computed_before: int) -> _Req | None:
+        """The observer's record of a request a step schedules (None: it never arrived)."""
+        req = self.requests.get(rid)
+        if req is None:
+            self._fail(1, f"step {step_id} schedules {rid}, which never arrived")
+            return None
+        if req.state != "running":
+            self._fail(1, f"step {step_id} schedules {rid} in state {req.state}")
+        if req.fresh:
+            # The first chunk after an admission starts where the hit (device cache or a
+            # completed load) ends: those tokens are valid content.
+            req.valid_tokens = computed_before
+            req.fresh = False
+        return req
+
     def _on_plan(self, plan: Any) -> None:
         bt = self.block_tokens
         entries = []
         for entry in plan.entries:
-            req = self.requests.get(entry.request_id)
+            req = self._scheduled(plan.step_id, entry.request_id, entry.computed_before)
             if req is None:
-                self._fail(1, f"step {plan.step_id} schedules {entry.request_id}, which never arrived")
                 continue
-            if req.state != "running":
-                self._fail(1, f"step {plan.step_id} schedules {entry.request_id} in state {req.state}")
-            if req.fresh:
-                req.valid_tokens = entry.computed_before
-                req.fresh = False
             first = entry.computed_before // bt
             last = (entry.computed_before + entry.num_tokens - 1) // bt
             for i, block in enumerate(entry.block_table):
