@@ -9,7 +9,8 @@ on the stack.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -21,6 +22,16 @@ from lifecycle.ranks import RankAggregator, ReportOutcome, ReportStatus
 from policies.base import Decision, EngineView, PolicyStack, RequestView
 from specs.model_check import AsyncLookups, ShareLoads
 from transfer.index import TierIndex
+
+
+@contextlib.contextmanager
+def _no_block_releases(engine: Engine) -> Iterator[None]:
+    """Inside, releasing device blocks does nothing (for jobs whose references are gone)."""
+    engine.pool.release = lambda blocks: []  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del engine.pool.release
 
 
 # ---- 1. a stale lookup applied after abort -------------------------------------------------
@@ -94,11 +105,8 @@ class StoreTakesNoReference(Engine):
         if job.kind != "store":
             super()._release_job(job, failed)
             return
-        self.pool.release = lambda blocks: []  # type: ignore[method-assign]
-        try:
+        with _no_block_releases(self):  # the reference it never took is not given back
             super()._release_job(job, failed)
-        finally:
-            del self.pool.release
 
 
 # ---- 6. a duplicate load of an in-flight block ----------------------------------------------------
@@ -134,11 +142,8 @@ class AbortCancelsLoad(Engine):
         if job.job_id not in self.cancelled:
             super()._release_job(job, failed)
             return
-        self.pool.release = lambda blocks: []  # type: ignore[method-assign]
-        try:
+        with _no_block_releases(self):  # already dropped at the abort
             super()._release_job(job, failed)
-        finally:
-            del self.pool.release
 
 
 # ---- 8. a failed load retried forever with its stale hit ----------------------------------------
