@@ -466,21 +466,15 @@ def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicySt
              trace_path: str | Path | None = None, time_scale: float = 1.0,
              progress: Callable[[int, int], None] | None = None) -> LiveOutcome:
     from lifecycle.metrics import summarize
-    from lifecycle.trace import TraceWriter
+    from lifecycle.runner import recording
     from policies.base import load_stack
 
     stack = stack if stack is not None else load_stack(config.policies)
     started = time.perf_counter()
-    writer = TraceWriter(trace_path) if trace_path is not None else None
-    try:
+    meta = {"name": "live", "requests": len(workload)}
+    with recording(trace_path, config, stack, workload=meta, driver="live") as writer:
         runtime = LiveRuntime(config, workload, stack, writer.record if writer else None, time_scale, progress)
-        if writer is not None:
-            writer.write_header(config.to_dict(), list(stack.names), config.sim.seed,
-                                workload={"name": "live", "requests": len(workload)}, driver="live")
         result = runtime.run()
-    finally:
-        if writer is not None:
-            writer.close()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, runtime.block_bytes)
     stats = runtime.stats()

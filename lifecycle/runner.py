@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,20 @@ class RunOutcome:
     trace_lines: int
 
 
+@contextlib.contextmanager
+def recording(
+    trace_path: str | Path | None, config: RunConfig, stack: PolicyStack, **header: Any
+) -> Iterator[TraceWriter | None]:
+    """A trace writer with its header written (None without a path), closed on the way
+    out whatever happens, so what was recorded before an error stays valid."""
+    if trace_path is None:
+        yield None
+        return
+    with TraceWriter(trace_path) as writer:
+        writer.write_header(config.to_dict(), list(stack.names), config.sim.seed, **header)
+        yield writer
+
+
 def run_workload(
     config: RunConfig,
     workload: list[WorkloadRequest],
@@ -33,18 +49,10 @@ def run_workload(
 ) -> RunOutcome:
     stack = stack if stack is not None else load_stack(config.policies)
     started = time.perf_counter()  # wall time of the run, reported, never fed to the core
-    writer = TraceWriter(trace_path) if trace_path is not None else None
-    try:
-        if writer is not None:
-            writer.write_header(
-                config.to_dict(), list(stack.names), config.sim.seed,
-                workload={"name": workload_name, "requests": len(workload)},
-            )
+    meta = {"name": workload_name, "requests": len(workload)}
+    with recording(trace_path, config, stack, workload=meta) as writer:
         sim = Simulator(config, workload, stack, writer.record if writer else None, progress)
         result = sim.run()
-    finally:
-        if writer is not None:
-            writer.close()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, config.sim.block_bytes)
     return RunOutcome(result, summary, writer.lines if writer else 0)
