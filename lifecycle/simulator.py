@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -175,11 +176,8 @@ class Simulator:
         """One report per rank after latency + shard bytes / bandwidth of the slowest tier
         involved, plus that rank's jitter; each block fails with its tier's failure rate."""
         ranks = self.config.engine.ranks
-        per_tier: dict[str, int] = {}
-        for _, tier_name in blocks:
-            per_tier[tier_name] = per_tier.get(tier_name, 0) + 1
         base = 0.0
-        for name, count in per_tier.items():
+        for name, count in Counter(tier_name for _, tier_name in blocks).items():
             tier = self._tiers[name]
             shard_bytes = count * self.config.sim.block_bytes / ranks
             base = max(base, tier.latency_ms + shard_bytes / (tier.bandwidth_gbps * 1e9) * 1000.0)

@@ -11,6 +11,7 @@ handlers (``lifecycle.core``) build on it, in that order.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -307,8 +308,6 @@ def _moves_record(moves: Iterable[BlockMove]) -> list[list[int | str]]:
     return [[m.block_hash, m.device_block, m.tier] for m in moves]
 
 
-def _count_tiers(moves: Iterable[BlockMove]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for move in moves:
-        counts[move.tier] = counts.get(move.tier, 0) + 1
-    return counts
+def _count_tiers(tiers: Iterable[str]) -> dict[str, int]:
+    """Blocks per tier, in order of first appearance (trace records keep that order)."""
+    return dict(Counter(tiers))

@@ -68,11 +68,8 @@ class Transfers(EngineState):
         self.ranks.open(job_id)
         self.stats.prefetches += 1
         self.stats.blocks_prefetched += len(moves)
-        tiers: dict[str, int] = {}
-        for move in moves:
-            tiers[move.src_tier] = tiers.get(move.src_tier, 0) + 1
         self._record({"kind": "job", "t": self.now, "job": job_id, "op": "prefetch", "req": req.request_id,
-                      "blocks": len(moves), "tiers": tiers,
+                      "blocks": len(moves), "tiers": _count_tiers(m.src_tier for m in moves),
                       "moves": [[m.block_hash, m.src_tier, m.dst_tier] for m in moves]})
         self._commands.append(StartPrefetch(job_id, req.request_id, moves))
 
@@ -163,7 +160,8 @@ class Transfers(EngineState):
         self.stats.loads += 1
         self.stats.blocks_loaded += len(placed)
         self._record({"kind": "job", "t": self.now, "job": job_id, "op": "load", "req": req.request_id,
-                      "blocks": len(placed), "tiers": _count_tiers(placed), "moves": _moves_record(placed)})
+                      "blocks": len(placed), "tiers": _count_tiers(m.tier for m in placed),
+                      "moves": _moves_record(placed)})
         self._commands.append(StartLoad(job_id, req.request_id, tuple(placed)))
 
     def _maybe_store(self, req: Request) -> None:
