@@ -219,9 +219,5 @@ class StepPlan:
     def prefill_tokens(self) -> int:
         return sum(e.num_tokens for e in self.entries if e.num_tokens > 1)
 
-    @property
-    def decode_requests(self) -> int:
-        return sum(1 for e in self.entries if e.num_tokens == 1)
-
 
 Command = SubmitLookup | DiscardLookup | StartLoad | StartStore | StartPrefetch | FreeBlocks | StepPlan

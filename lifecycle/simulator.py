@@ -14,7 +14,6 @@ import heapq
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 
@@ -214,17 +213,3 @@ def model_finishes(
         elif produced >= target:
             finished.append((entry.request_id, "stopped"))
     return tuple(finished)
-
-
-def run_simulation(
-    config: RunConfig,
-    workload: list[WorkloadRequest],
-    policies: PolicyStack,
-    recorder: Recorder | None = None,
-    progress: Progress | None = None,
-) -> SimResult:
-    return Simulator(config, workload, policies, recorder, progress).run()
-
-
-def describe_config(config: RunConfig) -> dict[str, Any]:
-    return config.to_dict()

@@ -83,10 +83,6 @@ class TierIndex:
     def pinned(self) -> int:
         return sum(1 for e in self._entries.values() if e.pins > 0 or not e.ready)
 
-    def is_pinned(self, block: BlockHash) -> bool:
-        entry = self._entries.get(block)
-        return entry is not None and (entry.pins > 0 or not entry.ready)
-
     # ---- loads ---------------------------------------------------------------------
     def prepare_load(self, blocks: Iterable[BlockHash]) -> list[int]:
         """Pin blocks for reading and return their slots; each must be present."""
