@@ -96,7 +96,6 @@ class SimConfig:
     block_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_positive_int)
     rank_jitter_ms: float = attrs.field(default=0.2, validator=_non_negative)
     max_output_tokens: int | None = None
-    idle_tick_ms: float = attrs.field(default=5.0, validator=_positive)
 
 
 @attrs.frozen
