@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="simulate a workload (or --live: real KV bytes) and print a summary")
     run.add_argument("--workload", help="Mooncake JSON-lines trace (default: built-in synthetic)")
     run.add_argument("--limit", type=int, help="use only the first N requests")
-    run.add_argument("--time-scale", type=float, default=1.0, help="arrival rate multiplier")
+    run.add_argument("--time-scale", type=float, default=1.0,
+                     help="arrival rate multiplier (a --live run of the synthetic workload defaults to 20)")
     run.add_argument("--config", help="TOML config file")
     run.add_argument("--policy", action="append", help="policy (name, pkg.mod:Class, file.py:Class); repeatable")
     run.add_argument("--seed", type=int)

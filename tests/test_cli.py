@@ -145,3 +145,33 @@ def test_unknown_policy_in_a_config_file_names_file_line_and_field(tmp_path: Pat
     proc = run_cli("run", "--config", str(config))
     assert proc.returncode == 2
     assert f"{config}:5: field 'policies.stack'" in proc.stderr and "no-such" in proc.stderr
+
+
+def test_version_and_spec_table(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("kvlife ")
+    assert main(["spec", "--format", "table"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "loading         --load_failed--> waiting" in lines and len(lines) == 19
+
+
+def test_live_run_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", "--live", "--limit", "40", "--ranks", "1", "--disk-path", str(tmp_path / "disk"),
+            "--tier", "host=16", "--json"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["live"]["ranks"] == 1 and summary["live"]["mismatches"] == 0
+    assert sum(summary["finished"].values()) == 40
+    assert summary["live"]["blocks_verified"] == summary["blocks_loaded"]
+    assert (tmp_path / "disk" / "rank0.kvblocks").stat().st_size > 0  # --disk-path holds the tier's file
+    assert main([*args, "--no-verify"]) == 0
+    assert json.loads(capsys.readouterr().out)["live"]["blocks_verified"] == 0
+
+
+def test_bench_engine_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "engine", "--requests", "300", "--repeats", "1", "--reference-requests", "20",
+                 "--skip-trace"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled core" in out and "x the bare loop" in out

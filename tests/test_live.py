@@ -111,6 +111,9 @@ def test_rank_that_never_reports_is_failed_after_the_deadline(tmp_path: Path) ->
     assert result.stranded == []
     assert all(r.state == "finished" for r in result.engine.requests.values())
     assert runtime.stats().mismatches == 0
+    from lifecycle.metrics import summarize
+
+    assert summarize(result, 0.0, runtime.block_bytes)["quarantined_jobs"] == 2
     # the silenced jobs never completed: their blocks stay held (quarantined), never reused
     for job_id in silenced:
         assert job_id in result.engine.jobs and result.engine.jobs[job_id].timed_out
