@@ -61,8 +61,6 @@ class LiveStats:
     blocks_verified: int = 0
     mismatches: int = 0
     tier_events: list[dict[str, Any]] = attrs.Factory(list)
-    bytes_loaded: int = 0
-    bytes_stored: int = 0
 
 
 def model_shape(live: LiveConfig, block_tokens: int) -> ModelShape:
