@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lifecycle.simulator import SimResult
+from kvlife.lifecycle.drivers.simulator import SimResult
 
 
 def percentile(values: list[float], q: float) -> float | None:

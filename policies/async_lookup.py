@@ -8,7 +8,7 @@ is dropped (``stale_lookup`` in the trace), and a failed lookup counts as a miss
 
 from __future__ import annotations
 
-from policies.base import Decision, EngineView, LookupMode, RequestView
+from kvlife.policies.base import Decision, EngineView, LookupMode, RequestView
 
 
 class AsyncLookup:

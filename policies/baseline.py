@@ -8,7 +8,7 @@ failed load. It sits at the bottom of every stack and answers every hook.
 
 from __future__ import annotations
 
-from policies.base import (
+from kvlife.policies.base import (
     Admission,
     ArrivalAction,
     Decision,

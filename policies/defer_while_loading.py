@@ -8,7 +8,7 @@ queue behind each other's loads: the convoy of vLLM #44294. Use ``shared-loads``
 
 from __future__ import annotations
 
-from policies.base import Admission, Decision, EngineView, LoadView, RequestView
+from kvlife.policies.base import Admission, Decision, EngineView, LoadView, RequestView
 
 
 class DeferWhileLoading:

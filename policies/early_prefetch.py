@@ -5,12 +5,12 @@ may wait many ticks before the scheduler considers it, so the lookup (and, for
 ``early-prefetch``, the pull of its disk/remote hit blocks into the host tier) overlaps
 that wait instead of following it. Streaming/resumable requests are skipped: their prompt
 is not final at arrival. Opt-in: neither is in the baseline. How long an admission may
-wait for the pull is the ``prefetch_patience`` decision (``policies.prefetch_patience``).
+wait for the pull is the ``prefetch_patience`` decision (``kvlife.policies.prefetch_patience``).
 """
 
 from __future__ import annotations
 
-from policies.base import ArrivalAction, Decision, EngineView, RequestView
+from kvlife.policies.base import ArrivalAction, Decision, EngineView, RequestView
 
 
 class EarlyPrefetch:

@@ -9,7 +9,7 @@ an honest lifecycle: a request is not reported finished while its KV is still le
 
 from __future__ import annotations
 
-from policies.base import Decision, EngineView, RequestView
+from kvlife.policies.base import Decision, EngineView, RequestView
 
 
 class HoldWhileSending:

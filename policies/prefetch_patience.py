@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from policies.base import Decision, EngineView, PrefetchView, RequestView
+from kvlife.policies.base import Decision, EngineView, PrefetchView, RequestView
 
 
 class PrefetchBestEffort:

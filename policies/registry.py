@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policies.async_lookup import AsyncLookup
-from policies.baseline import Baseline
-from policies.defer_while_loading import DeferWhileLoading
-from policies.early_prefetch import EarlyLookup, EarlyPrefetch
-from policies.hold_while_sending import HoldWhileSending
-from policies.prefetch_patience import PrefetchBestEffort, PrefetchTimeout, PrefetchWaitComplete
-from policies.shared_loads import SharedLoads
-from policies.stores import NaiveStoresUnsafe, PlaceholderSafeStores
-from policies.sync_lookup import SyncLookup
+from kvlife.policies.async_lookup import AsyncLookup
+from kvlife.policies.baseline import Baseline
+from kvlife.policies.defer_while_loading import DeferWhileLoading
+from kvlife.policies.early_prefetch import EarlyLookup, EarlyPrefetch
+from kvlife.policies.hold_while_sending import HoldWhileSending
+from kvlife.policies.prefetch_patience import PrefetchBestEffort, PrefetchTimeout, PrefetchWaitComplete
+from kvlife.policies.shared_loads import SharedLoads
+from kvlife.policies.stores import NaiveStoresUnsafe, PlaceholderSafeStores
+from kvlife.policies.sync_lookup import SyncLookup
 
 BUILTIN: dict[str, Callable[[], object]] = {
     "baseline": Baseline,

@@ -9,7 +9,7 @@ own load only for the blocks nobody is loading, and runs as soon as all of them 
 
 from __future__ import annotations
 
-from policies.base import Admission, Decision, EngineView, LoadView, RequestView
+from kvlife.policies.base import Admission, Decision, EngineView, LoadView, RequestView
 
 
 class SharedLoads:

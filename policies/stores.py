@@ -11,7 +11,7 @@ by name so tests and ``kvlife compare`` can show it.
 
 from __future__ import annotations
 
-from policies.base import Decision, EngineView, RequestView
+from kvlife.policies.base import Decision, EngineView, RequestView
 
 
 class PlaceholderSafeStores:

@@ -7,7 +7,7 @@ lookup (1-2 ms each). The simulator charges ``lookup_latency_ms`` per lookup to 
 
 from __future__ import annotations
 
-from policies.base import Decision, EngineView, LookupMode, RequestView
+from kvlife.policies.base import Decision, EngineView, LookupMode, RequestView
 
 
 class SyncLookup:

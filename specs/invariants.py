@@ -31,7 +31,7 @@ from typing import Any, TypeGuard
 
 import attrs
 
-from specs.table import TABLE
+from kvlife.specs.table import TABLE
 
 IO_WAIT_STATES = ("lookup_pending", "loading", "sending")
 # Triggers after which a request's older lookups are stale (its epoch moved on).
@@ -205,7 +205,7 @@ class InvariantObserver:
         return self._input is not None and self._input.type == kind
 
     def _on_input(self, record: dict[str, Any]) -> None:
-        from lifecycle.events import BadEvent, input_from_record
+        from kvlife.lifecycle.engine.events import BadEvent, input_from_record
 
         # Live records still hold tuples; the trace format (and the parser) has lists.
         record = {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
@@ -453,7 +453,14 @@ class InvariantObserver:
 
     # ---- commands (live) -------------------------------------------------------------------
     def feed_commands(self, commands: Iterable[Any]) -> None:
-        from lifecycle.events import DiscardLookup, FreeBlocks, StartLoad, StartStore, StepPlan, SubmitLookup
+        from kvlife.lifecycle.engine.events import (
+            DiscardLookup,
+            FreeBlocks,
+            StartLoad,
+            StartStore,
+            StepPlan,
+            SubmitLookup,
+        )
 
         commands = list(commands)
         discarded = {(c.request_id, c.epoch) for c in commands if isinstance(c, DiscardLookup)}

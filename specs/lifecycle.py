@@ -2,7 +2,7 @@
 
 This python-statemachine class is the specification. The engine never runs it on its
 hot path (one transition through the library costs ~150 us); instead
-``specs.table`` compiles it at import into a frozen transition table, and the
+``kvlife.specs.table`` compiles it at import into a frozen transition table, and the
 reference mode of the engine runs one instance of this class per request so a
 Hypothesis test can prove the two agree.
 

@@ -6,13 +6,13 @@ failed, stale and duplicated), per-rank transfer reports in any order (with fail
 persistently corrupt tier blocks, duplicates and unknown jobs), aborts in every state and
 step outputs (two in flight with async scheduling), on a device small enough that
 requests get preempted. After every input an independent observer
-(``specs.invariants``) checks invariants 1-8 from the records and commands; at the end a
+(``kvlife.specs.invariants``) checks invariants 1-8 from the records and commands; at the end a
 drain answers everything, ticks until idle and checks that nothing is stranded and every
 request finished.
 
 One line in a user's suite model-checks their policy::
 
-    from specs.model_check import check_policy
+    from kvlife.specs.model_check import check_policy
     def test_my_policy(): check_policy("mypkg.mod:MyPolicy")
 
 ``kvlife check`` runs the same thing from the command line.
@@ -34,8 +34,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from specs.invariants import InvariantObserver, InvariantViolation, Violation
-from specs.table import TABLE, IllegalTransition
+from kvlife.specs.invariants import InvariantObserver, InvariantViolation, Violation
+from kvlife.specs.table import TABLE, IllegalTransition
 
 EngineFactory = Callable[..., Any]  # (EngineConfig, PolicyStack, tiers=..., recorder=...) -> Engine
 StackSpec = Sequence[str] | Callable[[], Any]
@@ -53,14 +53,14 @@ class AsyncLookups:
     name = "async-lookups"
 
     def on_arrival(self, req: Any, engine: Any) -> Any:
-        from policies.base import Decision
+        from kvlife.policies.base import Decision
 
         if req.resumable:
             return Decision("none", "resumable input: no early lookup")
         return Decision("lookup", "early lookup at arrival")
 
     def lookup_mode(self, req: Any, engine: Any) -> Any:
-        from policies.base import Decision
+        from kvlife.policies.base import Decision
 
         return Decision("async", "lookup off the scheduler path")
 
@@ -72,7 +72,7 @@ class ShareLoads:
     shares_loads = True
 
     def admission(self, req: Any, load: Any, engine: Any) -> Any:
-        from policies.base import Decision
+        from kvlife.policies.base import Decision
 
         if load.in_flight:
             return Decision("join", f"join {len(load.in_flight)} blocks already in flight")
@@ -81,7 +81,7 @@ class ShareLoads:
 
 def default_engine_config(**overrides: Any) -> Any:
     """Small on purpose: few device blocks force preemption, 2 ranks, a small host tier."""
-    from lifecycle.config import EngineConfig, TierConfig
+    from kvlife.lifecycle.config import EngineConfig, TierConfig
 
     values: dict[str, Any] = {
         "block_tokens": 4,
@@ -97,14 +97,14 @@ def default_engine_config(**overrides: Any) -> Any:
 
 
 def _build_stack(stack: StackSpec) -> Any:
-    from policies.base import load_stack
+    from kvlife.policies.loading import load_stack
 
     return stack() if callable(stack) else load_stack(list(stack))
 
 
 def detect_sharing(stack: Any) -> bool:
     """Does this stack join in-flight loads? (invariant 6 applies only then)"""
-    from policies.base import EngineView, LoadView, PolicyError, RequestView
+    from kvlife.policies.base import EngineView, LoadView, PolicyError, RequestView
 
     if any(getattr(p, "shares_loads", False) for p in stack.policies):
         return True
@@ -139,7 +139,7 @@ def describe_input(event: Any) -> str:
 
 
 def describe_commands(commands: Sequence[Any]) -> str:
-    from lifecycle.events import DiscardLookup, FreeBlocks, StartLoad, StartStore, StepPlan, SubmitLookup
+    from kvlife.lifecycle.engine.events import DiscardLookup, FreeBlocks, StartLoad, StartStore, StepPlan, SubmitLookup
 
     parts = []
     for c in commands:
@@ -189,8 +189,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     @initialize(async_scheduling=st.booleans(), deadline=st.sampled_from([None, None, 25.0]),
                 warm=st.booleans())
     def start(self, async_scheduling: bool, deadline: float | None, warm: bool = False) -> None:
-        from lifecycle.core import Engine
-        from transfer.index import TierIndex
+        from kvlife.lifecycle.engine.core import Engine
+        from kvlife.transfer.index import TierIndex
 
         cls = type(self)
         config = cls.engine_config if cls.engine_config is not None else default_engine_config()
@@ -244,7 +244,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         raise exc
 
     def _track(self, commands: Sequence[Any]) -> None:
-        from lifecycle.events import DiscardLookup, StartLoad, StartStore, StepPlan, SubmitLookup
+        from kvlife.lifecycle.engine.events import DiscardLookup, StartLoad, StartStore, StepPlan, SubmitLookup
 
         for c in commands:
             if isinstance(c, SubmitLookup):
@@ -268,7 +268,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(family=st.integers(0, 2), blocks=st.integers(0, 4), extra=st.integers(0, 3),
           branch=st.integers(0, 2), output=st.integers(1, 8), resumable=st.booleans())
     def arrive(self, family: int, blocks: int, extra: int, branch: int, output: int, resumable: bool) -> None:
-        from lifecycle.events import Arrival
+        from kvlife.lifecycle.engine.events import Arrival
 
         bt = self.engine.config.block_tokens
         tokens = max(1, blocks * bt + extra)
@@ -290,7 +290,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.steps) < self.max_in_flight)
     @rule()
     def tick(self) -> None:
-        from lifecycle.events import Tick
+        from kvlife.lifecycle.engine.events import Tick
 
         self.feed(Tick(self._now()))
 
@@ -300,7 +300,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._step_output()
 
     def _step_output(self) -> None:
-        from lifecycle.events import StepOutput
+        from kvlife.lifecycle.engine.events import StepOutput
 
         plan = self.steps.pop(0)
         finished = []
@@ -317,7 +317,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._answer(i % len(self.lookups), mode)
 
     def _answer(self, index: int, mode: str) -> None:
-        from lifecycle.events import LookupAnswer
+        from kvlife.lifecycle.engine.events import LookupAnswer
 
         rid, epoch, hashes = self.lookups.pop(index)
         self.old_lookups.append((rid, epoch))
@@ -334,7 +334,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 7))
     def stale_lookup_answer(self, i: int) -> None:
         """An answer that already came, or whose lookup was discarded, arrives (again)."""
-        from lifecycle.events import LookupAnswer
+        from kvlife.lifecycle.engine.events import LookupAnswer
 
         rid, epoch = self.old_lookups[i % len(self.old_lookups)]
         req = self.engine.requests.get(rid)
@@ -348,7 +348,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._report(job_id, rank, fail)
 
     def _report(self, job_id: int, rank_pick: int, fail: bool) -> None:
-        from lifecycle.events import StartLoad, TransferReport
+        from kvlife.lifecycle.engine.events import StartLoad, TransferReport
 
         command, remaining = self.jobs[job_id]
         rank = remaining.pop(rank_pick % len(remaining))
@@ -370,14 +370,14 @@ class LifecycleMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.sent_reports))
     @rule(i=st.integers(0, 15))
     def duplicate_report(self, i: int) -> None:
-        from lifecycle.events import TransferReport
+        from kvlife.lifecycle.engine.events import TransferReport
 
         job_id, rank = self.sent_reports[i % len(self.sent_reports)]
         self.feed(TransferReport(self._now(), job_id, rank, ()))
 
     @rule(kind=st.sampled_from(["unknown_job", "bad_rank"]))
     def bogus_report(self, kind: str) -> None:
-        from lifecycle.events import TransferReport
+        from kvlife.lifecycle.engine.events import TransferReport
 
         if kind == "unknown_job" or not self.jobs:
             self.feed(TransferReport(self._now(), 10_000 + len(self.log), 0, ()))
@@ -389,7 +389,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def abort(self, k: int, i: int) -> None:
         """Abort a request: first pick one of the states some request is in, so that rare
         states (loading, sending, lookup_pending) get aborted as often as common ones."""
-        from lifecycle.events import Abort
+        from kvlife.lifecycle.engine.events import Abort
 
         states = {self.engine.requests[rid].state for rid in self.request_ids}
         present = [s for s in TABLE.states if s in states]
@@ -417,7 +417,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def drain(self) -> None:
         """Stop new inputs; answer everything outstanding; tick until idle (bounded)."""
-        from lifecycle.events import Tick
+        from kvlife.lifecycle.engine.events import Tick
 
         assert self.observer is not None
         self.log.append("--- drain: inputs stop; every outstanding answer, report and output is delivered")

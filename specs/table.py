@@ -12,7 +12,7 @@ from types import MappingProxyType
 import attrs
 from statemachine import StateMachine
 
-from specs.lifecycle import RequestLifecycle
+from kvlife.specs.lifecycle import RequestLifecycle
 
 
 class IllegalTransition(Exception):

@@ -15,13 +15,14 @@ from typing import Any
 
 import attrs
 
-from lifecycle.config import EngineConfig
-from lifecycle.core import Engine, Job, Recorder
-from lifecycle.events import Abort, LookupAnswer
-from lifecycle.ranks import RankAggregator, ReportOutcome, ReportStatus
-from policies.base import Decision, EngineView, PolicyStack, RequestView
-from specs.model_check import AsyncLookups, ShareLoads
-from transfer.index import TierIndex
+from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.engine.core import Engine, Job, Recorder
+from kvlife.lifecycle.engine.events import Abort, LookupAnswer
+from kvlife.lifecycle.engine.ranks import RankAggregator, ReportOutcome, ReportStatus
+from kvlife.policies.base import Decision, EngineView, RequestView
+from kvlife.policies.stack import PolicyStack
+from kvlife.specs.model_check import AsyncLookups, ShareLoads
+from kvlife.transfer.index import TierIndex
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from bug_zoo import ZOO, ZooBug
 
-from specs.model_check import DEFAULT_EXAMPLES, DEFAULT_STEPS, run_check
+from kvlife.specs.model_check import DEFAULT_EXAMPLES, DEFAULT_STEPS, run_check
 
 
 @pytest.mark.parametrize("bug", ZOO, ids=[b.name for b in ZOO])

@@ -10,11 +10,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lifecycle.cli import main
+from kvlife.lifecycle.cli.main import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lifecycle.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvlife.lifecycle.cli.main", *args], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
 
 
@@ -88,7 +88,7 @@ def test_unknown_policy_is_a_one_line_error() -> None:
 def test_policy_failing_mid_run_keeps_the_partial_trace_valid(tmp_path: Path) -> None:
     policy = tmp_path / "flaky.py"
     policy.write_text(
-        "from policies.base import Decision\n"
+        "from kvlife.policies.base import Decision\n"
         "class Flaky:\n"
         "    name = 'flaky'\n"
         "    calls = 0\n"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.cli import main
-from lifecycle.compare import compare_stacks, format_comparison, parse_stack
-from lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
-from lifecycle.synthetic import synthetic_workload
-from policies.base import PolicyError
+from kvlife.lifecycle.cli.compare import compare_stacks, format_comparison, parse_stack
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
+from kvlife.policies.base import PolicyError
 
 CONFIG = RunConfig(
     engine=EngineConfig(block_tokens=256, device_blocks=400, max_batched_tokens=4096, max_running=64,

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transfer.content import fill_block, verify_block
-from transfer.copy_engine import CopyEngine, Move, _runs
-from transfer.disk_tier import DiskTier
-from transfer.host_pool import HostPool
-from transfer.layout import SMALL_SHAPE, BlockGeometry, DeviceKV
+from kvlife.transfer.content import fill_block, verify_block
+from kvlife.transfer.copy_engine import CopyEngine, Move, _runs
+from kvlife.transfer.disk_tier import DiskTier
+from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry, DeviceKV
 
 GEO = BlockGeometry(SMALL_SHAPE)
 NUM_DEVICE = 48
@@ -159,7 +159,7 @@ def test_submission_errors_and_empty_poll() -> None:
 
 
 def test_bench_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from transfer.transfer_bench import format_table, main, run_transfer_bench
+    from kvlife.transfer.transfer_bench import format_table, main, run_transfer_bench
 
     rows = run_transfer_bench(
         block_sizes=(16 * 1024,),

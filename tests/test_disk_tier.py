@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from transfer.content import expected_bytes
-from transfer.disk_tier import HEADER_BYTES, Buffer, DiskTier, DiskTierError
-from transfer.layout import SMALL_SHAPE, BlockGeometry
+from kvlife.transfer.content import expected_bytes
+from kvlife.transfer.disk_tier import HEADER_BYTES, Buffer, DiskTier, DiskTierError
+from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry
 
 GEO = BlockGeometry(SMALL_SHAPE)
 

@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from transfer.eviction import ARC
-from transfer.index import TierIndex
+from kvlife.transfer.eviction import ARC
+from kvlife.transfer.index import TierIndex
 
 
 def _store(index: TierIndex, blocks: list[int]) -> tuple[int, ...]:

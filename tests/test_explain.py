@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.cli import main
-from lifecycle.config import RunConfig
-from lifecycle.explain import explain
-from lifecycle.runner import run_workload
-from lifecycle.synthetic import synthetic_workload
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import RunConfig
+from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.traces.explain import explain
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lifecycle.cli import main
-from lifecycle.config import EngineConfig, RunConfig
-from lifecycle.export import chrome_trace, read_timeline
-from lifecycle.runner import run_workload
-from lifecycle.synthetic import synthetic_workload
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import EngineConfig, RunConfig
+from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.traces.export import chrome_trace, read_timeline
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transfer.content import expected_bytes, fill_block, verify_block
-from transfer.copy_engine import CopyEngine, Move
-from transfer.host_pool import HostPool
-from transfer.layout import SMALL_SHAPE, BlockGeometry, DeviceKV
+from kvlife.transfer.content import expected_bytes, fill_block, verify_block
+from kvlife.transfer.copy_engine import CopyEngine, Move
+from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry, DeviceKV
 
 GEO = BlockGeometry(SMALL_SHAPE)
 

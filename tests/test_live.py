@@ -7,10 +7,10 @@ from pathlib import Path
 import attrs
 import pytest
 
-from lifecycle.config import ConfigError, EngineConfig, LiveConfig, RunConfig, SimConfig, TierConfig
-from lifecycle.live import run_live
-from lifecycle.synthetic import synthetic_workload
-from lifecycle.trace import read_trace
+from kvlife.lifecycle.config import ConfigError, EngineConfig, LiveConfig, RunConfig, SimConfig, TierConfig
+from kvlife.lifecycle.drivers.live import run_live
+from kvlife.lifecycle.traces.trace import read_trace
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 from tests.redis_server import RedisServer
 
 
@@ -75,8 +75,8 @@ def test_redis_tier_round_trip_and_redis_killed_mid_run(tmp_path: Path) -> None:
                 server.stop()
                 killed["done"] = True
 
-        from lifecycle.live import LiveRuntime
-        from policies.base import load_stack
+        from kvlife.lifecycle.drivers.live import LiveRuntime
+        from kvlife.policies.loading import load_stack
 
         runtime = LiveRuntime(config, workload(160), load_stack(()), time_scale=40.0, progress=kill_midway)
         result = runtime.run()
@@ -91,8 +91,8 @@ def test_redis_tier_round_trip_and_redis_killed_mid_run(tmp_path: Path) -> None:
 
 
 def test_rank_that_never_reports_is_failed_after_the_deadline(tmp_path: Path) -> None:
-    from lifecycle.live import LiveRuntime
-    from policies.base import load_stack
+    from kvlife.lifecycle.drivers.live import LiveRuntime
+    from kvlife.policies.loading import load_stack
 
     config = live_config(tmp_path, TierConfig("host", capacity_blocks=60))
     config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=50.0))
@@ -111,7 +111,7 @@ def test_rank_that_never_reports_is_failed_after_the_deadline(tmp_path: Path) ->
     assert result.stranded == []
     assert all(r.state == "finished" for r in result.engine.requests.values())
     assert runtime.stats().mismatches == 0
-    from lifecycle.metrics import summarize
+    from kvlife.lifecycle.metrics import summarize
 
     assert summarize(result, 0.0, runtime.block_bytes)["quarantined_jobs"] == 2
     # the silenced jobs never completed: their blocks stay held (quarantined), never reused
@@ -155,9 +155,9 @@ def test_rank_polls_copies_that_finish_later_without_new_messages() -> None:
     thread must keep polling while copies are in flight, not wait for the next message."""
     import queue as queue_module
 
-    from lifecycle.live import RankWorker
-    from transfer.copy_engine import Completion
-    from transfer.layout import SMALL_SHAPE, BlockGeometry
+    from kvlife.lifecycle.drivers.live import RankWorker
+    from kvlife.transfer.copy_engine import Completion
+    from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry
 
     class LateCopies:
         def __init__(self) -> None:
@@ -212,8 +212,8 @@ def test_async_scheduling_live_keeps_loads_byte_exact(tmp_path: Path, stores: st
 def test_live_trace_replays_exactly_and_validates(tmp_path: Path) -> None:
     """Wall-clock runs are not repeatable, but their traces are: every input is recorded
     (lookup answers with their tiers, step outputs with their finishes)."""
-    from lifecycle.replay import replay
-    from lifecycle.validate import validate
+    from kvlife.lifecycle.traces.replay import replay
+    from kvlife.lifecycle.traces.validate import validate
 
     config = live_config(tmp_path, TierConfig("host", capacity_blocks=40), TierConfig("disk", capacity_blocks=300))
     config = attrs.evolve(config, policies=("async-lookup", "shared-loads"))

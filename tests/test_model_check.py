@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.config import EngineConfig
-from lifecycle.core import Engine
-from lifecycle.events import Arrival, FreeBlocks, StartLoad, StepOutput, Tick, TransferReport
-from policies.base import PolicyStack
-from specs.invariants import InvariantObserver
-from specs.model_check import check_policy, make_test_case, run_check
+from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.engine.events import Arrival, FreeBlocks, StartLoad, StepOutput, Tick, TransferReport
+from kvlife.policies.stack import PolicyStack
+from kvlife.specs.invariants import InvariantObserver
+from kvlife.specs.model_check import check_policy, make_test_case, run_check
 
 
 def test_correct_engine_passes_default_stack() -> None:
@@ -20,7 +20,7 @@ def test_correct_engine_passes_default_stack() -> None:
 
 
 def test_correct_engine_passes_async_and_sharing_stack() -> None:
-    result = run_check(("specs.model_check:AsyncLookups", "specs.model_check:ShareLoads"),
+    result = run_check(("kvlife.specs.model_check:AsyncLookups", "kvlife.specs.model_check:ShareLoads"),
                        examples=30, steps=40)
     assert result.ok, result.report()
 
@@ -28,7 +28,7 @@ def test_correct_engine_passes_async_and_sharing_stack() -> None:
 def test_check_policy_one_liner_raises_with_counterexample(tmp_path: Path) -> None:
     policy = tmp_path / "bad_policy.py"
     policy.write_text(
-        "from policies.base import Decision\n"
+        "from kvlife.policies.base import Decision\n"
         "class StoreEverything:\n"
         "    def store_limit(self, req, engine):\n"
         "        return Decision(req.computed_tokens + req.block_tokens, 'store ahead')\n"
@@ -40,7 +40,7 @@ def test_check_policy_one_liner_raises_with_counterexample(tmp_path: Path) -> No
 
 
 def test_make_test_case_gives_a_unittest_class() -> None:
-    case = make_test_case("specs.model_check:ShareLoads", examples=5, steps=10)
+    case = make_test_case("kvlife.specs.model_check:ShareLoads", examples=5, steps=10)
     case("runTest").runTest()
 
 
@@ -51,7 +51,7 @@ def test_observer_flags_free_under_inflight_load_live() -> None:
     engine.handle(Arrival(0.0, "a", 5, (1, 2)))
     observer.end_input()
     # A load the engine never started, fed as if it had: freeing its block is a finding.
-    from lifecycle.events import BlockMove
+    from kvlife.lifecycle.engine.events import BlockMove
 
     observer.feed_commands([StartLoad(99, "a", (BlockMove(1, 3, "host", 0),))])
     observer.feed_commands([FreeBlocks((3,))])
@@ -71,7 +71,7 @@ def test_observer_flags_free_under_inflight_load_live() -> None:
 
 
 def test_cli_check_takes_a_comma_stack_and_reports_counterexamples(capsys: pytest.CaptureFixture[str]) -> None:
-    from lifecycle.cli import main
+    from kvlife.lifecycle.cli.main import main
 
     assert main(["check", "--stack", "async-lookup,shared-loads", "--examples", "10", "--steps", "20"]) == 0
     out = capsys.readouterr().out

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.cli import main
-from lifecycle.config import EngineConfig, TierConfig, load_config
-from lifecycle.core import Engine
-from lifecycle.events import (
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import EngineConfig, TierConfig, load_config
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.engine.events import (
     Abort,
     Arrival,
     DiscardLookup,
@@ -25,18 +25,10 @@ from lifecycle.events import (
     Tick,
     TransferReport,
 )
-from policies.base import (
-    HOOKS,
-    Decision,
-    EngineView,
-    PolicyError,
-    PolicyStack,
-    PrefetchView,
-    RequestView,
-    load_policy,
-    load_stack,
-)
-from policies.registry import BUILTIN, DESCRIPTIONS
+from kvlife.policies.base import HOOKS, Decision, EngineView, PolicyError, PrefetchView, RequestView
+from kvlife.policies.loading import load_policy, load_stack
+from kvlife.policies.registry import BUILTIN, DESCRIPTIONS
+from kvlife.policies.stack import PolicyStack
 
 TIERED = EngineConfig(block_tokens=16, device_blocks=64, max_batched_tokens=256,
                       tiers=(TierConfig("host", capacity_blocks=32), TierConfig("disk", capacity_blocks=64)))
@@ -99,7 +91,7 @@ def test_prefetch_patience_values() -> None:
 def test_stack_is_asked_top_down_and_hooks_resolve_independently() -> None:
     stack = load_stack(["async-lookup", "shared-loads", "defer-while-loading"])
     assert stack.names == ("async-lookup", "shared-loads", "defer-while-loading", "baseline")
-    from policies.base import LoadView
+    from kvlife.policies.base import LoadView
 
     load = LoadView(device_hit_blocks=0, external_hit_blocks=3, tiers=("host",) * 3, in_flight=((1, "x"),))
     assert stack.ask("admission", _view(), load, ENGINE).policy == "shared-loads"
@@ -112,7 +104,7 @@ def test_stack_is_asked_top_down_and_hooks_resolve_independently() -> None:
 
 # ---- user policies ------------------------------------------------------------------
 GOOD = """
-    from policies.base import Decision
+    from kvlife.policies.base import Decision
 
     class Eager:
         name = "eager"
@@ -132,7 +124,7 @@ def test_file_policy_loads_and_runs(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_module_policy_loads_by_dotted_path() -> None:
-    assert load_policy("policies.shared_loads:SharedLoads").name == "shared-loads"  # type: ignore[attr-defined]
+    assert load_policy("kvlife.policies.shared_loads:SharedLoads").name == "shared-loads"  # type: ignore[attr-defined]
 
 
 def test_config_file_stack(tmp_path: Path) -> None:
@@ -175,7 +167,7 @@ def test_broken_user_policy_is_a_clear_error(tmp_path: Path, body: str, needles:
 def test_hook_misbehaving_at_run_time_names_policy_and_hook(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, needles: list[str]
 ) -> None:
-    source = "from policies.base import Decision\n\nclass P:\n    name = 'bad'\n\n    " + body
+    source = "from kvlife.policies.base import Decision\n\nclass P:\n    name = 'bad'\n\n    " + body
     path = write_policy(tmp_path, source)
     assert main(["run", "--limit", "10", "--policy", f"{path}:P"]) == 2
     err = capsys.readouterr().err.strip()

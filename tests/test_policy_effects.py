@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
-from lifecycle.events import StartStore
-from lifecycle.runner import RunOutcome, run_workload
-from lifecycle.simulator import Simulator
-from lifecycle.synthetic import synthetic_workload
-from lifecycle.workload import WorkloadRequest
-from policies.base import load_stack
+from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
+from kvlife.lifecycle.drivers.runner import RunOutcome, run_workload
+from kvlife.lifecycle.drivers.simulator import Simulator
+from kvlife.lifecycle.engine.events import StartStore
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
+from kvlife.policies.loading import load_stack
 
 BT = 256
 SIM = SimConfig(seed=1, block_bytes=16 * 1024 * 1024)
@@ -81,8 +81,8 @@ def test_early_prefetch_lowers_ttft_under_queue_saturation() -> None:
 
 
 def test_early_prefetch_skips_resumable_requests() -> None:
-    from lifecycle.core import Engine
-    from lifecycle.events import Arrival, SubmitLookup
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival, SubmitLookup
 
     engine = Engine(SLOW_DISK, load_stack(["early-prefetch"]))
     plain = engine.handle(Arrival(0.0, "a", 4 * BT, (1, 2, 3, 4)))
@@ -115,7 +115,7 @@ def test_prefetch_patience_best_effort_computes_what_has_not_landed() -> None:
 
 
 def test_prefetch_timeout_gives_up_at_its_deadline() -> None:
-    from policies.prefetch_patience import PrefetchTimeout
+    from kvlife.policies.prefetch_patience import PrefetchTimeout
 
     class Short(PrefetchTimeout):
         name = "short-timeout"
@@ -123,12 +123,12 @@ def test_prefetch_timeout_gives_up_at_its_deadline() -> None:
         def __init__(self) -> None:
             super().__init__(base_ms=5.0, per_1k_tokens_ms=1.0, cap_ms=20.0)
 
-    from policies.base import PolicyStack
+    from kvlife.policies.stack import PolicyStack
 
     engine = _prefetch_runs(()).result.engine.config  # same engine config
     workload = synthetic_workload(seed=3, num_requests=200, arrival_rate_per_s=2.0, block_tokens=BT)
     records: list[dict[str, Any]] = []
-    from policies.early_prefetch import EarlyPrefetch
+    from kvlife.policies.early_prefetch import EarlyPrefetch
 
     sim = Simulator(RunConfig(engine=engine, sim=SIM), workload, PolicyStack([Short(), EarlyPrefetch()]),
                     recorder=records.append)
@@ -265,8 +265,8 @@ def test_naive_boundary_stores_placeholder_positions() -> None:
 
 @pytest.mark.parametrize("stack", [["hold-while-sending"], []])
 def test_hold_while_sending_finishes_only_after_every_rank(stack: list[str]) -> None:
-    from lifecycle.core import Engine
-    from lifecycle.events import Arrival, StepOutput, StepPlan, Tick, TransferReport
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick, TransferReport
 
     config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256, ranks=2,
                           tiers=(TierConfig("host", capacity_blocks=16),))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.config import EngineConfig, TierConfig
-from lifecycle.core import Engine
-from lifecycle.events import Arrival, StartLoad, StepOutput, StepPlan, Tick, TransferReport
-from lifecycle.ranks import RankAggregator, ReportStatus
-from policies.base import PolicyStack
+from kvlife.lifecycle.config import EngineConfig, TierConfig
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.engine.events import Arrival, StartLoad, StepOutput, StepPlan, Tick, TransferReport
+from kvlife.lifecycle.engine.ranks import RankAggregator, ReportStatus
+from kvlife.policies.stack import PolicyStack
 
 
 def test_done_only_after_every_rank() -> None:
@@ -101,7 +101,7 @@ def test_failed_blocks_on_one_rank_truncate_and_recompute() -> None:
 def test_abort_during_load_keeps_blocks_until_every_rank_reports() -> None:
     engine, hashes = _engine_with_stored_prefix(ranks=2)
     load = _admit_with_load(engine, hashes)
-    from lifecycle.events import Abort
+    from kvlife.lifecycle.engine.events import Abort
 
     engine.handle(Abort(0.5, "r"))
     assert engine.requests["r"].state == "finished"

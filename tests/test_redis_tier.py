@@ -9,11 +9,11 @@ import pytest
 import redis
 import torch
 
+from kvlife.transfer.content import expected_bytes, fill_block, verify_block
+from kvlife.transfer.copy_engine import CopyEngine, Move
+from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry, DeviceKV
+from kvlife.transfer.redis_tier import HEADER_BYTES, RedisTier
 from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
-from transfer.content import expected_bytes, fill_block, verify_block
-from transfer.copy_engine import CopyEngine, Move
-from transfer.layout import SMALL_SHAPE, BlockGeometry, DeviceKV
-from transfer.redis_tier import HEADER_BYTES, RedisTier
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lifecycle.cli import main
-from lifecycle.config import RunConfig
-from lifecycle.replay import config_from_header, replay, workload_from_trace
-from lifecycle.runner import run_workload
-from lifecycle.synthetic import synthetic_workload
-from lifecycle.trace import SCHEMA_VERSION, TraceError
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import RunConfig
+from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.traces.replay import config_from_header, replay, workload_from_trace
+from kvlife.lifecycle.traces.trace import SCHEMA_VERSION, TraceError
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +116,9 @@ def test_workload_is_recovered_from_the_trace(trace: Path) -> None:
 
 
 def test_what_if_prints_both_runs(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", str(trace), "--stack", "specs.model_check:AsyncLookups"]) == 0
+    assert main(["replay", str(trace), "--stack", "kvlife.specs.model_check:AsyncLookups"]) == 0
     out = capsys.readouterr().out
-    assert "recorded: baseline" in out and "what-if: specs.model_check:AsyncLookups" in out
+    assert "recorded: baseline" in out and "what-if: kvlife.specs.model_check:AsyncLookups" in out
     lookups = next(line for line in out.splitlines() if line.startswith("lookups async"))
     assert lookups.split()[2] == "0" and lookups.split()[3] != "0"
 
@@ -130,7 +130,7 @@ def test_what_if_prints_both_runs(trace: Path, capsys: pytest.CaptureFixture[str
 ])
 def test_broken_line_mid_trace_is_an_error_not_a_divergence(trace: Path, tmp_path: Path, broken: bytes,
                                                              message: str) -> None:
-    from lifecycle.trace import TraceError
+    from kvlife.lifecycle.traces.trace import TraceError
 
     lines = _lines(trace)
     index = next(i for i, raw in enumerate(lines) if b'"kind":"transition"' in raw and i > 20)
@@ -141,7 +141,7 @@ def test_broken_line_mid_trace_is_an_error_not_a_divergence(trace: Path, tmp_pat
 
 
 def test_what_if_takes_a_comma_stack(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", str(trace), "--stack", "specs.model_check:AsyncLookups,shared-loads"]) == 0
-    assert "what-if: specs.model_check:AsyncLookups, shared-loads" in capsys.readouterr().out
+    assert main(["replay", str(trace), "--stack", "kvlife.specs.model_check:AsyncLookups,shared-loads"]) == 0
+    assert "what-if: kvlife.specs.model_check:AsyncLookups, shared-loads" in capsys.readouterr().out
     assert main(["replay", str(trace), "--stack", "baseline"]) == 0
     assert "what-if: baseline" in capsys.readouterr().out

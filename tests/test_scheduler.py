@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from lifecycle.config import EngineConfig, TierConfig
-from lifecycle.core import Engine
-from lifecycle.events import Arrival, StepOutput, StepPlan, Tick
-from policies.base import PolicyStack
+from kvlife.lifecycle.config import EngineConfig, TierConfig
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick
+from kvlife.policies.stack import PolicyStack
 
 
 def make_engine(**overrides: object) -> Engine:
@@ -122,7 +122,7 @@ def test_finish_with_a_store_in_flight_waits_in_sending() -> None:
     assert engine.requests["a"].state == "sending"
     store_jobs = [c for c in stores if type(c).__name__ == "StartStore"]
     assert len(store_jobs) == 1 and len(store_jobs[0].moves) == 2
-    from lifecycle.events import TransferReport
+    from kvlife.lifecycle.engine.events import TransferReport
 
     engine.handle(TransferReport(2.0, store_jobs[0].job_id, 0))
     assert engine.requests["a"].state == "finished"

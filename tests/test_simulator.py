@@ -6,13 +6,13 @@ from pathlib import Path
 
 import attrs
 
-from lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
-from lifecycle.runner import run_workload
-from lifecycle.simulator import Simulator
-from lifecycle.synthetic import synthetic_workload
-from lifecycle.trace import read_trace
-from lifecycle.workload import load_mooncake
-from policies.base import PolicyStack
+from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
+from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.drivers.simulator import Simulator
+from kvlife.lifecycle.traces.trace import read_trace
+from kvlife.lifecycle.workloads.mooncake import load_mooncake
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
+from kvlife.policies.stack import PolicyStack
 
 SMALL = RunConfig(
     engine=EngineConfig(device_blocks=120, max_running=32, ranks=2,
@@ -102,7 +102,7 @@ def test_trace_does_not_depend_on_hash_randomisation(tmp_path: Path) -> None:
         path = tmp_path / f"hashseed-{seed}.jsonl"
         env = {**os.environ, "PYTHONHASHSEED": seed}
         subprocess.run(
-            [sys.executable, "-m", "lifecycle.cli", "run", "--limit", "80", "--policy", "shared-loads",
+            [sys.executable, "-m", "kvlife.lifecycle.cli.main", "run", "--limit", "80", "--policy", "shared-loads",
              "--policy", "async-lookup", "--trace", str(path)],
             check=True, capture_output=True, env=env, cwd=Path(__file__).resolve().parents[1],
         )

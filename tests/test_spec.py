@@ -6,9 +6,9 @@ from hypothesis import strategies as st
 from statemachine import State, StateMachine
 from statemachine.exceptions import InvalidDefinition
 
-from lifecycle.cli import main
-from specs.lifecycle import RequestLifecycle
-from specs.table import TABLE, IllegalTransition, ReferenceRequest, compile_spec
+from kvlife.lifecycle.cli.main import main
+from kvlife.specs.lifecycle import RequestLifecycle
+from kvlife.specs.table import TABLE, IllegalTransition, ReferenceRequest, compile_spec
 
 
 def test_spec_declares_the_lifecycle_states() -> None:

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lifecycle.synthetic import describe, synthetic_workload
-from lifecycle.workload import WorkloadRequest, load_mooncake
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest, load_mooncake
+from kvlife.lifecycle.workloads.synthetic import describe, synthetic_workload
 
 
 def check_mooncake_shape(workload: list[WorkloadRequest], block_tokens: int) -> None:

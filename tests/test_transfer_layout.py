@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transfer.content import (
+from kvlife.transfer.content import (
     expected_block,
     expected_bytes,
     fill_block,
@@ -19,7 +19,7 @@ from transfer.content import (
     verify_block,
     verify_bytes,
 )
-from transfer.layout import LLAMA3_8B_SHAPE, SMALL_SHAPE, BlockGeometry, DeviceKV, ModelShape
+from kvlife.transfer.layout import LLAMA3_8B_SHAPE, SMALL_SHAPE, BlockGeometry, DeviceKV, ModelShape
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,8 +125,8 @@ def test_stable_mix_takes_wide_and_negative_ints_only() -> None:
 def test_content_does_not_depend_on_hash_randomisation() -> None:
     script = (
         "import hashlib;"
-        "from transfer.content import expected_bytes;"
-        "from transfer.layout import BlockGeometry, SMALL_SHAPE;"
+        "from kvlife.transfer.content import expected_bytes;"
+        "from kvlife.transfer.layout import BlockGeometry, SMALL_SHAPE;"
         "print(hashlib.sha256(expected_bytes(BlockGeometry(SMALL_SHAPE), 2**70 + 5).numpy()"
         ".tobytes()).hexdigest())"
     )

@@ -8,13 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from lifecycle.cli import main
-from lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
-from lifecycle.runner import run_workload
-from lifecycle.synthetic import synthetic_workload
-from lifecycle.trace import TraceError
-from lifecycle.validate import validate
-from lifecycle.workload import WorkloadRequest
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
+from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.traces.trace import TraceError
+from kvlife.lifecycle.traces.validate import validate
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
 # Two ranks and a small device: reports per rank, loads, stores and preemptions.
 SMALL = EngineConfig(ranks=2, device_blocks=60, max_batched_tokens=2048,

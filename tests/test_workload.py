@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lifecycle.workload import (
+from kvlife.lifecycle.workloads.mooncake import (
     WorkloadError,
     WorkloadRequest,
     describe,

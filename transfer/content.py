@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from transfer.layout import BlockGeometry, DeviceKV
+from kvlife.transfer.layout import BlockGeometry, DeviceKV
 
 _PRIME = 251
 _MASK64 = (1 << 64) - 1

@@ -36,8 +36,8 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from transfer.host_pool import HostPool
-from transfer.layout import DeviceKV
+from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.layout import DeviceKV
 
 JobId = int | str
 LOAD = "load"

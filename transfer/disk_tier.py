@@ -22,9 +22,9 @@ from typing import Any, Self
 
 import torch
 
-from transfer.content import stable_mix
-from transfer.index import TierIndex
-from transfer.layout import BlockGeometry, Buffer, cpu_byte_view
+from kvlife.transfer.content import stable_mix
+from kvlife.transfer.index import TierIndex
+from kvlife.transfer.layout import BlockGeometry, Buffer, cpu_byte_view
 
 _MAGIC = b"KVB1"
 _VERSION = 1

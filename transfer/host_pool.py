@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from transfer.index import TierIndex
-from transfer.layout import BlockGeometry
+from kvlife.transfer.index import TierIndex
+from kvlife.transfer.layout import BlockGeometry
 
 
 class HostPool:

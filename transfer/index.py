@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from transfer.eviction import ARC, make_eviction_order
+from kvlife.transfer.eviction import ARC, make_eviction_order
 
 BlockHash = int
 

@@ -25,8 +25,8 @@ import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from transfer.content import stable_mix
-from transfer.layout import BlockGeometry, Buffer, cpu_byte_view
+from kvlife.transfer.content import stable_mix
+from kvlife.transfer.layout import BlockGeometry, Buffer, cpu_byte_view
 
 _MAGIC = b"KVR1"
 _HEAD = struct.Struct("<4sIQQ")  # magic, payload crc32, payload length, hash fingerprint

@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from transfer.copy_engine import CopyEngine, Move, Tier
-from transfer.disk_tier import DiskTier
-from transfer.host_pool import HostPool
-from transfer.layout import BlockGeometry, DeviceKV, ModelShape
-from transfer.redis_tier import RedisTier
+from kvlife.transfer.copy_engine import CopyEngine, Move, Tier
+from kvlife.transfer.disk_tier import DiskTier
+from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.layout import BlockGeometry, DeviceKV, ModelShape
+from kvlife.transfer.redis_tier import RedisTier
 
 KB = 1024
 MB = 1024 * KB

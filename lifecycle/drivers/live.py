@@ -1,0 +1,488 @@
+"""The live driver: the same engine in wall-clock time with real KV bytes.
+
+Each tensor-parallel rank is a thread that owns its KV shard (``kvlife.transfer.layout.DeviceKV``),
+its own tier bytes (host pool, disk file, Redis keys with its rank) and a
+``kvlife.transfer.copy_engine.CopyEngine``. The main thread owns the engine: it feeds arrivals,
+ticks, step outputs, lookup answers and per-rank transfer reports, and sends each
+command to every rank's inbox. A rank runs a synthetic forward step that writes KV
+content determined by (block hash, layer, position, rank), so with ``verify`` every
+loaded block is compared byte for byte with what was computed for it (invariant 9).
+
+Async lookups run on a single-thread executor and come back as futures; the engine's
+tier indexes are read only on the main thread. Torch copies release the GIL, so rank
+threads do overlap. The core still takes time only from its inputs: the driver reads
+the monotonic clock and passes the value in.
+"""
+
+from __future__ import annotations
+
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+from kvlife.lifecycle.config import ConfigError, LiveConfig, RunConfig
+from kvlife.lifecycle.drivers.simulator import SimResult, model_finishes
+from kvlife.lifecycle.engine.core import Engine, Recorder
+from kvlife.lifecycle.engine.events import (
+    Arrival,
+    DiscardLookup,
+    LookupAnswer,
+    StartLoad,
+    StartPrefetch,
+    StartStore,
+    StepOutput,
+    StepPlan,
+    SubmitLookup,
+    Tick,
+    TransferReport,
+)
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+from kvlife.policies.stack import PolicyStack
+from kvlife.transfer.content import fill_block, verify_block
+from kvlife.transfer.copy_engine import CopyEngine, Move
+from kvlife.transfer.disk_tier import DiskTier
+from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.layout import BlockGeometry, DeviceKV, ModelShape
+from kvlife.transfer.redis_tier import RedisTier
+
+TierBytes = HostPool | DiskTier | RedisTier
+
+
+@attrs.define
+class LiveStats:
+    blocks_verified: int = 0
+    mismatches: int = 0
+    tier_events: list[dict[str, Any]] = attrs.Factory(list)
+
+
+def model_shape(live: LiveConfig, block_tokens: int) -> ModelShape:
+    try:
+        return ModelShape(live.num_layers, live.num_kv_heads, live.head_dim, live.dtype, block_tokens)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError("live", f"bad model shape: {exc}") from None
+
+
+class RankWorker(threading.Thread):
+    """One tensor-parallel rank: its KV shard, its tiers' bytes, its copy engine."""
+
+    def __init__(self, rank: int, geometry: BlockGeometry, device_blocks: int,
+                 tiers: dict[str, TierBytes], outbox: queue.Queue[tuple[Any, ...]], verify: bool,
+                 silent: Callable[[int, Any], bool] | None = None) -> None:
+        super().__init__(name=f"kvlife-rank-{rank}", daemon=True)
+        self.rank = rank
+        self.kv = DeviceKV(geometry, device_blocks)
+        self.tiers = tiers
+        self.copies = CopyEngine(self.kv, rank, tiers)
+        self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.outbox = outbox
+        self.verify = verify
+        # Fault injection: a rank that never reports some jobs (tests of the deadline).
+        self.silent = silent
+        self.stats = LiveStats()
+        self._staging = torch.zeros((1, geometry.block_bytes), dtype=torch.uint8)
+        # Moves of each load, kept for verification once the copy has landed.
+        self._moves_of: dict[Any, tuple[Move, ...]] = {}
+        self._open: dict[Any, tuple[int, ...]] = {}  # submitted, not yet reported
+
+    def run(self) -> None:
+        while True:
+            if self.copies.pending_jobs:
+                # Copies in flight (CUDA events not yet done): keep polling between messages.
+                try:
+                    message = self.inbox.get(timeout=0.0005)
+                except queue.Empty:
+                    self._report_completions()
+                    continue
+            else:
+                message = self.inbox.get()
+            kind = message[0]
+            if kind == "stop":
+                return
+            try:
+                if kind == "step":
+                    self._forward(message[1])
+                    self.outbox.put(("step_done", message[1].step_id, self.rank))
+                elif kind == "load":
+                    self.copies.submit_load(message[1], [_move(m) for m in message[2]])
+                    self._open[message[1]] = tuple(m.block_hash for m in message[2])
+                elif kind == "store":
+                    self.copies.submit_store(message[1], [_move(m) for m in message[2]])
+                    self._open[message[1]] = tuple(m.block_hash for m in message[2])
+                elif kind == "flush":
+                    # One batched submission per direction for everything one engine call
+                    # asked for, issued after that call's step was computed.
+                    self._flush()
+                elif kind == "prefetch":
+                    self.outbox.put(("report", message[1], self.rank, self._prefetch(message[2])))
+            except Exception as exc:  # a rank must report, never die silently
+                self.outbox.put(("rank_error", self.rank, f"{type(exc).__name__}: {exc}"))
+                if kind in ("load", "store", "prefetch"):
+                    self.outbox.put(("report", message[1], self.rank, tuple(m.block_hash for m in message[2])))
+                elif kind == "step":
+                    self.outbox.put(("step_done", message[1].step_id, self.rank))
+                elif kind == "flush":
+                    # Whatever the failed flush held is reported failed, never left hanging.
+                    for job_id, hashes in self._open.items():
+                        self.outbox.put(("report", job_id, self.rank, hashes))
+                    self._open.clear()
+            for tier in self.tiers.values():
+                drain = getattr(tier, "drain_events", None)
+                if drain is not None:
+                    for event in drain():
+                        self.outbox.put(("tier_event", self.rank, event))
+
+    def _forward(self, plan: StepPlan) -> None:
+        """The synthetic model: write the KV of every prompt block this step completes."""
+        for entry in plan.entries:
+            bt = self.kv.geometry.shape.block_tokens
+            first = entry.computed_before // bt
+            end = min((entry.computed_before + entry.num_tokens) // bt, len(entry.block_hashes))
+            for i in range(first, end):
+                fill_block(self.kv, entry.block_table[i], entry.block_hashes[i], self.rank)
+
+    def _flush(self) -> None:
+        self.copies.flush()
+        self._report_completions()
+
+    def _report_completions(self) -> None:
+        for done in self.copies.poll():
+            self._open.pop(done.job_id, None)
+            if done.kind == "load" and self.verify:
+                self._verify(done.job_id, set(done.failed_hashes))
+            if self.silent is not None and self.silent(self.rank, done.job_id):
+                continue
+            self.outbox.put(("report", done.job_id, self.rank, done.failed_hashes))
+
+    def _verify(self, job_id: Any, failed: set[int]) -> None:
+        for move in self._moves_of.pop(job_id, ()):
+            if move.block_hash in failed:
+                continue
+            self.stats.blocks_verified += 1
+            if not verify_block(self.kv, move.device_block, move.block_hash, self.rank):
+                self.stats.mismatches += 1
+
+    def remember(self, job_id: int, moves: tuple[Any, ...]) -> None:
+        self._moves_of[job_id] = tuple(_move(m) for m in moves)
+
+    def _prefetch(self, moves: tuple[Any, ...]) -> tuple[int, ...]:
+        """Pull blocks from a lower tier into the host tier, through one staging row."""
+        failed = []
+        for move in moves:
+            source, target = self.tiers[move.src_tier], self.tiers[move.dst_tier]
+            ok = True
+            if isinstance(source, HostPool):
+                source.read_many([move.src_slot], self._staging)
+            else:
+                ok = source.read_blocks([(move.block_hash, move.src_slot)], self._staging)[0]
+            if ok:
+                if isinstance(target, HostPool):
+                    target.write_many([move.dst_slot], self._staging)
+                else:
+                    ok = target.write_blocks([(move.block_hash, move.dst_slot)], self._staging)[0]
+            if not ok:
+                failed.append(move.block_hash)
+        return tuple(failed)
+
+
+def _move(m: Any) -> Move:
+    return Move(m.block_hash, m.device_block, m.tier, m.slot)
+
+
+class LiveRuntime:
+    """Runs a workload against real KV bytes; returns the same result shape as the simulator."""
+
+    def __init__(self, config: RunConfig, workload: list[WorkloadRequest], policies: PolicyStack,
+                 recorder: Recorder | None = None, time_scale: float = 1.0,
+                 progress: Callable[[int, int], None] | None = None,
+                 silent: Callable[[int, Any], bool] | None = None) -> None:
+        self.config = config
+        self.live = config.live
+        self.workload = sorted(workload, key=lambda w: w.arrival_ms)
+        self.time_scale = time_scale
+        self.progress = progress
+        engine_config = config.engine
+        self.engine = Engine(engine_config, policies, recorder=recorder)
+        shape = model_shape(self.live, engine_config.block_tokens)
+        try:
+            self.geometry = BlockGeometry(shape, engine_config.ranks)
+        except ValueError as exc:
+            raise ConfigError("engine.ranks", str(exc)) from None
+        self.block_bytes = self.geometry.block_bytes * engine_config.ranks
+        self._tmp = None
+        disk_dir = self.live.disk_path
+        if disk_dir is None and any(t.name == "disk" for t in engine_config.tiers):
+            self._tmp = tempfile.TemporaryDirectory(prefix="kvlife-disk-")
+            disk_dir = self._tmp.name
+        if disk_dir is not None:
+            path = Path(disk_dir)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError("live.disk_path", f"cannot create {path}: {exc.strerror}") from None
+        self.outbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.ranks: list[RankWorker] = []
+        for rank in range(engine_config.ranks):
+            tiers: dict[str, TierBytes] = {}
+            for tier in engine_config.tiers:
+                if tier.name == "host":
+                    tiers["host"] = HostPool(self.geometry, tier.capacity_blocks, tier.eviction)
+                elif tier.name == "disk":
+                    assert disk_dir is not None
+                    try:
+                        tiers["disk"] = DiskTier(Path(disk_dir) / f"rank{rank}.kvblocks", self.geometry,
+                                                 tier.capacity_blocks, tier.eviction)
+                    except OSError as exc:
+                        raise ConfigError("live.disk_path", str(exc)) from None
+                else:
+                    if self.live.redis_url is None:
+                        raise ConfigError("live.redis_url", "a remote tier needs a Redis URL")
+                    tiers["remote"] = RedisTier(self.live.redis_url, self.geometry, rank=rank,
+                                                ttl_seconds=self.live.redis_ttl_s, name="remote")
+            worker = RankWorker(rank, self.geometry, engine_config.device_blocks, tiers, self.outbox,
+                                self.live.verify, silent)
+            self.ranks.append(worker)
+        self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvlife-lookup")
+        self._remote_probe = (
+            RedisTier(self.live.redis_url, self.geometry, rank=0, name="remote")
+            if self.live.redis_url is not None and any(t.name == "remote" for t in engine_config.tiers)
+            else None
+        )
+        self._pending_lookups: dict[tuple[str, int], Future[tuple[str, ...] | None]] = {}
+        self._steps: dict[int, tuple[StepPlan, set[int]]] = {}
+        self._output_len = {w.request_id: w.output_length for w in workload}
+        self.tier_events: list[dict[str, Any]] = []
+        self.rank_errors: list[str] = []
+
+    # ---- main loop ---------------------------------------------------------------------
+    def run(self) -> SimResult:
+        for worker in self.ranks:
+            worker.start()
+        start = time.monotonic()
+        events = 0
+        arrivals = list(self.workload)
+        next_arrival = 0
+        engine = self.engine
+        max_in_flight = 2 if self.config.engine.async_scheduling else 1
+        reported = 0  # finished requests last told to the progress callback
+        try:
+            while True:
+                now = (time.monotonic() - start) * 1000.0
+                progressed = False
+                while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_ms / self.time_scale <= now:
+                    w = arrivals[next_arrival]
+                    next_arrival += 1
+                    at = max(now, engine.now)
+                    self._dispatch(engine.handle(Arrival(at, w.request_id, w.input_length, w.hash_ids)), at)
+                    events += 1
+                    progressed = True
+                events += self._drain_outbox(now)
+                events += self._deliver_lookups(now)
+                # With async scheduling the next step is planned while one still runs,
+                # so placeholders really are in flight, as in vLLM.
+                if len(self._steps) < max_in_flight and engine.busy():
+                    commands = engine.handle(Tick(max(now, engine.now)))
+                    events += 1
+                    self._dispatch(commands, now)
+                    progressed = progressed or any(isinstance(c, StepPlan) for c in commands)
+                if next_arrival >= len(arrivals) and not engine.busy() and not self._steps:
+                    break
+                if not progressed:
+                    wait = 0.005
+                    if next_arrival < len(arrivals):
+                        due = arrivals[next_arrival].arrival_ms / self.time_scale - now
+                        wait = max(0.0, min(wait, due / 1000.0))
+                    try:
+                        message = self.outbox.get(timeout=wait) if wait > 0 else None
+                    except queue.Empty:
+                        message = None
+                    if message is not None:
+                        events += self._handle_message(message, (time.monotonic() - start) * 1000.0)
+                if self.progress is not None and engine.state_counts["finished"] != reported:
+                    reported = engine.state_counts["finished"]
+                    self.progress(reported, len(arrivals))
+        finally:
+            for worker in self.ranks:
+                worker.inbox.put(("stop",))
+            for worker in self.ranks:
+                worker.join(timeout=10)
+            self._lookups.shutdown(wait=True, cancel_futures=True)
+            for worker in self.ranks:
+                for tier in worker.tiers.values():
+                    close = getattr(tier, "close", None)
+                    if close is not None:
+                        close()
+            if self._remote_probe is not None:
+                self._remote_probe.close()
+            if self._tmp is not None:
+                self._tmp.cleanup()
+        engine.check_invariants()
+        return SimResult(engine, self.workload, engine.now, events, engine.stranded())
+
+    def stats(self) -> LiveStats:
+        total = LiveStats()
+        for worker in self.ranks:
+            total.blocks_verified += worker.stats.blocks_verified
+            total.mismatches += worker.stats.mismatches
+        total.tier_events = list(self.tier_events)
+        return total
+
+    # ---- commands out ------------------------------------------------------------------
+    def _dispatch(self, commands: list[Any], now: float) -> None:
+        transfers = False
+        for command in commands:
+            if isinstance(command, StepPlan):
+                if command.entries:
+                    self._steps[command.step_id] = (command, set())
+                    for worker in self.ranks:
+                        worker.inbox.put(("step", command))
+                else:  # only lookups were paid: nothing for the ranks to compute
+                    self._steps[command.step_id] = (command, {w.rank for w in self.ranks})
+                    self._complete_step(command.step_id, now)
+            elif isinstance(command, StartLoad):
+                transfers = True
+                for worker in self.ranks:
+                    worker.remember(command.job_id, command.moves)
+                    worker.inbox.put(("load", command.job_id, command.moves))
+            elif isinstance(command, StartStore):
+                transfers = True
+                for worker in self.ranks:
+                    worker.inbox.put(("store", command.job_id, command.moves))
+            elif isinstance(command, StartPrefetch):
+                for worker in self.ranks:
+                    worker.inbox.put(("prefetch", command.job_id, command.moves))
+            elif isinstance(command, SubmitLookup):
+                snapshot = self.engine.sync_lookup(command.block_hashes)
+                future = self._lookups.submit(self._confirm_lookup, command.block_hashes, snapshot)
+                self._pending_lookups[(command.request_id, command.epoch)] = future
+            elif isinstance(command, DiscardLookup):
+                key = (command.request_id, command.epoch)
+                if key in self._pending_lookups:
+                    self._pending_lookups.pop(key).cancel()
+        if transfers:
+            for worker in self.ranks:
+                worker.inbox.put(("flush",))
+
+    def _confirm_lookup(self, hashes: tuple[int, ...], snapshot: tuple[str, ...]) -> tuple[str, ...] | None:
+        """Runs on the lookup thread: checks the remote blocks really exist (one pipelined
+        round trip). Blocks the index puts in host or disk are taken as they are."""
+        remote = [h for h, tier in zip(hashes, snapshot, strict=False) if tier == "remote"]
+        if not remote or self._remote_probe is None:
+            return snapshot
+        present = dict(zip(remote, self._remote_probe.exists_many(remote), strict=True))
+        answer: list[str] = []
+        for h, tier in zip(hashes, snapshot, strict=False):
+            if tier == "remote" and not present[h]:
+                break
+            answer.append(tier)
+        return tuple(answer)
+
+    # ---- inputs in ---------------------------------------------------------------------
+    def _deliver_lookups(self, now: float) -> int:
+        delivered = 0
+        for key in [k for k, f in self._pending_lookups.items() if f.done()]:
+            future = self._pending_lookups.pop(key)
+            try:
+                tiers = None if future.cancelled() else future.result()
+            except Exception:  # a lookup that fails is a miss, said so by tiers=None
+                tiers = None
+            self._dispatch(self.engine.handle(LookupAnswer(max(now, self.engine.now), key[0], key[1], tiers)), now)
+            delivered += 1
+        return delivered
+
+    def _drain_outbox(self, now: float) -> int:
+        handled = 0
+        while True:
+            try:
+                message = self.outbox.get_nowait()
+            except queue.Empty:
+                return handled
+            handled += self._handle_message(message, now)
+
+    def _handle_message(self, message: tuple[Any, ...], now: float) -> int:
+        now = max(now, self.engine.now)
+        kind = message[0]
+        if kind == "report":
+            _, job_id, rank, failed = message
+            self._dispatch(self.engine.handle(TransferReport(now, job_id, rank, tuple(failed))), now)
+            return 1
+        if kind == "step_done":
+            _, step_id, rank = message
+            self._steps[step_id][1].add(rank)
+            return self._complete_step(step_id, now)
+        if kind == "tier_event":
+            self.tier_events.append({"rank": message[1], **message[2]})
+        elif kind == "rank_error":
+            self.rank_errors.append(f"rank {message[1]}: {message[2]}")
+        return 0
+
+    def _complete_step(self, step_id: int, now: float) -> int:
+        plan, done = self._steps[step_id]
+        if len(done) < len(self.ranks):
+            return 0
+        del self._steps[step_id]
+        finished = model_finishes(plan, self.engine, self._output_len, self.config.sim.max_output_tokens)
+        self._dispatch(self.engine.handle(StepOutput(now, step_id, finished)), now)
+        return 1
+
+
+def live_defaults(config: RunConfig, explicit_config: bool) -> RunConfig:
+    """Without a config file, a live run is sized for a laptop: a small model shape, two
+    ranks, a host tier and a disk tier in a temporary directory, short outputs."""
+    if explicit_config:
+        return config
+    from kvlife.lifecycle.config import EngineConfig, TierConfig
+
+    engine = EngineConfig(
+        device_blocks=64,
+        max_batched_tokens=8192,
+        max_running=16,
+        ranks=2,
+        transfer_deadline_ms=5000.0,
+        tiers=(TierConfig("host", capacity_blocks=96), TierConfig("disk", capacity_blocks=384)),
+    )
+    return attrs.evolve(config, engine=engine, sim=attrs.evolve(config.sim, max_output_tokens=24))
+
+
+@attrs.define
+class LiveOutcome:
+    result: SimResult
+    summary: dict[str, Any]
+    stats: LiveStats
+    rank_errors: list[str]
+    trace_lines: int
+
+
+def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicyStack | None = None,
+             trace_path: str | Path | None = None, time_scale: float = 1.0,
+             progress: Callable[[int, int], None] | None = None) -> LiveOutcome:
+    from kvlife.lifecycle.drivers.runner import recording
+    from kvlife.lifecycle.metrics import summarize
+    from kvlife.policies.loading import load_stack
+
+    stack = stack if stack is not None else load_stack(config.policies)
+    started = time.perf_counter()
+    meta = {"name": "live", "requests": len(workload)}
+    with recording(trace_path, config, stack, workload=meta, driver="live") as writer:
+        runtime = LiveRuntime(config, workload, stack, writer.record if writer else None, time_scale, progress)
+        result = runtime.run()
+    wall = time.perf_counter() - started
+    summary = summarize(result, wall, runtime.block_bytes)
+    stats = runtime.stats()
+    summary["live"] = {
+        "ranks": config.engine.ranks,
+        "block_bytes": runtime.block_bytes,
+        "blocks_verified": stats.blocks_verified,
+        "mismatches": stats.mismatches,
+        "tier_events": len(stats.tier_events),
+        "rank_errors": len(runtime.rank_errors),
+        "device": str(runtime.ranks[0].kv.device),
+    }
+    return LiveOutcome(result, summary, stats, runtime.rank_errors, writer.lines if writer else 0)

@@ -1,0 +1,1 @@
+"""The sans-IO engine: input events in, commands out (``core.Engine``)."""

@@ -1,0 +1,1 @@
+"""Traces: writing and reading JSON lines, replay, validate, export, plot, explain."""

@@ -1,0 +1,92 @@
+"""One request's life, in readable lines: each state, how long, and why.
+
+The "why" is what the trace recorded: the reason the engine gave for each transition and
+the decisions the policies gave (policy, value, reason) while the request was there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvlife.lifecycle.traces.export import Timeline, read_timeline
+from kvlife.lifecycle.traces.trace import TraceError
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.1f} ms"
+
+
+def _detail(record: dict[str, Any]) -> str | None:
+    kind = record.get("kind")
+    if kind == "decision":
+        return (f"decision {record.get('point')}: {record.get('value')!r} by {record.get('policy')} "
+                f"- {record.get('reason')}")
+    if kind == "job":
+        tiers = ", ".join(f"{k} {v}" for k, v in (record.get("tiers") or {}).items())
+        return f"{record.get('op')} job {record.get('job')} started: {record.get('blocks')} blocks ({tiers})"
+    if kind == "stale_lookup":
+        return (f"stale lookup answer (epoch {record.get('epoch')}, current {record.get('current_epoch')}) "
+                f"dropped")
+    if kind == "warning":
+        fields = {k: v for k, v in record.items() if k not in ("kind", "t", "what", "req")}
+        return f"warning {record.get('what')} {fields if fields else ''}".rstrip()
+    if kind == "input":
+        typ = record.get("type")
+        if typ == "lookup_answer":
+            found = record.get("tiers")
+            answer = "failed" if found is None else f"{len(found)} blocks in tiers"
+            return f"lookup answer for epoch {record.get('epoch')}: {answer}"
+        if typ == "abort":
+            return "client abort"
+        if typ == "transfer_report":
+            failed = record.get("failed") or []
+            return (f"rank {record.get('rank')} reported job {record.get('job_id')}"
+                    f"{f': {len(failed)} failed blocks' if failed else ''}")
+        if typ == "step_output":
+            return f"step {record.get('step_id')} output: finished"
+    return None
+
+
+def explain_lines(timeline: Timeline, request_id: str) -> list[str]:
+    segments = timeline.segments.get(request_id)
+    if segments is None:
+        known = ", ".join(list(timeline.segments)[:5])
+        raise TraceError("trace", None, f"request {request_id!r} is not in the trace (e.g. {known})")
+    arrival = timeline.arrivals.get(request_id, {})
+    bt = timeline.header.get("config", {}).get("engine", {}).get("block_tokens")
+    tokens = arrival.get("prompt_tokens")
+    blocks = f", {tokens // bt} full blocks" if isinstance(tokens, int) and isinstance(bt, int) else ""
+    start = segments[0].start
+    out = [f"{request_id}: arrived at t={start:,.1f} ms with {tokens} prompt tokens{blocks}"]
+    records = timeline.records.get(request_id, [])
+    totals: dict[str, float] = {}
+    for seg in segments:
+        end = seg.end
+        if seg.state == "finished":
+            out.append(f"  t={seg.start:>12,.1f}  finished")
+            break
+        duration = (end if end is not None else timeline.end_t) - seg.start
+        totals[seg.state] = totals.get(seg.state, 0.0) + duration
+        still = "" if end is not None else " (still there when the trace ends)"
+        out.append(f"  t={seg.start:>12,.1f}  {seg.state:<15} {_ms(duration):>12}{still}")
+        for line, record in records:
+            t = record.get("t", 0.0)
+            in_segment = seg.start_line <= line and (seg.end_line is None or line < seg.end_line)
+            if record.get("kind") in ("transition", "header") or not in_segment:
+                continue
+            if record.get("kind") == "input" and record.get("type") == "arrival":
+                continue
+            detail = _detail(record)
+            if detail:
+                out.append(f"  {'':14}    . t={t:,.1f}: {detail}")
+        if end is not None:
+            out.append(f"  {'':14}    -> {seg.left_by}: {seg.reason}")
+    total = sum(totals.values())
+    out.append("time by state: " + ", ".join(f"{k} {_ms(v)}" for k, v in totals.items())
+               + f"; total {_ms(total)}")
+    return out
+
+
+def explain(trace: str | Path, request_id: str) -> list[str]:
+    return explain_lines(read_timeline(trace), request_id)

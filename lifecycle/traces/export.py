@@ -1,0 +1,179 @@
+"""Timelines from a trace: per-request state segments, and their Perfetto/Chrome export.
+
+``read_timeline`` folds the records into what every view needs (state segments per
+request, steps, transfer jobs, ticks); ``chrome_trace`` turns that into Chrome trace
+event JSON, which ui.perfetto.dev and chrome://tracing open: one track per request with
+one slice per state, plus tracks for scheduler ticks/steps and transfer jobs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+
+from kvlife.lifecycle.traces.trace import TraceError, parse_record, read_header
+
+
+@attrs.define
+class Segment:
+    state: str
+    start: float
+    end: float | None = None  # None: still in this state when the trace ends
+    left_by: str | None = None  # trigger that ended it
+    reason: str | None = None  # why it ended (the engine's reason)
+    start_line: int = 0  # trace lines: records between them happened in this state
+    end_line: int | None = None
+
+
+@attrs.define
+class Span:
+    name: str
+    start: float
+    end: float | None
+    args: dict[str, Any]
+
+
+@attrs.define
+class Timeline:
+    header: dict[str, Any]
+    end_t: float
+    segments: dict[str, list[Segment]]  # request -> states in order
+    arrivals: dict[str, dict[str, Any]]  # request -> arrival input record
+    steps: list[Span]
+    jobs: list[Span]
+    ticks: list[float]
+    records: dict[str, list[tuple[int, dict[str, Any]]]]  # request -> (line, record) about it
+
+
+def read_timeline(path: str | Path) -> Timeline:
+    p = str(path)
+    header, _header_line, lines = read_header(path)
+    segments: dict[str, list[Segment]] = {}
+    arrivals: dict[str, dict[str, Any]] = {}
+    records: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    steps: dict[int, Span] = {}
+    jobs: dict[int, Span] = {}
+    job_owner: dict[int, str] = {}
+    ticks: list[float] = []
+    end_t = 0.0
+    for number, raw in lines:
+        record = parse_record(p, number, raw)
+        kind = record["kind"]
+        t = record.get("t")
+        if not isinstance(t, (int, float)) or isinstance(t, bool):
+            raise TraceError(p, number, f"field 't': expected a number, got {t!r}")
+        end_t = max(end_t, float(t))
+        rid = record.get("req")
+        if kind == "input":
+            typ = record.get("type")
+            rid = record.get("request_id")
+            if typ == "arrival" and isinstance(rid, str) and rid not in arrivals:
+                arrivals[rid] = record
+                segments[rid] = [Segment("waiting", t, start_line=number)]
+            elif typ == "tick":
+                ticks.append(t)
+            elif typ == "step_output":
+                span = steps.get(record.get("step", record.get("step_id", -1)))
+                if span is not None and span.end is None:
+                    span.end = t
+                for pair in record.get("finished") or ():
+                    if isinstance(pair, list) and pair and isinstance(pair[0], str):
+                        records.setdefault(pair[0], []).append((number, record))
+            elif typ == "transfer_report":
+                owner = job_owner.get(record.get("job_id", -1))
+                if owner is not None:
+                    records.setdefault(owner, []).append((number, record))
+        elif kind == "transition" and isinstance(rid, str):
+            segs = segments.setdefault(rid, [Segment(str(record.get("from")), t, start_line=number)])
+            segs[-1].end = t
+            segs[-1].end_line = number
+            segs[-1].left_by = record.get("trigger")
+            segs[-1].reason = record.get("reason")
+            segs.append(Segment(str(record.get("to")), t, start_line=number))
+        elif kind == "step":
+            step = record.get("step")
+            if isinstance(step, int):
+                steps[step] = Span(f"step {step}", t, None, {k: record.get(k) for k in
+                                                              ("requests", "prefill_tokens", "sync_lookups")})
+        elif kind == "job":
+            job = record.get("job")
+            if isinstance(job, int):
+                jobs[job] = Span(f"{record.get('op')} {job}", t, None,
+                                 {"req": rid, "blocks": record.get("blocks"), "tiers": record.get("tiers")})
+                if isinstance(rid, str):
+                    job_owner[job] = rid
+        elif kind == "job_done":
+            span = jobs.get(record.get("job", -1))
+            if span is not None:
+                span.end = t
+                span.args.update(failed=record.get("failed"), late=record.get("late"))
+        if isinstance(rid, str):
+            records.setdefault(rid, []).append((number, record))
+    return Timeline(header, end_t, segments, arrivals, list(steps.values()), list(jobs.values()), ticks, records)
+
+
+def _us(t_ms: float) -> float:
+    return round(t_ms * 1000.0, 3)
+
+
+def chrome_trace(timeline: Timeline) -> dict[str, Any]:
+    """Chrome trace event format (JSON object form), timestamps in microseconds."""
+    events: list[dict[str, Any]] = []
+
+    def meta(pid: int, tid: int | None, name: str, sort: int | None = None) -> None:
+        if tid is None:
+            events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}})
+        else:
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            if sort is not None:
+                events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
+                               "args": {"sort_index": sort}})
+
+    meta(1, None, "scheduler")
+    meta(1, 1, "ticks", 0)
+    meta(1, 2, "steps", 1)
+    for t in timeline.ticks:
+        events.append({"ph": "i", "s": "t", "pid": 1, "tid": 1, "name": "tick", "ts": _us(t)})
+    for span in timeline.steps:
+        end = span.end if span.end is not None else timeline.end_t
+        events.append({"ph": "X", "pid": 1, "tid": 2, "name": span.name, "ts": _us(span.start),
+                       "dur": _us(end - span.start), "args": span.args})
+    meta(2, None, "transfer jobs")
+    lanes: list[float] = []  # end time of the last job on each lane
+    for span in sorted(timeline.jobs, key=lambda s: s.start):
+        end = span.end if span.end is not None else timeline.end_t
+        lane = next((i for i, busy in enumerate(lanes) if busy <= span.start), None)
+        if lane is None:
+            lane = len(lanes)
+            lanes.append(end)
+            meta(2, lane + 1, f"jobs lane {lane}", lane)
+        lanes[lane] = end
+        events.append({"ph": "X", "pid": 2, "tid": lane + 1, "name": span.name, "ts": _us(span.start),
+                       "dur": _us(end - span.start), "args": span.args})
+    meta(3, None, "requests")
+    for tid, (rid, segs) in enumerate(timeline.segments.items(), 1):
+        meta(3, tid, rid, tid)
+        for seg in segs:
+            if seg.state == "finished":
+                events.append({"ph": "i", "s": "t", "pid": 3, "tid": tid, "name": "finished",
+                               "ts": _us(seg.start)})
+                continue
+            end = seg.end if seg.end is not None else timeline.end_t
+            events.append({"ph": "X", "pid": 3, "tid": tid, "name": seg.state, "ts": _us(seg.start),
+                           "dur": _us(end - seg.start),
+                           "args": {"left_by": seg.left_by, "reason": seg.reason}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"policies": timeline.header.get("policies"), "seed": timeline.header.get("seed")}}
+
+
+def export_perfetto(trace: str | Path, out: str | Path) -> int:
+    """Write the Chrome trace JSON; returns the number of events."""
+    data = chrome_trace(read_timeline(trace))
+    try:
+        Path(out).write_bytes(orjson.dumps(data))
+    except OSError as exc:
+        raise TraceError(str(out), None, f"cannot write: {exc.strerror}") from None
+    return len(data["traceEvents"])

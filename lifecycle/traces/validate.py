@@ -1,0 +1,164 @@
+"""Validate a trace from any source (simulator, live runtime, another tool) against the spec.
+
+Every line is checked; the first offending line is named and the rest are still checked
+and counted. Format problems (non-JSON, unknown kinds, bad input events, time going
+backwards) are findings of "invariant 0"; spec and invariant checks (1-7; 6 only when
+the stack shares loads) come from the independent observer in ``kvlife.specs.invariants``.
+A truncated last line (a crash mid-write) is reported and everything before it is still
+used; the end-of-run checks (invariant 7) are skipped then, since the run did not end.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+
+from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.traces.replay import config_from_header
+from kvlife.lifecycle.traces.trace import KNOWN_KINDS, TraceError, iter_lines, parse_header
+from kvlife.specs.invariants import INVARIANTS, InvariantObserver, Violation
+
+# Checkable from trace records alone; 6 only applies when the stack shares loads, and 8
+# needs the pools' counters (see specs/invariants.py).
+CHECKED_FROM_TRACE = (0, 1, 2, 3, 4, 5, 6, 7)
+# Stacks that join in-flight loads, recognised by name in the header (no policy code is
+# imported to validate a trace).
+SHARING_POLICIES = frozenset({"shared-loads"})
+
+
+@attrs.frozen
+class ValidationReport:
+    path: str
+    lines: int
+    findings: tuple[Violation, ...]
+    truncated_line: int | None
+    notes: tuple[str, ...] = ()
+    sharing: bool = False
+    skipped: tuple[int, ...] = ()  # not (fully) checkable: the trace lacks their records
+
+    @property
+    def checked(self) -> tuple[int, ...]:
+        return tuple(i for i in CHECKED_FROM_TRACE if (i != 6 or self.sharing) and i not in self.skipped)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def counts(self) -> dict[int, int]:
+        return dict(sorted(Counter(f.invariant for f in self.findings).items()))
+
+    def format(self, limit: int = 20) -> str:
+        out = [f"{self.path}: {self.lines:,} lines, {len(self.findings):,} findings"]
+        out += [f"note: {n}" for n in self.notes]
+        if self.truncated_line is not None:
+            out.append(f"line {self.truncated_line}: truncated last line (crash mid-write?); "
+                       f"the lines before it were used")
+        if self.findings:
+            out.append(f"first offending line: {self.findings[0]}")
+            for inv, n in self.counts().items():
+                out.append(f"  invariant {inv} ({INVARIANTS.get(inv, '?')}): {n:,}")
+            for f in self.findings[:limit]:
+                out.append(f"  {f}")
+            if len(self.findings) > limit:
+                out.append(f"  ... {len(self.findings) - limit:,} more")
+        else:
+            checked = ", ".join(str(i) for i in self.checked)
+            why = []
+            if self.skipped:
+                why.append(f"{', '.join(map(str, self.skipped))} not (fully) checked: see the notes")
+            if not self.sharing and 6 not in self.skipped:
+                why.append("6 not checked: the stack does not share loads (--sharing on)")
+            why.append("8 needs the pools' counters")
+            out.append(f"valid: every transition legal; invariants {checked} hold ({'; '.join(why)})")
+        return "\n".join(out)
+
+
+def sharing_from_header(header: dict[str, Any]) -> bool:
+    """Does the recorded stack join in-flight loads (invariant 6 applies)?"""
+    names: list[Any] = []
+    for source in (header.get("policies"), (header.get("config") or {}).get("policies")):
+        if isinstance(source, list):
+            names += source
+    return any(isinstance(n, str) and n in SHARING_POLICIES for n in names)
+
+
+def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
+    """``sharing``: check invariant 6; None decides from the header's policy stack."""
+    p = str(path)
+    lines = list(iter_lines(path))
+    if not lines:
+        raise TraceError(p, None, "empty trace: missing header")
+    findings: list[Violation] = []
+    notes: list[str] = []
+    truncated: int | None = None
+    # A crash mid-write leaves a last line that is not JSON and has no newline.
+    last_number, last_raw = lines[-1]
+    if _ends_without_newline(p):
+        try:
+            orjson.loads(last_raw)
+        except orjson.JSONDecodeError:
+            truncated = last_number
+            lines = lines[:-1]
+    if not lines:
+        raise TraceError(p, truncated, "missing header: the only line is truncated")
+    number, raw = lines[0]
+    try:
+        header = parse_header(p, number, raw)
+        config = config_from_header(header, p, number).engine
+        body = lines[1:]
+        if sharing is None:
+            sharing = sharing_from_header(header)
+    except TraceError as exc:
+        if "newer" in str(exc):
+            raise  # another schema: nothing below can be interpreted
+        findings.append(Violation(0, str(exc).split(": ", 1)[-1], number))
+        config = EngineConfig()
+        notes.append(f"no usable header: assuming {config.ranks} rank(s) and {config.block_tokens}-token blocks")
+        body = lines
+    sharing = bool(sharing)
+    observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing, from_trace=True)
+    last_t = float("-inf")
+    for number, raw in body:
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            findings.append(Violation(0, f"not JSON: {exc}", number))
+            continue
+        kind = record.get("kind") if isinstance(record, dict) else None
+        if kind not in KNOWN_KINDS or kind == "header":
+            what = "a second header" if kind == "header" else f"unknown record kind {kind!r}"
+            findings.append(Violation(0, what, number))
+            continue
+        assert isinstance(record, dict)
+        if kind == "input":
+            t = record.get("t")
+            if isinstance(t, (int, float)) and not isinstance(t, bool):
+                if t < last_t:
+                    findings.append(Violation(0, f"time went backwards: {t} after {last_t}", number))
+                last_t = max(last_t, float(t))
+        before = len(observer.violations)
+        observer.feed_record(record, number)
+        findings.extend(observer.violations[before:])
+    before = len(observer.violations)
+    if truncated is None:
+        observer.finish()
+    else:
+        observer.end_input()
+    findings.extend(observer.violations[before:])
+    findings.sort(key=lambda f: (f.line is None, f.line or 0))
+    notes += observer.unchecked
+    return ValidationReport(p, body[-1][0] if body else 1, tuple(findings), truncated, tuple(notes), sharing,
+                            tuple(sorted(observer.skipped)))
+
+
+def _ends_without_newline(path: str) -> bool:
+    with open(path, "rb") as stream:
+        stream.seek(0, 2)
+        if stream.tell() == 0:
+            return False
+        stream.seek(-1, 2)
+        return stream.read(1) != b"\n"

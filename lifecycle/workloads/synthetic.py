@@ -1,0 +1,220 @@
+"""A seeded synthetic workload with the two things that make prefix caching matter.
+
+* Shared prefixes: a few system prompts, each a fixed run of full blocks, start the
+  prompts of many unrelated conversations.
+* Multi-turn sessions: turn k+1's prompt is turn k's prompt, turn k's answer and a new
+  user message, so its block hashes start with turn k's full blocks.
+
+Block hashes follow the Mooncake rule (one per ``block_tokens`` prompt tokens, the last
+may be partial, chained: a hash names the whole prefix up to its block). Chaining comes
+for free from how ids are handed out: a prompt copies the hashes of the prefix it shares
+and takes fresh ids from a counter for everything after, so a hash is never reused
+behind a different prefix.
+
+Everything random comes from one ``random.Random(seed)``, and nothing hashes strings or
+iterates unordered sets, so the same arguments give the same list in every process.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest, WorkloadSummary, describe
+
+__all__ = ["WorkloadSummary", "describe", "synthetic_workload"]
+
+# Rough speed of one serving instance, used only to place a session's next turn after
+# its previous answer could have arrived; the simulator models the real latencies.
+_PREFILL_TOKENS_PER_MS = 10.0
+_DECODE_MS_PER_TOKEN = 25.0
+
+
+def _estimated_service_ms(input_length: int, output_length: int) -> float:
+    return input_length / _PREFILL_TOKENS_PER_MS + output_length * _DECODE_MS_PER_TOKEN
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+
+
+def _check_int_range(name: str, value: object, minimum: int) -> None:
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
+        or not minimum <= value[0] <= value[1]
+    ):
+        raise ValueError(
+            f"{name}: expected a pair of integers ({minimum} <= low <= high), got {value!r}"
+        )
+
+
+def _check_float_range(name: str, value: object) -> None:
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or any(
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not math.isfinite(v)
+            for v in value
+        )
+        or not 0 <= value[0] <= value[1]
+    ):
+        raise ValueError(
+            f"{name}: expected a pair of finite numbers (0 <= low <= high), got {value!r}"
+        )
+
+
+def synthetic_workload(
+    *,
+    seed: int = 0,
+    num_requests: int = 400,
+    block_tokens: int = 512,
+    arrival_rate_per_s: float = 4.0,
+    num_system_prompts: int = 4,
+    system_prompt_blocks: tuple[int, int] = (2, 6),
+    session_probability: float = 0.5,
+    max_turns: int = 4,
+    user_tokens: tuple[int, int] = (200, 3000),
+    output_tokens: tuple[int, int] = (20, 600),
+    think_time_s: tuple[float, float] = (2.0, 20.0),
+) -> list[WorkloadRequest]:
+    """Generate ``num_requests`` requests sorted by arrival, ids ``req-{index}``.
+
+    Conversations start as a Poisson process; each is a session with probability
+    ``session_probability`` (2 to ``max_turns`` turns, ``session`` set to ``s-{n}``) or
+    else a single request with ``session=None``. Conversation starts are thinned by the
+    mean turns per conversation, so ``arrival_rate_per_s`` is the long-run rate of all
+    requests, follow-up turns included. Each conversation opens with one of
+    ``num_system_prompts`` system prompts (none if 0). Ranges are inclusive and drawn
+    uniformly. Turn k+1 arrives at turn k's arrival plus a rough service-time estimate
+    plus a think time. The result is the first ``num_requests`` arrivals of that stream,
+    so sessions still running at the end of the window are cut short.
+    """
+    # ValueError, not TypeError, so that callers catch one type for any bad argument.
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed: expected an integer, got {seed!r}")  # noqa: TRY004
+    _check_int("num_requests", num_requests, 0)
+    _check_int("block_tokens", block_tokens, 1)
+    if (
+        isinstance(arrival_rate_per_s, bool)
+        or not isinstance(arrival_rate_per_s, int | float)
+        or not math.isfinite(arrival_rate_per_s)
+        or arrival_rate_per_s <= 0
+    ):
+        raise ValueError(
+            f"arrival_rate_per_s: expected a finite number > 0, got {arrival_rate_per_s!r}"
+        )
+    _check_int("num_system_prompts", num_system_prompts, 0)
+    _check_int_range("system_prompt_blocks", system_prompt_blocks, 1)
+    if (
+        isinstance(session_probability, bool)
+        or not isinstance(session_probability, int | float)
+        or not 0 <= session_probability <= 1
+    ):
+        raise ValueError(
+            f"session_probability: expected a number in [0, 1], got {session_probability!r}"
+        )
+    _check_int("max_turns", max_turns, 1)
+    _check_int_range("user_tokens", user_tokens, 1)
+    _check_int_range("output_tokens", output_tokens, 1)
+    _check_float_range("think_time_s", think_time_s)
+
+    rng = random.Random(seed)
+    next_hash = 0
+
+    def fresh_hashes(count: int) -> list[int]:
+        nonlocal next_hash
+        start = next_hash
+        next_hash += count
+        return list(range(start, next_hash))
+
+    system_prompts = [
+        fresh_hashes(rng.randint(*system_prompt_blocks))
+        for _ in range(num_system_prompts)
+    ]
+
+    min_session_turns = min(2, max_turns)
+    mean_turns = (1 - session_probability) + session_probability * (
+        (min_session_turns + max_turns) / 2
+    )
+    starts_per_ms = arrival_rate_per_s / 1000.0 / mean_turns
+
+    # (arrival_ms, generation order, input_length, output_length, hash_ids, session)
+    drafts: list[tuple[float, int, int, int, tuple[int, ...], str | None]] = []
+    # The workload is the first num_requests arrivals of an endless stream, like a window
+    # cut from a production trace: stopping at a request count instead would leave the
+    # tail made only of late follow-up turns, at a fraction of the intended rate. This
+    # max-heap (negated) keeps the num_requests earliest arrivals seen so far; once a
+    # conversation starts after the latest of them, no later one can displace any.
+    earliest: list[float] = []
+    start_ms = 0.0
+    sessions = 0
+    while num_requests:
+        if drafts:
+            start_ms += rng.expovariate(starts_per_ms)
+        if len(earliest) == num_requests and start_ms > -earliest[0]:
+            break
+        session: str | None = None
+        turns = 1
+        if rng.random() < session_probability:
+            session = f"s-{sessions}"
+            sessions += 1
+            turns = rng.randint(min_session_turns, max_turns)
+
+        # The reusable part of the context: hashes of full blocks only, since a partial
+        # block's content changes as soon as more tokens follow it.
+        shared = list(rng.choice(system_prompts)) if system_prompts else []
+        context_tokens = len(shared) * block_tokens
+        arrival_ms = start_ms
+        for _ in range(turns):
+            input_length = context_tokens + rng.randint(*user_tokens)
+            output_length = rng.randint(*output_tokens)
+            # Blocks holding the previous answer get fresh ids even though a real engine
+            # may have cached them: the previous turn's hashes only covered its prompt.
+            new_blocks = -(-input_length // block_tokens) - len(shared)
+            hashes = shared + fresh_hashes(new_blocks)
+            arrival = round(arrival_ms, 3)
+            drafts.append(
+                (
+                    arrival,
+                    len(drafts),
+                    input_length,
+                    output_length,
+                    tuple(hashes),
+                    session,
+                )
+            )
+            if len(earliest) < num_requests:
+                heapq.heappush(earliest, -arrival)
+            elif arrival < -earliest[0]:
+                heapq.heapreplace(earliest, -arrival)
+            arrival_ms += _estimated_service_ms(input_length, output_length)
+            arrival_ms += rng.uniform(*think_time_s) * 1000.0
+            shared = hashes[: input_length // block_tokens]
+            context_tokens = input_length + output_length
+
+    drafts.sort(key=lambda draft: (draft[0], draft[1]))
+    del drafts[num_requests:]
+    return [
+        WorkloadRequest(
+            request_id=f"req-{index}",
+            arrival_ms=arrival,
+            input_length=input_length,
+            output_length=output_length,
+            hash_ids=hash_ids,
+            session=session,
+        )
+        for index, (
+            arrival,
+            _,
+            input_length,
+            output_length,
+            hash_ids,
+            session,
+        ) in enumerate(drafts)
+    ]

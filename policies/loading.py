@@ -1,0 +1,126 @@
+"""Loading policies: a built-in name, an installed entry point, ``pkg.mod:Class`` or ``file.py:Class``.
+
+Built-in names resolve from ``kvlife.policies.registry`` and run no code outside kvlife.
+An installed package can register policies by name in the ``kvlife.policies`` entry-point
+group (``[project.entry-points."kvlife.policies"] my-policy = "mypkg.policy:MyPolicy"``).
+Loading any other spec imports and runs the module's code: load only policies you trust.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvlife.policies.base import HOOK_ARITY, HOOKS, PolicyError
+from kvlife.policies.registry import BUILTIN
+from kvlife.policies.stack import PolicyStack, policy_name
+
+ENTRY_POINT_GROUP = "kvlife.policies"
+
+__all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "entry_point_policies", "load_policy",
+           "load_stack", "policy_name"]
+
+
+def entry_point_policies() -> dict[str, str]:
+    """Policies that installed packages register by name: name -> ``pkg.mod:Class``."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_policy(spec: str) -> object:
+    """Load a policy by built-in or entry-point name, ``pkg.mod:Class`` or ``path/to/file.py:Class``.
+
+    This imports and runs the module's code.
+    """
+    if spec in BUILTIN:
+        return BUILTIN[spec]()
+    if ":" not in spec:
+        installed = entry_point_policies()
+        if spec in installed:
+            return load_policy(installed[spec])
+        known = ", ".join(sorted(BUILTIN) + sorted(installed))
+        raise PolicyError(f"unknown policy {spec!r} (built-ins: {known}; or pkg.mod:Class, file.py:Class)")
+    module_part, _, class_name = spec.rpartition(":")
+    module = _import_policy_module(spec, module_part)
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise PolicyError(f"policy {spec!r}: module {module_part!r} has no attribute {class_name!r}")
+    try:
+        policy = cls()
+    except Exception as exc:  # a user's constructor can raise anything
+        raise PolicyError(f"policy {spec!r}: constructing {class_name} failed: {exc}") from exc
+    if not any(callable(getattr(policy, hook, None)) for hook in HOOKS):
+        near = _misspelled_hooks(policy)
+        hint = f" (did you mean {near}?)" if near else ""
+        raise PolicyError(
+            f"policy {spec!r}: {class_name} implements none of the hooks {', '.join(HOOKS)}{hint}"
+        )
+    check_hooks(spec, policy)
+    return policy
+
+
+def _misspelled_hooks(policy: object) -> str:
+    pairs = []
+    for attr in sorted(dir(policy)):
+        if attr.startswith("_") or attr in HOOKS or not callable(getattr(policy, attr, None)):
+            continue
+        match = difflib.get_close_matches(attr, HOOKS, n=1, cutoff=0.8)
+        if match:
+            pairs.append(f"{match[0]!r} for {attr!r}")
+    return ", ".join(pairs)
+
+
+def check_hooks(spec: str, policy: object) -> None:
+    """Reject, at load time, hooks that could never be called: not callable, a name one
+    typo away from a hook, or a signature that cannot take the hook's arguments."""
+    near = _misspelled_hooks(policy)
+    if near:
+        raise PolicyError(f"policy {spec!r}: not a hook, did you mean {near}?")
+    for hook in HOOKS:
+        fn = getattr(policy, hook, None)
+        if fn is None:
+            continue
+        if not callable(fn):
+            raise PolicyError(f"policy {spec!r}: hook {hook} is not callable")
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):
+            continue  # builtins and C callables: checked when called
+        try:
+            signature.bind(*([None] * HOOK_ARITY[hook]))
+        except TypeError:
+            raise PolicyError(
+                f"policy {spec!r}: hook {hook}{signature} cannot take the {HOOK_ARITY[hook]} "
+                f"arguments it is called with (see kvlife.policies.base.Policy)"
+            ) from None
+
+
+def _import_policy_module(spec: str, module_part: str) -> Any:
+    try:
+        if module_part.endswith(".py"):
+            path = Path(module_part)
+            if not path.is_file():
+                raise PolicyError(f"policy {spec!r}: file {module_part!r} not found")
+            name = f"kvlife_user_policy_{path.stem}"
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise PolicyError(f"policy {spec!r}: cannot load {module_part!r}")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            loader_spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(module_part)
+    except PolicyError:
+        raise
+    except Exception as exc:  # import errors of user code: report, never traceback
+        raise PolicyError(f"policy {spec!r}: importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def load_stack(specs: Sequence[str]) -> PolicyStack:
+    return PolicyStack([load_policy(s) for s in specs])

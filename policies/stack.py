@@ -1,0 +1,92 @@
+"""A policy stack: ask policies top-down, the first ``Decision`` wins, the baseline answers the rest."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvlife.policies.base import FALLBACKS, HOOK_VALUES, HOOKS, Answer, Decision, PolicyError
+from kvlife.policies.baseline import Baseline
+
+
+class PolicyStack:
+    """Ask policies top-down; the first ``Decision`` wins."""
+
+    def __init__(self, policies: Sequence[object]) -> None:
+        self.policies: tuple[object, ...] = tuple(policies) + (Baseline(),)
+        self._chains: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {}
+        for hook in HOOKS:
+            chain = []
+            for policy in self.policies:
+                fn = getattr(policy, hook, None)
+                if fn is not None:
+                    if not callable(fn):
+                        raise PolicyError(f"policy {policy_name(policy)}: hook {hook} is not callable")
+                    chain.append((policy_name(policy), fn))
+            self._chains[hook] = tuple(chain)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(policy_name(p) for p in self.policies)
+
+    def ask(self, hook: str, *args: Any) -> Answer:
+        for name, fn in self._chains[hook]:
+            try:
+                decision = fn(*args)
+            except Exception as exc:  # a user's hook can raise anything: name it, no traceback
+                raise PolicyError(
+                    f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if decision is None:
+                continue
+            _check_decision(f"{name} ({_origin(fn)})", hook, decision)
+            return Answer(name, decision.value, decision.reason)
+        fallback = FALLBACKS.get(hook)
+        if fallback is not None:
+            return fallback
+        raise PolicyError(f"no policy in the stack answered {hook}")
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    """Where a hook's code lives, for errors: module (and file for file-loaded policies)."""
+    module_name = getattr(fn, "__module__", None) or "?"
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module_name.startswith("kvlife_user_policy_") and path:
+        return f"module {path}"
+    return f"module {module_name}"
+
+
+def _check_decision(policy: str, hook: str, decision: object) -> None:
+    if not isinstance(decision, Decision):
+        raise PolicyError(
+            f"policy {policy}: hook {hook} returned {type(decision).__name__}, expected Decision or None"
+        )
+    if not isinstance(decision.reason, str) or not decision.reason:
+        raise PolicyError(f"policy {policy}: hook {hook} gave no reason string")
+    allowed = HOOK_VALUES[hook]
+    if allowed is float:
+        value = decision.value
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value < 0:
+            raise PolicyError(
+                f"policy {policy}: hook {hook} returned {value!r}, expected a number of ms >= 0"
+            )
+        return
+    if isinstance(allowed, tuple):
+        if decision.value not in allowed:
+            raise PolicyError(
+                f"policy {policy}: hook {hook} returned {decision.value!r}, expected one of {allowed}"
+            )
+    elif isinstance(decision.value, bool) is not (allowed is bool) or not isinstance(
+        decision.value, allowed
+    ):
+        raise PolicyError(
+            f"policy {policy}: hook {hook} returned {decision.value!r}, expected {allowed.__name__}"
+        )
+
+
+def policy_name(policy: object) -> str:
+    name = getattr(policy, "name", None)
+    return name if isinstance(name, str) else type(policy).__name__
