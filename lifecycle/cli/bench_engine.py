@@ -35,7 +35,7 @@ PATHS: tuple[tuple[str, ...], ...] = (
     ("lookup_submitted", "aborted"),
 )
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+DEFAULT_TRACE = "mooncake-conversation"  # the bundled trace (lifecycle/workloads/data/)
 
 
 def transition_sequence(requests: int, seed: int = 0) -> list[tuple[int, str]]:
@@ -101,12 +101,13 @@ def bench_transitions(requests: int, repeats: int, reference_requests: int) -> d
     }
 
 
-def bench_trace(path: Path | None, limit: int | None) -> dict[str, float] | None:
+def bench_trace(path: str | Path | None, limit: int | None) -> dict[str, float] | None:
     from kvlife.lifecycle.drivers.runner import run_workload
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
     from kvlife.lifecycle.workloads.mooncake import load_mooncake
     from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
-    if path is not None and path.exists():
+    if path is not None and resolve_workload(path).exists():
         workload = load_mooncake(path, limit=limit)
         name = str(path)
     else:
@@ -138,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=20000, help="requests in the transition bench")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--reference-requests", type=int, default=500)
-    parser.add_argument("--workload", type=Path, default=DEFAULT_TRACE,
-                        help="Mooncake trace for part 2 (default: the conversation trace)")
+    parser.add_argument("--workload", default=DEFAULT_TRACE,
+                        help="Mooncake trace (a file or a bundled name) for part 2 (default: %(default)s)")
     parser.add_argument("--limit", type=int, help="first N requests of the workload")
     parser.add_argument("--skip-trace", action="store_true")
     args = parser.parse_args(list(argv) if argv is not None else None)
