@@ -12,10 +12,10 @@ report ``read_error_message(exc)`` with the file name, as one line.
 from __future__ import annotations
 
 import gzip
+import io
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import IO
 
 # name -> file in this package's data/ folder
 BUNDLED: dict[str, str] = {
@@ -36,7 +36,7 @@ def resolve_workload(name_or_path: str | Path) -> Path:
     return Path(name_or_path)
 
 
-def open_binary(path: str | Path) -> IO[bytes]:
+def open_binary(path: str | Path) -> io.BufferedIOBase:
     """Open a workload or trace for reading bytes, decompressing ``.gz`` transparently."""
     p = Path(path)
     if p.suffix == ".gz":
