@@ -20,6 +20,9 @@ from kvlife.policies.base import PolicyError
 
 USER_ERRORS = (ConfigError, WorkloadError, PolicyError, TraceError)
 
+# Optional dependencies -> the extra that installs them (pyproject.toml).
+OPTIONAL_EXTRAS = {"torch": "live", "redis": "live", "matplotlib": "plot"}
+
 
 class UsageError(Exception):
     """A bad flag value the parser itself cannot catch."""
@@ -264,6 +267,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as exc:
+        # An optional dependency of this command (the core needs none of them).
+        extra = OPTIONAL_EXTRAS.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"kvlife: error: this command needs {exc.name}, which is not installed: "
+              f"pip install 'kvlife[{extra}]'", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
