@@ -195,6 +195,45 @@ def test_no_source_imports_the_folders_as_top_level_packages() -> None:
     assert bad == []
 
 
+# ---- what may import what (docs/design.md, "Layout") -------------------------------------
+def imported_names(path: Path) -> set[str]:
+    """Every absolute module name a file imports, at any depth (lazy imports included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def forbidden_imports(pattern: str, *forbidden: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    found = []
+    for path in sorted(ROOT.glob(pattern)):
+        for name in sorted(imported_names(path)):
+            if any(name == f or name.startswith(f + ".") for f in forbidden) and name not in allowed:
+                found.append(f"{path.relative_to(ROOT)} imports {name}")
+    return found
+
+
+def test_layering_rules_hold() -> None:
+    # Policies are decisions only: the protocol, attrs and the standard library.
+    assert forbidden_imports("policies/*.py", *OPTIONAL, "kvlife.lifecycle", "kvlife.specs", "kvlife.transfer") == []
+    # The sans-IO engine: no IO layers, no drivers, no bytes; the plain tier index only.
+    assert forbidden_imports(
+        "lifecycle/engine/*.py", *OPTIONAL, "kvlife.lifecycle.drivers", "kvlife.lifecycle.traces",
+        "kvlife.lifecycle.cli", "kvlife.transfer", allowed=("kvlife.transfer.index", "kvlife.transfer.eviction"),
+    ) == []
+    # The spec, invariants and checker need no extra; the plain tier index needs no torch.
+    assert forbidden_imports("specs/*.py", *OPTIONAL) == []
+    assert forbidden_imports("transfer/index.py", *OPTIONAL) == []
+    assert forbidden_imports("transfer/eviction.py", *OPTIONAL) == []
+    # Only the live driver and plot reach for the extras inside lifecycle/.
+    users = {str(p.relative_to(ROOT)) for p in ROOT.glob("lifecycle/**/*.py")
+             if any(n.split(".")[0] in OPTIONAL for n in imported_names(p))}
+    assert users <= {"lifecycle/drivers/live.py", "lifecycle/traces/plot.py"}, users
+
+
 # ---- pyproject: packages and data ----------------------------------------------------
 def test_pyproject_packages_cover_every_folder_with_an_init() -> None:
     package_dir: dict[str, str] = SETUPTOOLS["package-dir"]
