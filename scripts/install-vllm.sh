@@ -45,6 +45,8 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$stamp_text" && -x "$VENV/bin/python"
   exit 0
 fi
 
+# pip's expected complaints: vLLM's GPU-side requirements, and index folders this machine lacks.
+NOISE="dependency conflicts\|requires .*, which is not installed\|but you have\|^WARNING: Location\|is ignored: it is neither"
 start=$SECONDS
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PYTHON" -m venv "$VENV"
@@ -62,9 +64,9 @@ echo "install-vllm: vllm==$VLLM_VERSION, xgrammar==$XGRAMMAR_VERSION (--no-deps)
 "${PIP[@]}" install -q --no-deps "xgrammar==$XGRAMMAR_VERSION"
 echo "install-vllm: ${#SMALL_PACKAGES[@]} small packages vLLM's scheduler side imports"
 # pip warns that vLLM's own (GPU-side) requirements are not all met: expected, see the header.
-"${PIP[@]}" install -q -c "$CONSTRAINTS" "${SMALL_PACKAGES[@]}" 2> >(grep -v "dependency conflicts\|requires .*, which is not installed\|but you have" >&2 || true)
+"${PIP[@]}" install -q -c "$CONSTRAINTS" "${SMALL_PACKAGES[@]}" 2> >(grep -v "$NOISE" >&2 || true)
 echo "install-vllm: kvlife (editable, dev extras) from $ROOT"
-"${PIP[@]}" install -q -c "$CONSTRAINTS" -e "$ROOT[dev]" 2> >(grep -v "dependency conflicts\|requires .*, which is not installed\|but you have" >&2 || true)
+"${PIP[@]}" install -q -c "$CONSTRAINTS" -e "$ROOT[dev]" 2> >(grep -v "$NOISE" >&2 || true)
 
 # A smoke import: the scheduler and the connector base class are what the tests need.
 "$VENV/bin/python" - <<'PY' 2> >(grep -v "Failed to import from vllm._C" >&2 || true)

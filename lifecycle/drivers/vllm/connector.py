@@ -58,7 +58,7 @@ def block_hash_int(block_hash: bytes) -> int:
 
 
 def parse_stack(value: Any) -> list[str]:
-    if value is None:
+    if value is None or value == "":
         return []
     if isinstance(value, str):
         names = [part.strip() for part in value.split(",")]
@@ -157,7 +157,7 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
             sched.sent(rid)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        aborted = request.get_finished_reason() == "abort"
+        aborted = request.status.name == "FINISHED_ABORTED"
         hold = self.sched.finished(request.request_id, aborted)
         return hold, None
 

@@ -377,8 +377,12 @@ class ConnectorLifecycle:
             # vLLM itself keeps a loading request's blocks until finished_recving.
             req.state = "finished"
             return False
-        # Blocks computed by the last step are stored too, from the next build.
-        req.confirmed = max(req.confirmed, req.computed)
+        # The finish comes with the output of the oldest step in flight: its tokens are
+        # confirmed (and stored from the next build); a later step still in flight (async
+        # scheduling) only holds placeholders, which are never stored.
+        for rid, epoch, end, _ in self._steps[0] if self._steps else ():
+            if rid == request_id and epoch == req.epoch - 1:
+                req.confirmed = max(req.confirmed, end)
         pending = min(req.confirmed // self.block_tokens, len(req.hashes)) > req.stored_blocks
         if (req.store_jobs or pending) and self._ask(req, "hold_at_finish", len(req.store_jobs) + int(pending)):
             req.state = "sending"

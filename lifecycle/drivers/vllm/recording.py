@@ -301,8 +301,8 @@ class TraceRecorder:
         req = self.requests.get(rid)
         if req is None or req.state == "finished":
             return
-        reason = request.get_finished_reason()
-        if reason == "abort":
+        status = request.status.name
+        if status == "FINISHED_ABORTED":
             self._input("abort", request_id=rid)
             was = req.state
             self._move(rid, "aborted", "finished", "client aborted")
@@ -313,7 +313,7 @@ class TraceRecorder:
             else:
                 self._release(req)
             return
-        self.finishes.append((rid, "length" if reason == "length" else "stopped", held))
+        self.finishes.append((rid, "length" if status == "FINISHED_LENGTH_CAPPED" else "stopped", held))
 
     def output(self, output: KVConnectorOutput) -> None:
         step, stores = self.steps.popleft() if self.steps else (-1, [])
@@ -335,7 +335,10 @@ class TraceRecorder:
         for job_id, rank, failed in self._reports(output):
             self._report(job_id, rank, failed)
         for rid in sorted(output.finished_recving or ()):
-            req = self.requests.get(rid)
+            got = self.requests.get(rid)
+            if got is None:
+                continue
+            req = got
             if req is None:
                 continue
             if req.state == "loading" and not req.load_jobs:
@@ -343,9 +346,10 @@ class TraceRecorder:
             elif req.free_on == "recving":
                 self._release(req)
         for rid in sorted(output.finished_sending or ()):
-            req = self.requests.get(rid)
-            if req is None:
+            got = self.requests.get(rid)
+            if got is None:
                 continue
+            req = got
             if req.state == "sending":
                 self._move(rid, "completed", "finished", "every worker reported its stores")
             self._release(req)
@@ -355,7 +359,7 @@ class TraceRecorder:
         reports = getattr(meta, "reports", None)
         if reports is not None:
             return [(int(j), int(r), tuple(f)) for j, r, f in reports]
-        out = []
+        out: list[tuple[int, int, tuple[int, ...]]] = []
         for job_id, count in sorted((getattr(meta, "completed_jobs", None) or {}).items()):
             job = self.jobs.get(int(job_id))
             ranks = [r for r in range(self.ranks) if job is None or r not in job.reported]
@@ -537,5 +541,12 @@ def _forward(name: str) -> Any:
 
 for _name in _FORWARDED:
     setattr(RecordingConnector, _name, _forward(_name))
+def _forward_property(name: str) -> property:
+    def getter(self: RecordingConnector) -> Any:
+        return getattr(self.inner, name)
+
+    return property(getter)
+
+
 for _prop in ("requires_kv_delivery", "supports_divergent_local_hybrid_hits"):
-    setattr(RecordingConnector, _prop, property(lambda self, _p=_prop: getattr(self.inner, _p)))
+    setattr(RecordingConnector, _prop, _forward_property(_prop))

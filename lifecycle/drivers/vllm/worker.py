@@ -225,3 +225,47 @@ class HostPoolWorker:
         reports, self._reports = self._reports, []
         recving, self._recving = self._recving, set()
         return self._book.sent(), recving, KVLifeWorkerMetadata(reports) if reports else None
+
+
+class OffloadingSimulatedWorker:
+    """A simulated worker for vLLM's own OffloadingConnector (whose real worker needs CUDA):
+    its jobs complete after scripted delays and come back as ``OffloadingWorkerMetadata``
+    counts plus ``finished_recving`` for requests whose loads all landed."""
+
+    def __init__(self, rank: int = 0, load_delay: int = 1, store_delay: int = 0) -> None:
+        self.rank = rank
+        self.load_delay = load_delay
+        self.store_delay = store_delay
+        self.step = 0
+        self._due: dict[int, tuple[int, str, str]] = {}  # job -> (due step, kind, request)
+        self._loads_of: dict[str, set[int]] = {}
+
+    def run_step(self, meta: Any) -> KVConnectorOutput:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+
+        self.step += 1
+        for job_id, job in sorted((getattr(meta, "load_jobs", None) or {}).items()):
+            self._due[job_id] = (self.step + self.load_delay, "load", job.req_id)
+            self._loads_of.setdefault(job.req_id, set()).add(job_id)
+        for job_id, job in sorted((getattr(meta, "store_jobs", None) or {}).items()):
+            self._due[job_id] = (self.step + self.store_delay, "store", job.req_id)
+        for job_id in getattr(meta, "jobs_to_flush", None) or ():
+            if job_id in self._due:
+                _, kind, rid = self._due[job_id]
+                self._due[job_id] = (self.step, kind, rid)
+        done = sorted(j for j, (due, _, _) in self._due.items() if due <= self.step)
+        recving: set[str] = set()
+        for job_id in done:
+            _, kind, rid = self._due.pop(job_id)
+            if kind == "load":
+                jobs = self._loads_of[rid]
+                jobs.discard(job_id)
+                if not jobs:
+                    del self._loads_of[rid]
+                    recving.add(rid)
+        meta_out = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(done, 1)) if done else None
+        return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=meta_out)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._due)
