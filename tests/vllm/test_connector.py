@@ -165,3 +165,13 @@ def test_offloading_connector_under_recording_validates(model_dir: Path, tmp_pat
     assert any(r["kind"] == "job" and r["op"] == "load" for r in recs)
     assert any(r["kind"] == "job" and r["op"] == "store" for r in recs)
     assert "load_started" in transitions(trace, "r1")
+
+
+def test_differential_runs_and_reports_agreement(model_dir: Path) -> None:
+    from kvlife.lifecycle.drivers.vllm.differential import run_all
+
+    results = run_all(model_dir, ["synthetic"])
+    assert [r.name.split(": ")[1] for r in results] == ["vLLM+KVLifeConnector vs kvlife engine",
+                                                        "vLLM+KVLifeConnector vs vLLM+OffloadingConnector"]
+    for r in results:
+        assert r.steps > 10 and 0 < r.identical <= r.steps
