@@ -117,7 +117,8 @@ def _drive(driver: VllmDriver, items: list[Item], limit: int = 400) -> list[Step
     return driver.observations
 
 
-def run_vllm(model_dir: Path, items: list[Item], setup: Setup, connector: str, trace: Path | None = None) -> list[StepObs]:
+def run_vllm(model_dir: Path, items: list[Item], setup: Setup, connector: str,
+             trace: Path | None = None) -> list[StepObs]:
     if connector == "kvlife":
         extra: dict[str, Any] = {"stack": setup.stack, "host_blocks": setup.host_blocks,
                                  "lookup_delay_steps": setup.lookup_delay_steps, "ranks": setup.ranks}
@@ -212,7 +213,8 @@ def run_kvlife(items: list[Item], setup: Setup) -> list[StepObs]:
                 follow.append(StepOutput(t, c.step_id, tuple(finished)))
             elif isinstance(c, StartLoad):
                 obs.loads_started += 1
-                obs.external_hits[c.request_id] = obs.external_hits.get(c.request_id, 0) + len(c.moves) * setup.block_size
+                hit = len(c.moves) * setup.block_size
+                obs.external_hits[c.request_id] = obs.external_hits.get(c.request_id, 0) + hit
                 for r in range(setup.ranks):
                     due.append((step + setup.load_delay + r + 1,
                                 lambda tt, j=c.job_id, rr=r: TransferReport(tt, j, rr)))
