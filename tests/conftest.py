@@ -17,12 +17,13 @@ def conversation_trace() -> Path:
 
 
 def _vllm_importable() -> bool:
-    import importlib.util
+    import importlib.metadata
 
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
+    try:  # the installed distribution: tests/vllm itself would pass as a namespace package "vllm"
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
         return False
+    return True
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not importable: `bash scripts/install-vllm.sh`, then "
-                                   "`.venv-vllm/bin/python -m pytest tests/vllm`")
+try:
+    importlib.metadata.version("vllm")
+except importlib.metadata.PackageNotFoundError:
+    pytest.skip("vLLM is not installed: `bash scripts/install-vllm.sh`, then "
+                "`.venv-vllm/bin/python -m pytest tests/vllm`", allow_module_level=True)
 
 from kvlife.lifecycle.drivers.vllm.harness import SchedulerSpec, VllmDriver, build_scheduler  # noqa: E402
 from kvlife.lifecycle.drivers.vllm.worker import OffloadingSimulatedWorker, SimulatedWorker  # noqa: E402
