@@ -17,3 +17,23 @@ def conversation_trace() -> Path:
     # Bundled, so always present: a missing file is a packaging bug, not a reason to skip.
     assert CONVERSATION_TRACE.is_file(), f"bundled conversation trace missing: {CONVERSATION_TRACE}"
     return CONVERSATION_TRACE
+
+
+def _vllm_importable() -> bool:
+    import importlib.metadata
+
+    try:  # the installed distribution: tests/vllm itself would pass as a namespace package "vllm"
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The main suite runs without vLLM: it skips tests/vllm unless that folder is asked for
+    by name (then tests/vllm/conftest.py explains the skip, or fails the run in CI)."""
+    vllm_dir = Path(__file__).parent / "vllm"
+    if collection_path != vllm_dir or _vllm_importable():
+        return None
+    asked = any(Path(arg.split("::")[0]).resolve().is_relative_to(vllm_dir) for arg in config.args)
+    return None if asked else True
