@@ -138,3 +138,18 @@ def test_row_composition_convention() -> None:
     assert composition_of_row(2048, 0, 4096) == ([(2048, 4096)], [])
     assert composition_of_row(0, 3, 100) == ([], [100, 100, 100])
     assert composition_of_row(512, 2, 10) == ([(512, 10)], [10, 10])
+
+
+def test_fast_path_equals_the_breakdown() -> None:
+    import random
+
+    rng = random.Random(1)
+    for name, tp in (("llama-3-8b", 1), ("llama-3-70b", 4), ("qwen2.5-7b", 2)):
+        model = StepCostModel(load_model(name), load_hardware("h100-sxm"), tp)
+        for _ in range(200):
+            prefills = [(rng.randint(0, 8192), rng.randint(0, 50_000)) for _ in range(rng.randint(0, 3))]
+            decodes = [rng.randint(0, 50_000) for _ in range(rng.randint(0, 100))]
+            assert model.step_ms(prefills, decodes) == pytest.approx(model.cost(prefills, decodes).total_ms,
+                                                                     rel=1e-12, abs=1e-12)
+    with pytest.raises(ProfileError, match="field 'decode_contexts': context must be non-negative, got -3"):
+        model.step_ms((), [5, -3])

@@ -271,13 +271,13 @@ def fit_efficiency(
     # the factor moves a prediction).
     a0, b0, c0, _ = theta0
 
-    def seen(term: float, rival: float, t: float) -> bool:
+    def shows(term: float, rival: float, t: float) -> bool:
         return term >= _VISIBLE * t and term >= 0.5 * rival
 
     visible = [
-        any(seen(a0 * t[0], c0 * t[2], t[5]) for t in terms),
-        any(seen(b0 * t[1], c0 * t[3], t[5]) for t in terms),
-        any(seen(c0 * t[2], a0 * t[0], t[5]) or seen(c0 * t[3], b0 * t[1], t[5]) for t in terms),
+        any(shows(a0 * t[0], c0 * t[2], t[5]) for t in terms),
+        any(shows(b0 * t[1], c0 * t[3], t[5]) for t in terms),
+        any(shows(c0 * t[2], a0 * t[0], t[5]) or shows(c0 * t[3], b0 * t[1], t[5]) for t in terms),
         len(terms) >= 2,
     ]
     free = [j for j in range(4) if visible[j]]

@@ -116,6 +116,13 @@ class StepCostModel:
         self._ring_factor = 2.0 * (tp - 1) / tp
         self._link = hardware.interconnect_gb_s * 1e9
         self._allreduce_latency_ms = hardware.allreduce_latency_us / 1000.0
+        # The fast path's constants (step_ms).
+        eff = self.efficiency
+        self._ms_per_flop = 1000.0 / (self._peak * eff.mfu)
+        self._ms_per_attention_flop = 1000.0 / (self._peak * eff.attention)
+        self._ms_per_byte = 1000.0 / (self._bandwidth * eff.mbu)
+        self._weight_ms = self._weight_bytes * self._ms_per_byte
+        self._overhead_ms = eff.overhead_ms
 
     # --- the quantities ----------------------------------------------------------------------
 
@@ -186,9 +193,48 @@ class StepCostModel:
             attention_bound="compute" if attention_compute >= kv_reads else "memory",
         )
 
-    def step_ms(self, prefills: Iterable[tuple[int, int]] = (), decode_contexts: Iterable[int] = ()) -> float:
-        """The step's time in milliseconds (see the module docstring for the formula)."""
-        return self.cost(prefills, decode_contexts).total_ms
+    def step_ms(self, prefills: Iterable[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> float:
+        """The step's time in milliseconds (see the module docstring for the formula). The fast
+        path the simulator calls once per step: same result as ``cost(...).total_ms``."""
+        tokens = 0
+        requests = 0
+        pairs = 0.0
+        kv_tokens = 0
+        for new, cached in prefills:
+            if new <= 0 or cached < 0:
+                if new == 0 and cached >= 0:
+                    continue
+                raise ProfileError("prefills", f"token counts must be non-negative, got ({new}, {cached})")
+            tokens += new
+            pairs += new * cached + new * (new + 1) / 2.0
+            kv_tokens += cached + new
+            requests += 1
+        if decode_contexts:
+            count = len(decode_contexts)
+            context = sum(decode_contexts)
+            if min(decode_contexts) < 0:
+                raise ProfileError("decode_contexts", f"context must be non-negative, got {min(decode_contexts)}")
+            tokens += count
+            requests += count
+            pairs += context + count
+            kv_tokens += context + count
+        if tokens == 0:
+            return 0.0
+        linear = max(
+            (self._linear_flops_per_token * tokens + self._lm_head_flops_per_request * requests) * self._ms_per_flop,
+            self._weight_ms,
+        )
+        attention = max(
+            self._attention_flops_per_pair * pairs * self._ms_per_attention_flop,
+            self._kv_bytes_per_token * kv_tokens * self._ms_per_byte,
+        )
+        comm = 0.0
+        if self._allreduces:
+            comm = self._allreduces * (
+                self._ring_factor * tokens * self._allreduce_bytes_per_token / self._link * 1000.0
+                + self._allreduce_latency_ms
+            )
+        return linear + attention + comm + self._overhead_ms
 
     # --- conveniences ------------------------------------------------------------------------
 
