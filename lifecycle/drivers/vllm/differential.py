@@ -27,6 +27,7 @@ import json
 import random
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,19 @@ from kvlife.lifecycle.drivers.vllm.harness import (
     offline_model_dir,
 )
 from kvlife.lifecycle.drivers.vllm.worker import OffloadingSimulatedWorker, SimulatedWorker
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.engine.events import (
+    Abort,
+    Arrival,
+    LookupAnswer,
+    StartLoad,
+    StartStore,
+    StepOutput,
+    StepPlan,
+    SubmitLookup,
+    Tick,
+    TransferReport,
+)
 
 
 @attrs.frozen
@@ -158,19 +172,6 @@ def _hashes(prompt: tuple[int, ...], block: int) -> tuple[int, ...]:
 def run_kvlife(items: list[Item], setup: Setup) -> list[StepObs]:
     """kvlife's Engine in lockstep with the vLLM runs (see the module docstring)."""
     from kvlife.lifecycle.drivers.vllm.connector import parse_stack
-    from kvlife.lifecycle.engine.core import Engine
-    from kvlife.lifecycle.engine.events import (
-        Abort,
-        Arrival,
-        LookupAnswer,
-        StartLoad,
-        StartStore,
-        StepOutput,
-        StepPlan,
-        SubmitLookup,
-        Tick,
-        TransferReport,
-    )
     from kvlife.policies.loading import load_stack
 
     config = EngineConfig(block_tokens=setup.block_size, device_blocks=setup.num_blocks - 1,
@@ -217,14 +218,13 @@ def run_kvlife(items: list[Item], setup: Setup) -> list[StepObs]:
                 obs.external_hits[c.request_id] = obs.external_hits.get(c.request_id, 0) + hit
                 for r in range(setup.ranks):
                     due.append((step + setup.load_delay + r + 1,
-                                lambda tt, j=c.job_id, rr=r: TransferReport(tt, j, rr)))
+                                partial(_report, c.job_id, r)))
             elif isinstance(c, StartStore):
                 for r in range(setup.ranks):
-                    due.append((step + 1, lambda tt, j=c.job_id, rr=r: TransferReport(tt, j, rr)))
+                    due.append((step + 1, partial(_report, c.job_id, r)))
             elif isinstance(c, SubmitLookup):
                 due.append((step + setup.lookup_delay_steps,
-                            lambda tt, c=c: LookupAnswer(tt, c.request_id, c.epoch,
-                                                         engine.sync_lookup(c.block_hashes))))
+                            partial(_answer, engine, c)))
         obs.preempted = tuple(sorted(r["req"] for r in transitions if r["trigger"] == "preempted"))
         obs.waiting_remote = engine.state_counts["loading"]
         observations.append(obs)
@@ -232,11 +232,19 @@ def run_kvlife(items: list[Item], setup: Setup) -> list[StepObs]:
             for c in engine.handle(event):
                 if isinstance(c, StartStore):
                     for r in range(setup.ranks):
-                        due.append((step + 1, lambda tt, j=c.job_id, rr=r: TransferReport(tt, j, rr)))
+                        due.append((step + 1, partial(_report, c.job_id, r)))
         step += 1
         if not pending and not engine.busy() and not due:
             break
     return observations
+
+
+def _report(job_id: int, rank: int, t: float) -> TransferReport:
+    return TransferReport(t, job_id, rank)
+
+
+def _answer(engine: Engine, command: SubmitLookup, t: float) -> LookupAnswer:
+    return LookupAnswer(t, command.request_id, command.epoch, engine.sync_lookup(command.block_hashes))
 
 
 @attrs.frozen
@@ -250,7 +258,7 @@ class Agreement:
 def compare(name: str, left: list[StepObs], right: list[StepObs], limit: int = 3) -> Agreement:
     steps = max(len(left), len(right))
     same = 0
-    diffs = []
+    diffs: list[str] = []
     for i in range(steps):
         a = left[i].key() if i < len(left) else None
         b = right[i].key() if i < len(right) else None
