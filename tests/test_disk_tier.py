@@ -124,3 +124,70 @@ def test_wrong_payload_size_is_a_programming_error(tier: DiskTier) -> None:
         tier.write_block(1, 0, b"short")
     with pytest.raises(IndexError):
         tier.read(1, 8)
+
+
+# ---- recovery of a named path ---------------------------------------------------------------
+def _fill(path: Path, blocks: dict[int, int], capacity: int = 8) -> None:
+    with DiskTier(path, GEO, capacity) as first:
+        for h, slot in blocks.items():
+            assert first.write_block(h, slot, expected_bytes(GEO, h))
+
+
+def test_reopening_a_file_recovers_the_blocks_it_holds(tmp_path: Path) -> None:
+    path = tmp_path / "kv.bin"
+    written = {5: 0, -5: 2, 2**90: 3, 77: 6}
+    _fill(path, written)
+    with DiskTier(path, GEO, 8) as again:
+        assert again.recovered == written
+        assert again.drain_events() == []
+        for h, slot in written.items():
+            assert again.index.contains(h) and again.index.slot_of(h) == slot
+            assert again.read(h, slot) == expected_bytes(GEO, h).numpy().tobytes()
+        again.index.check_accounting()
+        assert again.index.free == 8 - len(written)
+        # New stores never take a recovered slot.
+        plan = again.index.prepare_store([1000, 1001, 1002, 1003])
+        assert {slot for _, slot in plan.accepted} == {1, 4, 5, 7}
+
+
+def test_a_corrupt_slot_is_dropped_on_recovery_with_an_event(tmp_path: Path) -> None:
+    path = tmp_path / "kv.bin"
+    _fill(path, {11: 1, 12: 2, 13: 4})
+    stride = DiskTier(tmp_path / "probe.bin", GEO, 1).slot_stride
+    with open(path, "r+b") as f:  # flip one payload byte of slot 2 and the header of slot 4
+        f.seek(2 * stride + HEADER_BYTES + 100)
+        byte = f.read(1)[0]
+        f.seek(2 * stride + HEADER_BYTES + 100)
+        f.write(bytes([byte ^ 0x10]))
+        f.seek(4 * stride + 9)
+        f.write(b"\xee")
+    with DiskTier(path, GEO, 8) as again:
+        assert again.recovered == {11: 1}
+        events = again.drain_events()
+        assert [(e["event"], e["slot"], e["block"], e["reason"]) for e in events] == [
+            ("disk_slot_dropped", 2, 12, "checksum mismatch"),
+            ("disk_slot_dropped", 4, None, "bad header"),
+        ]
+        assert all(e["level"] == "warning" and e["path"] == str(path) for e in events)
+        assert again.read(12, 2) is None and not again.index.contains(12)
+        again.drain_events()
+    with DiskTier(path, GEO, 8) as third:  # dropped slots were zeroed: dropped once, not forever
+        assert third.recovered == {11: 1} and third.drain_events() == []
+
+
+def test_recovery_drops_slots_of_another_layout_and_past_a_smaller_capacity(tmp_path: Path) -> None:
+    path = tmp_path / "kv.bin"
+    _fill(path, {1: 0, 2: 7})
+    with DiskTier(path, GEO, 4) as smaller:  # slot 7 is past the end now: truncated away
+        assert smaller.recovered == {1: 0} and smaller.drain_events() == []
+    other = BlockGeometry(SMALL_SHAPE, 2)  # half the bytes per block, another slot stride
+    with DiskTier(path, other, 4) as foreign:
+        assert foreign.recovered == {}
+        events = foreign.drain_events()  # slot 0's header, then old payload bytes where slot 1 starts now
+        assert [(e["slot"], e["reason"]) for e in events] == [
+            (0, "written by another layout (version 2, 4096 bytes)"), (1, "bad header")]
+
+
+def test_a_fresh_file_scans_nothing(tmp_path: Path) -> None:
+    with DiskTier(tmp_path / "new.bin", GEO, 8) as tier:
+        assert tier.recovered == {} and tier.drain_events() == []

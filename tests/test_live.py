@@ -95,7 +95,8 @@ def test_rank_that_never_reports_is_failed_after_the_deadline(tmp_path: Path) ->
     from kvlife.policies.loading import load_stack
 
     config = live_config(tmp_path, TierConfig("host", capacity_blocks=60))
-    config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=50.0))
+    # Long enough that a job of a loaded machine (2 cores, other tests) is not declared late.
+    config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=400.0))
     silenced: list[int] = []
 
     def rank1_silent_on_two_jobs(rank: int, job_id: object) -> bool:
@@ -223,3 +224,128 @@ def test_live_trace_replays_exactly_and_validates(tmp_path: Path) -> None:
     assert result.identical, result.divergence
     report = validate(trace)
     assert report.ok, report.findings[:3]
+
+
+# ---- what a run leaves behind -----------------------------------------------------------------
+@pytest.mark.parametrize("ttl", [3600, 0])
+def test_redis_keys_expire_and_are_deleted_when_the_run_ends(tmp_path: Path, ttl: int) -> None:
+    import redis
+
+    from kvlife.lifecycle.drivers.live import LiveRuntime
+    from kvlife.policies.loading import load_stack
+
+    with RedisServer() as server:
+        admin = redis.Redis.from_url(server.url)
+        config = live_config(tmp_path, TierConfig("host", capacity_blocks=16),
+                             TierConfig("remote", capacity_blocks=2000), redis_url=server.url, redis_ttl_s=ttl)
+        ttls: list[int] = []
+
+        def look(done: int, total: int) -> None:
+            keys = admin.keys(f"{runtime.redis_prefix}:*")
+            if keys and done >= total // 2 and not ttls:
+                ttls.extend(admin.ttl(k) for k in keys)
+
+        runtime = LiveRuntime(config, workload(60), load_stack(()), time_scale=40.0, progress=look)
+        assert runtime.redis_prefix.startswith("kvlife:")
+        result = runtime.run()
+        assert result.stranded == [] and runtime.stats().mismatches == 0
+        assert ttls, "the run stored blocks in Redis"
+        if ttl:
+            assert all(0 < t <= ttl for t in ttls), ttls[:5]
+        else:  # 0: no expiry, only because the config said so
+            assert set(ttls) == {-1}
+        assert admin.keys(f"{runtime.redis_prefix}:*") == []
+        assert admin.dbsize() == 0
+        admin.close()
+
+
+def test_temporary_disk_files_are_removed_a_named_path_is_kept(tmp_path: Path) -> None:
+    from kvlife.lifecycle.drivers.live import LiveRuntime
+    from kvlife.policies.loading import load_stack
+
+    tiers = (TierConfig("host", capacity_blocks=20), TierConfig("disk", capacity_blocks=300))
+    temp = attrs.evolve(live_config(tmp_path, *tiers), live=LiveConfig())
+    runtime = LiveRuntime(temp, workload(40), load_stack(()), time_scale=40.0)
+    disk_dir = runtime.disk_dir
+    assert disk_dir is not None and (disk_dir / "rank0.kvblocks").exists()
+    runtime.run()
+    assert not disk_dir.exists()
+
+    named = live_config(tmp_path, *tiers)
+    runtime = LiveRuntime(named, workload(40), load_stack(()), time_scale=40.0)
+    runtime.run()
+    assert runtime.disk_dir == tmp_path / "disk"
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == ["rank0.kvblocks", "rank1.kvblocks"]
+
+
+def test_named_disk_path_is_recovered_and_corrupt_slots_are_warnings(tmp_path: Path) -> None:
+    from kvlife.lifecycle.drivers.live import LiveRuntime
+    from kvlife.policies.loading import load_stack
+    from kvlife.transfer.disk_tier import HEADER_BYTES
+
+    config = live_config(tmp_path, TierConfig("host", capacity_blocks=20), TierConfig("disk", capacity_blocks=300))
+    run_live(config, workload(60), time_scale=40.0)
+    # Reopened: the blocks the first run wrote are indexed again, rank by rank.
+    runtime = LiveRuntime(config, workload(5), load_stack(()))
+    recovered = runtime.ranks[0].tiers["disk"].recovered  # type: ignore[union-attr]
+    stride = runtime.ranks[0].tiers["disk"].slot_stride  # type: ignore[union-attr]
+    assert len(recovered) > 10
+    assert runtime.tier_events == []
+    runtime.shutdown()
+    block, slot = sorted(recovered.items(), key=lambda item: item[1])[0]
+    with open(tmp_path / "disk" / "rank0.kvblocks", "r+b") as f:  # one flipped payload byte
+        f.seek(slot * stride + HEADER_BYTES + 7)
+        byte = f.read(1)[0]
+        f.seek(slot * stride + HEADER_BYTES + 7)
+        f.write(bytes([byte ^ 0xFF]))
+    trace = tmp_path / "again.jsonl"
+    outcome = run_live(config, workload(20), time_scale=40.0, trace_path=trace)
+    assert outcome.summary["warnings"] == {"disk_slot_dropped": 1}
+    assert outcome.summary["live"]["tier_events"] == 1
+    (warning,) = [r for _, r in read_trace(trace) if r["kind"] == "warning"]
+    assert warning == {"kind": "warning", "t": 0.0, "what": "disk_slot_dropped", "origin": "driver", "rank": 0,
+                       "tier": "disk", "slot": slot, "block": block, "reason": "checksum mismatch",
+                       "path": str(tmp_path / "disk" / "rank0.kvblocks")}
+
+
+def test_lookup_probe_events_are_recorded_when_redis_dies(tmp_path: Path) -> None:
+    """The async lookup thread's Redis probe fails once the server is gone: its events come
+    back with the answer and are warnings like the ranks' own."""
+    from kvlife.lifecycle.drivers.live import LiveRuntime
+    from kvlife.lifecycle.drivers.runner import recording
+    from kvlife.lifecycle.traces.replay import replay
+    from kvlife.lifecycle.traces.validate import validate
+    from kvlife.policies.loading import load_stack
+
+    server = RedisServer().start()
+    try:
+        config = live_config(tmp_path, TierConfig("host", capacity_blocks=8),
+                             TierConfig("remote", capacity_blocks=2000), redis_url=server.url)
+        config = attrs.evolve(config, policies=("async-lookup",))
+        stack = load_stack(config.policies)
+        trace = tmp_path / "probe.jsonl"
+        with recording(trace, config, stack, driver="live") as writer:
+            runtime = LiveRuntime(config, workload(120), stack, writer.record, time_scale=40.0)
+            probe = runtime._remote_probe
+            assert probe is not None
+            checked = probe.exists_many
+
+            def die_before_the_second_probe(hashes: list[int]) -> list[bool]:
+                if hashes and server.running:  # the first remote hit is confirmed; then the server dies
+                    answer = checked(hashes)
+                    server.stop()
+                    return answer
+                return checked(hashes)
+
+            probe.exists_many = die_before_the_second_probe  # type: ignore[method-assign]
+            result = runtime.run()
+        assert not server.running, "no lookup found a remote block: the test proves nothing"
+        assert result.stranded == [] and runtime.stats().mismatches == 0
+        from_probe = [e for e in runtime.tier_events if e["rank"] is None]
+        assert from_probe and all(e["event"] == "redis_unavailable" and e["op"] == "exists" for e in from_probe)
+        traced = [r for _, r in read_trace(trace) if r["kind"] == "warning" and r.get("origin") == "driver"]
+        assert len(traced) == len(runtime.tier_events) == sum(runtime.driver_warnings.values())
+        assert any(r["rank"] is None and r["op"] == "exists" for r in traced)
+        assert replay(trace).identical and validate(trace).ok
+    finally:
+        server.stop()

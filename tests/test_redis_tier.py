@@ -159,3 +159,36 @@ def test_slow_server_times_out_into_misses(server: RedisServer) -> None:
         admin.close()
     # Once the server answers again the tier recovers on its own.
     assert tier.get_many([1]) == [_payload(1)]
+
+
+def test_delete_all_removes_this_ranks_keys_and_nothing_else(server: RedisServer) -> None:
+    admin = redis.Redis.from_url(server.url)
+    try:
+        mine = RedisTier(server.url, GEO, rank=0, key_prefix="kvlife:run1", ttl_seconds=60)
+        other_rank = RedisTier(server.url, GEO, rank=1, key_prefix="kvlife:run1")
+        other_run = RedisTier(server.url, GEO, rank=0, key_prefix="kvlife:run2")
+        assert mine.put_many([(h, _payload(h)) for h in range(1200)]) == [True] * 1200  # > one SCAN batch
+        assert other_rank.put_many([(1, _payload(1))]) == [True]
+        assert other_run.put_many([(1, _payload(1))]) == [True]
+        assert 0 < admin.ttl("kvlife:run1:0:5") <= 60
+        assert mine.delete_all(batch=500) == 1200
+        assert sorted(admin.keys("*")) == [b"kvlife:run1:1:1", b"kvlife:run2:0:1"]
+        assert mine.delete_all() == 0
+        # Glob characters in a prefix are matched literally.
+        star = RedisTier(server.url, GEO, rank=0, key_prefix="kvlife:*")
+        assert star.delete_all() == 0 and admin.dbsize() == 2
+        assert mine.drain_events() == []
+        for tier in (mine, other_rank, other_run, star):
+            tier.close()
+    finally:
+        admin.close()
+
+
+def test_delete_all_on_a_dead_server_is_an_event_not_an_error() -> None:
+    server = RedisServer().start()
+    tier = RedisTier(server.url, GEO, key_prefix="kvlife:gone", socket_timeout=0.2, connect_timeout=0.2)
+    server.stop()
+    assert tier.delete_all() == 0
+    (event,) = tier.drain_events()
+    assert event["event"] == "redis_unavailable" and event["op"] == "cleanup"
+    tier.close()

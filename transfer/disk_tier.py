@@ -2,10 +2,15 @@
 
 Slot ``i`` starts at ``i * slot_stride``: a 64-byte header, then ``block_bytes`` of raw
 payload (never pickle). The header carries a 64-bit fingerprint of the block hash, the
-payload length, a crc32 of the payload and a crc32 of the header itself. A read whose
-header, fingerprint, length or checksum does not match, or that comes up short (a
-truncated file), is a miss with a structured fault event: bad bytes are never served.
-A failed write (disk full, I/O error, short write) is reported as a failed store.
+payload length, a crc32 of the payload, the block hash itself (signed, up to 27 bytes)
+and a crc32 of the header. A read whose header, fingerprint, length or checksum does not
+match, or that comes up short (a truncated file), is a miss with a structured fault
+event: bad bytes are never served. A failed write (disk full, I/O error, short write) is
+reported as a failed store.
+
+Opening a file that already holds slots (a named ``live.disk_path`` on restart) recovers
+it: every slot whose header and checksum are valid is indexed again (``recovered``), every
+other written slot is dropped, zeroed, and reported as a ``disk_slot_dropped`` event.
 
 Which block sits in which slot, pinning and eviction are the business of ``index`` (a
 ``TierIndex``); the tier only keeps the bytes and checks them on the way back.
@@ -27,11 +32,14 @@ from kvlife.transfer.index import TierIndex
 from kvlife.transfer.layout import BlockGeometry, Buffer, cpu_byte_view
 
 _MAGIC = b"KVB1"
-_VERSION = 1
-# magic, version, flags, hash fingerprint, payload length, payload crc32
-_HEAD = struct.Struct("<4sHHQQI")
+_VERSION = 2  # 2: the block hash is in the header, so a file can be recovered
+# magic, version, flags, hash fingerprint, payload length, payload crc32,
+# block hash length in bytes (0: too wide to keep), block hash (signed, little-endian)
+_HEAD = struct.Struct("<4sHHQQIB27s")
+_HASH_BYTES = 27
 _HEADER_CRC = struct.Struct("<I")
 HEADER_BYTES = 64
+_CRC_AT = HEADER_BYTES - _HEADER_CRC.size  # the header crc covers everything before it
 # Page-aligned slots keep each block's payload within as few pages as possible.
 _ALIGN = 4096
 
@@ -44,6 +52,23 @@ class DiskTierError(OSError):
 
 def _fingerprint(block_hash: int) -> int:
     return stable_mix(block_hash)
+
+
+def _hash_field(block_hash: int) -> tuple[int, bytes]:
+    """(length, bytes) of a block hash for the header; (0, b"") when it does not fit."""
+    length = block_hash.bit_length() // 8 + 1  # one more bit for the sign
+    if length > _HASH_BYTES:
+        return 0, b""
+    return length, block_hash.to_bytes(length, "little", signed=True)
+
+
+def _pack_header(block_hash: int, payload: memoryview) -> bytearray:
+    length, raw = _hash_field(block_hash)
+    header = bytearray(HEADER_BYTES)
+    _HEAD.pack_into(header, 0, _MAGIC, _VERSION, 0, _fingerprint(block_hash), payload.nbytes,
+                    zlib.crc32(payload), length, raw)
+    _HEADER_CRC.pack_into(header, _CRC_AT, zlib.crc32(header[:_CRC_AT]))
+    return header
 
 
 class DiskTier:
@@ -71,6 +96,7 @@ class DiskTier:
         # Injectable so tests can simulate a full disk or a short write.
         self._writer: Writer = writer if writer is not None else os.pwritev
         self._header = bytearray(HEADER_BYTES)
+        self.recovered: dict[int, int] = {}  # block hash -> slot, found valid at open
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
@@ -79,6 +105,7 @@ class DiskTier:
             ) from exc
         try:
             size = self.slot_stride * capacity_blocks
+            existing = os.fstat(self._fd).st_size
             os.ftruncate(self._fd, size)
             if hasattr(os, "posix_fallocate"):
                 # Reserve the blocks now so "disk full" shows up here, not mid-run.
@@ -90,6 +117,55 @@ class DiskTier:
                 f"disk tier {name!r}: cannot preallocate {size} bytes in {self.path}: {exc.strerror}",
                 self.path,
             ) from exc
+        if existing:
+            self._recover(min(capacity_blocks, -(-existing // self.slot_stride)))
+
+    def _recover(self, slots: int) -> None:
+        """Index again the valid blocks of a file a previous run wrote; drop the rest."""
+        header = self._header
+        payload = bytearray(self.block_bytes)
+        for slot in range(slots):
+            offset = slot * self.slot_stride
+            try:
+                got = os.preadv(self._fd, [header], offset)
+            except OSError as exc:
+                self._drop_slot(slot, None, f"cannot read the header: {exc.strerror}")
+                continue
+            if got < HEADER_BYTES or not any(header):
+                continue  # never written (or invalidated): an empty slot
+            magic, version, _flags, fingerprint, length, crc, hash_len, raw = _HEAD.unpack_from(header)
+            (header_crc,) = _HEADER_CRC.unpack_from(header, _CRC_AT)
+            if magic != _MAGIC or header_crc != zlib.crc32(header[:_CRC_AT]):
+                self._drop_slot(slot, None, "bad header")
+                continue
+            if version != _VERSION or length != self.block_bytes:
+                self._drop_slot(slot, None, f"written by another layout (version {version}, {length} bytes)")
+                continue
+            if not 0 < hash_len <= _HASH_BYTES:
+                self._drop_slot(slot, None, "block hash too wide to have been recorded")
+                continue
+            block_hash = int.from_bytes(raw[:hash_len], "little", signed=True)
+            if fingerprint != _fingerprint(block_hash):
+                self._drop_slot(slot, block_hash, "hash fingerprint mismatch")
+                continue
+            try:
+                got = os.preadv(self._fd, [payload], offset + HEADER_BYTES)
+            except OSError as exc:
+                self._drop_slot(slot, block_hash, f"cannot read the payload: {exc.strerror}")
+                continue
+            if got < self.block_bytes or crc != zlib.crc32(payload):
+                self._drop_slot(slot, block_hash, "checksum mismatch")
+                continue
+            if block_hash in self.recovered:
+                self._drop_slot(slot, block_hash, f"duplicate of slot {self.recovered[block_hash]}")
+                continue
+            self.index.adopt(block_hash, slot)
+            self.recovered[block_hash] = slot
+
+    def _drop_slot(self, slot: int, block_hash: int | None, reason: str) -> None:
+        self._invalidate(slot)
+        self.events.append({"event": "disk_slot_dropped", "level": "warning", "tier": self.name,
+                            "slot": slot, "block": block_hash, "reason": reason, "path": self.path})
 
     # ---- lifecycle -----------------------------------------------------------------
     def close(self) -> None:
@@ -122,10 +198,7 @@ class DiskTier:
         view = cpu_byte_view(payload)
         if view.nbytes != self.block_bytes:
             raise ValueError(f"{self.name}: payload is {view.nbytes} bytes, blocks are {self.block_bytes}")
-        head = _HEAD.pack(_MAGIC, _VERSION, 0, _fingerprint(block_hash), view.nbytes, zlib.crc32(view))
-        header = bytearray(HEADER_BYTES)
-        header[: _HEAD.size] = head
-        _HEADER_CRC.pack_into(header, _HEAD.size, zlib.crc32(head))
+        header = _pack_header(block_hash, view)
         offset = slot * self.slot_stride
         try:
             written = self._writer(self._fd, [header, view], offset)
@@ -163,12 +236,12 @@ class DiskTier:
             return self._fault("disk_read_failed", slot, block_hash, errno=exc.errno)
         if got < HEADER_BYTES + self.block_bytes:
             return self._fault("disk_short_read", slot, block_hash, got=got)
-        magic, version, _flags, fingerprint, length, crc = _HEAD.unpack_from(header)
-        (header_crc,) = _HEADER_CRC.unpack_from(header, _HEAD.size)
+        magic, version, _flags, fingerprint, length, crc, _hash_len, _raw = _HEAD.unpack_from(header)
+        (header_crc,) = _HEADER_CRC.unpack_from(header, _CRC_AT)
         if (
             magic != _MAGIC
             or version != _VERSION
-            or header_crc != zlib.crc32(header[: _HEAD.size])
+            or header_crc != zlib.crc32(header[:_CRC_AT])
             or length != self.block_bytes
         ):
             return self._fault("disk_bad_header", slot, block_hash)

@@ -147,6 +147,18 @@ class TierIndex:
             else:
                 self._drop(block)
 
+    def adopt(self, block: BlockHash, slot: int) -> None:
+        """Register a readable block already sitting in ``slot`` (a disk tier recovering
+        the file a previous run left)."""
+        if block in self._entries:
+            raise KeyError(f"tier {self.name!r}: block {block} is already indexed")
+        try:
+            self._free_slots.remove(slot)
+        except ValueError:
+            raise KeyError(f"tier {self.name!r}: slot {slot} is not free") from None
+        self._entries[block] = _Entry(slot=slot, ready=True)
+        self._order.inserted(block)
+
     # ---- removal -------------------------------------------------------------------
     def discard(self, blocks: Iterable[BlockHash]) -> list[BlockHash]:
         """Forget readable blocks that turned out bad (corrupt, lost). A block still pinned

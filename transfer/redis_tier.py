@@ -10,6 +10,10 @@ errors, returns misses / failed stores, and records a warning event the caller d
 Socket timeouts are small and redis-py's retries are off, so a dead server costs one
 failed round trip per call rather than a stall. Batches use non-transactional pipelines:
 one round trip per call.
+
+Keys live under a prefix (the live runtime uses one per run) and, with ``ttl_seconds``,
+expire on their own; ``delete_all`` removes a rank's keys at the end of a run (SCAN on the
+prefix, then UNLINK in batches), so a run leaves nothing behind in a shared server.
 """
 
 from __future__ import annotations
@@ -78,6 +82,28 @@ class RedisTier:
 
     def key(self, block_hash: int) -> str:
         return f"{self.key_prefix}:{self.rank}:{block_hash}"
+
+    def key_pattern(self) -> str:
+        """The SCAN pattern of this rank's keys (glob characters in the prefix escaped)."""
+        escaped = "".join(f"\\{c}" if c in "*?[]\\" else c for c in f"{self.key_prefix}:{self.rank}:")
+        return f"{escaped}*"
+
+    def delete_all(self, batch: int = 500) -> int:
+        """Delete every key of this rank under the prefix; the number deleted. A dead
+        server is a ``redis_unavailable`` event (the keys then expire by their TTL)."""
+        deleted = 0
+        try:
+            keys: list[bytes] = []
+            for key in self.client.scan_iter(match=self.key_pattern(), count=batch):
+                keys.append(key)
+                if len(keys) >= batch:
+                    deleted += int(self.client.unlink(*keys))
+                    keys = []
+            if keys:
+                deleted += int(self.client.unlink(*keys))
+        except _DEGRADED as exc:
+            self._degraded("cleanup", exc, 0)
+        return deleted
 
     def _degraded(self, op: str, exc: BaseException, count: int) -> None:
         self.events.append(

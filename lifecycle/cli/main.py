@@ -150,7 +150,8 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     workload, name = _load_workload(args, config)
     scale = args.time_scale if args.time_scale != 1.0 or args.workload else 20.0
     progress = _progress_bar(sys.stderr) if sys.stdout.isatty() and len(workload) >= 1000 else None
-    outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale, progress=progress)
+    outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale, progress=progress,
+                       workload_name=name)
     if args.json:
         print(json.dumps(outcome.summary))
     else:
@@ -253,6 +254,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    from kvlife.lifecycle.drivers import interrupts
+
+    previous = signal.getsignal(signal.SIGTERM)
+    interrupts.install_sigterm_handler()
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM: the run already wrote its trace
+        print(f"kvlife: interrupted ({interrupts.signal_name(exc)})", file=sys.stderr)
+        return interrupts.exit_code(exc)
+    finally:
+        if previous is not None and signal.getsignal(signal.SIGTERM) is not previous:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "limit", None) is not None and args.limit <= 0:

@@ -17,9 +17,11 @@ the monotonic clock and passes the value in.
 from __future__ import annotations
 
 import queue
+import secrets
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +31,8 @@ import attrs
 import torch
 
 from kvlife.lifecycle.config import ConfigError, LiveConfig, RunConfig
-from kvlife.lifecycle.drivers.simulator import SimResult, model_finishes
+from kvlife.lifecycle.drivers import interrupts
+from kvlife.lifecycle.drivers.simulator import SimResult, cut_record, model_finishes
 from kvlife.lifecycle.engine.core import Engine, Recorder
 from kvlife.lifecycle.engine.events import (
     Arrival,
@@ -216,7 +219,40 @@ class LiveRuntime:
         except ValueError as exc:
             raise ConfigError("engine.ranks", str(exc)) from None
         self.block_bytes = self.geometry.block_bytes * engine_config.ranks
-        self._tmp = None
+        # Redis keys of this run: {prefix}:{rank}:{hash}, deleted at shutdown (and expiring
+        # after live.redis_ttl_s anyway, should the process die before it gets there).
+        self.redis_prefix = f"kvlife:{secrets.token_hex(6)}"
+        self.tier_events: list[dict[str, Any]] = []
+        self.driver_warnings: Counter[str] = Counter()
+        self.rank_errors: list[str] = []
+        self.outbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.ranks: list[RankWorker] = []
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._remote_probe: RedisTier | None = None
+        self._lookups: ThreadPoolExecutor | None = None
+        self._shut = False
+        self._cut = False  # the interrupted record is written: the trace has ended
+        try:
+            self._open_tiers(silent)
+        except BaseException:
+            self.shutdown()  # what was opened before the error: files, sockets, the temp dir
+            raise
+        self._pending_lookups: dict[tuple[str, int], Future[tuple[tuple[str, ...] | None, list[Any]]]] = {}
+        self._steps: dict[int, tuple[StepPlan, set[int]]] = {}
+        self._output_len = {w.request_id: w.output_length for w in workload}
+        # A named disk path is recovered on open: corrupt slots it dropped are warnings now.
+        for worker in self.ranks:
+            self._drain_tiers(worker)
+
+    @property
+    def disk_dir(self) -> Path | None:
+        """Where the disk tier's files are (a temporary directory unless live.disk_path)."""
+        if self._tmp is not None:
+            return Path(self._tmp.name)
+        return Path(self.live.disk_path) if self.live.disk_path is not None else None
+
+    def _open_tiers(self, silent: Callable[[int, Any], bool] | None) -> None:
+        engine_config = self.config.engine
         disk_dir = self.live.disk_path
         if disk_dir is None and any(t.name == "disk" for t in engine_config.tiers):
             self._tmp = tempfile.TemporaryDirectory(prefix="kvlife-disk-")
@@ -227,42 +263,62 @@ class LiveRuntime:
                 path.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError("live.disk_path", f"cannot create {path}: {exc.strerror}") from None
-        self.outbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self.ranks: list[RankWorker] = []
+        ttl = self.live.redis_ttl_s or None  # 0: no TTL, only when configured so
         for rank in range(engine_config.ranks):
             tiers: dict[str, TierBytes] = {}
-            for tier in engine_config.tiers:
-                if tier.name == "host":
-                    tiers["host"] = HostPool(self.geometry, tier.capacity_blocks, tier.eviction)
-                elif tier.name == "disk":
-                    assert disk_dir is not None
-                    try:
-                        tiers["disk"] = DiskTier(Path(disk_dir) / f"rank{rank}.kvblocks", self.geometry,
-                                                 tier.capacity_blocks, tier.eviction)
-                    except OSError as exc:
-                        raise ConfigError("live.disk_path", str(exc)) from None
-                else:
-                    if self.live.redis_url is None:
-                        raise ConfigError("live.redis_url", "a remote tier needs a Redis URL")
-                    tiers["remote"] = RedisTier(self.live.redis_url, self.geometry, rank=rank,
-                                                ttl_seconds=self.live.redis_ttl_s, name="remote")
+            try:
+                for tier in engine_config.tiers:
+                    if tier.name == "host":
+                        tiers["host"] = HostPool(self.geometry, tier.capacity_blocks, tier.eviction)
+                    elif tier.name == "disk":
+                        assert disk_dir is not None
+                        try:
+                            tiers["disk"] = DiskTier(Path(disk_dir) / f"rank{rank}.kvblocks", self.geometry,
+                                                     tier.capacity_blocks, tier.eviction)
+                        except OSError as exc:
+                            raise ConfigError("live.disk_path", str(exc)) from None
+                    else:
+                        if self.live.redis_url is None:
+                            raise ConfigError("live.redis_url", "a remote tier needs a Redis URL")
+                        tiers["remote"] = RedisTier(self.live.redis_url, self.geometry, rank=rank,
+                                                    key_prefix=self.redis_prefix, ttl_seconds=ttl, name="remote")
+            except BaseException:
+                for opened in tiers.values():
+                    close = getattr(opened, "close", None)
+                    if close is not None:
+                        close()
+                raise
             worker = RankWorker(rank, self.geometry, engine_config.device_blocks, tiers, self.outbox,
                                 self.live.verify, silent)
             self.ranks.append(worker)
         self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvlife-lookup")
-        self._remote_probe = (
-            RedisTier(self.live.redis_url, self.geometry, rank=0, name="remote")
-            if self.live.redis_url is not None and any(t.name == "remote" for t in engine_config.tiers)
-            else None
-        )
-        self._pending_lookups: dict[tuple[str, int], Future[tuple[str, ...] | None]] = {}
-        self._steps: dict[int, tuple[StepPlan, set[int]]] = {}
-        self._output_len = {w.request_id: w.output_length for w in workload}
-        self.tier_events: list[dict[str, Any]] = []
-        self.rank_errors: list[str] = []
+        if self.live.redis_url is not None and any(t.name == "remote" for t in engine_config.tiers):
+            self._remote_probe = RedisTier(self.live.redis_url, self.geometry, rank=0,
+                                           key_prefix=self.redis_prefix, name="remote")
 
     # ---- main loop ---------------------------------------------------------------------
     def run(self) -> SimResult:
+        """Run the workload to the end. Ctrl-C / SIGTERM: shut down, write the
+        ``interrupted`` record last, re-raise."""
+        with interrupts.held() as gate:
+            try:
+                events = self._loop(gate)
+            except KeyboardInterrupt as exc:
+                open_work = {"steps": len(self._steps), "lookups": len(self._pending_lookups)}
+                try:
+                    self.shutdown()  # its tier events are still written before the cut...
+                finally:  # ...and the cut is written even if a second Ctrl-C cuts the shutdown short
+                    self._cut = True
+                    if self.engine.recorder is not None:
+                        self.engine.recorder(cut_record(self.engine, exc, len(self.workload), gate.clean,
+                                                        **open_work))
+                raise
+            finally:
+                self.shutdown()
+        self.engine.check_invariants()
+        return SimResult(self.engine, self.workload, self.engine.now, events, self.engine.stranded())
+
+    def _loop(self, gate: interrupts.StopGate) -> int:
         for worker in self.ranks:
             worker.start()
         start = time.monotonic()
@@ -272,59 +328,82 @@ class LiveRuntime:
         engine = self.engine
         max_in_flight = 2 if self.config.engine.async_scheduling else 1
         reported = 0  # finished requests last told to the progress callback
-        try:
-            while True:
-                now = (time.monotonic() - start) * 1000.0
-                progressed = False
-                while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_ms / self.time_scale <= now:
-                    w = arrivals[next_arrival]
-                    next_arrival += 1
-                    at = max(now, engine.now)
-                    self._dispatch(engine.handle(Arrival(at, w.request_id, w.input_length, w.hash_ids)), at)
-                    events += 1
-                    progressed = True
-                events += self._drain_outbox(now)
-                events += self._deliver_lookups(now)
-                # With async scheduling the next step is planned while one still runs,
-                # so placeholders really are in flight, as in vLLM.
-                if len(self._steps) < max_in_flight and engine.busy():
-                    commands = engine.handle(Tick(max(now, engine.now)))
-                    events += 1
-                    self._dispatch(commands, now)
-                    progressed = progressed or any(isinstance(c, StepPlan) for c in commands)
-                if next_arrival >= len(arrivals) and not engine.busy() and not self._steps:
-                    break
-                if not progressed:
-                    wait = 0.005
-                    if next_arrival < len(arrivals):
-                        due = arrivals[next_arrival].arrival_ms / self.time_scale - now
-                        wait = max(0.0, min(wait, due / 1000.0))
-                    try:
-                        message = self.outbox.get(timeout=wait) if wait > 0 else None
-                    except queue.Empty:
-                        message = None
-                    if message is not None:
-                        events += self._handle_message(message, (time.monotonic() - start) * 1000.0)
-                if self.progress is not None and engine.state_counts["finished"] != reported:
-                    reported = engine.state_counts["finished"]
-                    self.progress(reported, len(arrivals))
-        finally:
-            for worker in self.ranks:
+        while True:
+            gate.check()
+            now = (time.monotonic() - start) * 1000.0
+            progressed = False
+            while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_ms / self.time_scale <= now:
+                w = arrivals[next_arrival]
+                next_arrival += 1
+                at = max(now, engine.now)
+                self._dispatch(engine.handle(Arrival(at, w.request_id, w.input_length, w.hash_ids)), at)
+                events += 1
+                progressed = True
+            events += self._drain_outbox(now)
+            events += self._deliver_lookups(now)
+            # With async scheduling the next step is planned while one still runs,
+            # so placeholders really are in flight, as in vLLM.
+            if len(self._steps) < max_in_flight and engine.busy():
+                commands = engine.handle(Tick(max(now, engine.now)))
+                events += 1
+                self._dispatch(commands, now)
+                progressed = progressed or any(isinstance(c, StepPlan) for c in commands)
+            if next_arrival >= len(arrivals) and not engine.busy() and not self._steps:
+                return events
+            if not progressed:
+                wait = 0.005
+                if next_arrival < len(arrivals):
+                    due = arrivals[next_arrival].arrival_ms / self.time_scale - now
+                    wait = max(0.0, min(wait, due / 1000.0))
+                try:
+                    message = self.outbox.get(timeout=wait) if wait > 0 else None
+                except queue.Empty:
+                    message = None
+                if message is not None:
+                    events += self._handle_message(message, (time.monotonic() - start) * 1000.0)
+            if self.progress is not None and engine.state_counts["finished"] != reported:
+                reported = engine.state_counts["finished"]
+                self.progress(reported, len(arrivals))
+
+    def shutdown(self) -> None:
+        """Stop and join the rank threads and the lookup thread, record the tier events
+        still queued, delete this run's Redis keys, close every tier and remove the
+        temporary disk directory (a named ``live.disk_path`` is kept, to be recovered).
+        Idempotent; runs whatever way the run ends."""
+        if self._shut:
+            return
+        for worker in self.ranks:
+            if worker.ident is not None:
                 worker.inbox.put(("stop",))
-            for worker in self.ranks:
+        for worker in self.ranks:
+            if worker.ident is not None:
                 worker.join(timeout=10)
+        if self._lookups is not None:
             self._lookups.shutdown(wait=True, cancel_futures=True)
-            for worker in self.ranks:
-                for tier in worker.tiers.values():
-                    close = getattr(tier, "close", None)
-                    if close is not None:
-                        close()
-            if self._remote_probe is not None:
-                self._remote_probe.close()
-            if self._tmp is not None:
-                self._tmp.cleanup()
-        engine.check_invariants()
-        return SimResult(engine, self.workload, engine.now, events, engine.stranded())
+        # The engine is not fed any more: only what the tiers and ranks said is kept.
+        while True:
+            try:
+                message = self.outbox.get_nowait()
+            except queue.Empty:
+                break
+            if message[0] in ("tier_event", "rank_error"):
+                self._handle_message(message, self.engine.now)
+        for worker in self.ranks:
+            if worker.is_alive():
+                continue  # a rank stuck in a copy still owns its tiers: leave them be
+            for tier in worker.tiers.values():
+                if isinstance(tier, RedisTier):
+                    tier.delete_all()
+            self._drain_tiers(worker)
+            for tier in worker.tiers.values():
+                close = getattr(tier, "close", None)
+                if close is not None:
+                    close()
+        if self._remote_probe is not None:
+            self._remote_probe.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        self._shut = True  # only now: a shutdown cut short by a second Ctrl-C is retried
 
     def stats(self) -> LiveStats:
         total = LiveStats()
@@ -333,6 +412,32 @@ class LiveRuntime:
             total.mismatches += worker.stats.mismatches
         total.tier_events = list(self.tier_events)
         return total
+
+    # ---- tier events -------------------------------------------------------------------
+    def _drain_tiers(self, worker: RankWorker) -> None:
+        """Main thread, while the rank's thread is not running: its tiers' events."""
+        for tier in worker.tiers.values():
+            drain = getattr(tier, "drain_events", None)
+            if drain is not None:
+                for event in drain():
+                    self._tier_event(worker.rank, event)
+
+    def _tier_event(self, rank: int | None, event: dict[str, Any]) -> None:
+        """A tier event (Redis down, a failed disk write, a corrupt slot...): kept in
+        ``tier_events`` and warned about."""
+        fields = dict(event)
+        what = str(fields.pop("event", "tier_event"))
+        fields.pop("level", None)
+        self.tier_events.append({"event": what, "rank": rank, **fields})
+        self._warn(what, rank, fields)
+
+    def _warn(self, what: str, rank: int | None, fields: dict[str, Any]) -> None:
+        """A ``warning`` record (``"origin": "driver"``) at the engine's time, always written
+        between two engine calls, and one more in the summary's ``warnings``."""
+        self.driver_warnings[what] += 1
+        if self.engine.recorder is not None and not self._cut:  # nothing follows the cut
+            self.engine.recorder({"kind": "warning", "t": self.engine.now, "what": what, "origin": "driver",
+                                  "rank": rank, **fields})
 
     # ---- commands out ------------------------------------------------------------------
     def _dispatch(self, commands: list[Any], now: float) -> None:
@@ -359,6 +464,7 @@ class LiveRuntime:
                 for worker in self.ranks:
                     worker.inbox.put(("prefetch", command.job_id, command.moves))
             elif isinstance(command, SubmitLookup):
+                assert self._lookups is not None
                 snapshot = self.engine.sync_lookup(command.block_hashes)
                 future = self._lookups.submit(self._confirm_lookup, command.block_hashes, snapshot)
                 self._pending_lookups[(command.request_id, command.epoch)] = future
@@ -370,28 +476,36 @@ class LiveRuntime:
             for worker in self.ranks:
                 worker.inbox.put(("flush",))
 
-    def _confirm_lookup(self, hashes: tuple[int, ...], snapshot: tuple[str, ...]) -> tuple[str, ...] | None:
+    def _confirm_lookup(
+        self, hashes: tuple[int, ...], snapshot: tuple[str, ...]
+    ) -> tuple[tuple[str, ...] | None, list[dict[str, Any]]]:
         """Runs on the lookup thread: checks the remote blocks really exist (one pipelined
-        round trip). Blocks the index puts in host or disk are taken as they are."""
+        round trip). Blocks the index puts in host or disk are taken as they are. Returns
+        the answer and the probe's tier events (the main thread records them)."""
         remote = [h for h, tier in zip(hashes, snapshot, strict=False) if tier == "remote"]
         if not remote or self._remote_probe is None:
-            return snapshot
+            return snapshot, []
         present = dict(zip(remote, self._remote_probe.exists_many(remote), strict=True))
         answer: list[str] = []
         for h, tier in zip(hashes, snapshot, strict=False):
             if tier == "remote" and not present[h]:
                 break
             answer.append(tier)
-        return tuple(answer)
+        return tuple(answer), self._remote_probe.drain_events()
 
     # ---- inputs in ---------------------------------------------------------------------
     def _deliver_lookups(self, now: float) -> int:
         delivered = 0
         for key in [k for k, f in self._pending_lookups.items() if f.done()]:
             future = self._pending_lookups.pop(key)
+            tiers: tuple[str, ...] | None = None
             try:
-                tiers = None if future.cancelled() else future.result()
-            except Exception:  # a lookup that fails is a miss, said so by tiers=None
+                if not future.cancelled():
+                    tiers, probe_events = future.result()
+                    for event in probe_events:
+                        self._tier_event(None, event)
+            except Exception as exc:  # a lookup that fails is a miss, said so by tiers=None
+                self._warn("lookup_failed", None, {"error": f"{type(exc).__name__}: {exc}"})
                 tiers = None
             self._dispatch(self.engine.handle(LookupAnswer(max(now, self.engine.now), key[0], key[1], tiers)), now)
             delivered += 1
@@ -418,9 +532,10 @@ class LiveRuntime:
             self._steps[step_id][1].add(rank)
             return self._complete_step(step_id, now)
         if kind == "tier_event":
-            self.tier_events.append({"rank": message[1], **message[2]})
+            self._tier_event(message[1], message[2])
         elif kind == "rank_error":
             self.rank_errors.append(f"rank {message[1]}: {message[2]}")
+            self._warn("rank_error", message[1], {"error": message[2]})
         return 0
 
     def _complete_step(self, step_id: int, now: float) -> int:
@@ -462,19 +577,24 @@ class LiveOutcome:
 
 def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicyStack | None = None,
              trace_path: str | Path | None = None, time_scale: float = 1.0,
-             progress: Callable[[int, int], None] | None = None) -> LiveOutcome:
-    from kvlife.lifecycle.drivers.runner import recording
+             progress: Callable[[int, int], None] | None = None, workload_name: str = "live") -> LiveOutcome:
+    from kvlife.lifecycle.drivers.runner import recording, require_requests
     from kvlife.lifecycle.metrics import summarize
     from kvlife.policies.loading import load_stack
 
+    require_requests(workload, workload_name)
     stack = stack if stack is not None else load_stack(config.policies)
     started = time.perf_counter()
-    meta = {"name": "live", "requests": len(workload)}
-    with recording(trace_path, config, stack, workload=meta, driver="live") as writer:
+    meta = {"name": workload_name, "requests": len(workload)}
+    with interrupts.held(), recording(trace_path, config, stack, workload=meta, driver="live") as writer:
         runtime = LiveRuntime(config, workload, stack, writer.record if writer else None, time_scale, progress)
         result = runtime.run()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, runtime.block_bytes)
+    # The engine's warnings and the driver's (tier events, rank errors), one count per name.
+    warnings = Counter(summary["warnings"])
+    warnings.update(runtime.driver_warnings)
+    summary["warnings"] = dict(sorted(warnings.items()))
     stats = runtime.stats()
     summary["live"] = {
         "ranks": config.engine.ranks,

@@ -1,4 +1,9 @@
-"""One simulated run end to end: workload + config + policy stack → trace + summary."""
+"""One simulated run end to end: workload + config + policy stack → trace + summary.
+
+Ctrl-C and SIGTERM are held while a run records (``interrupts.held``): the driver stops
+between two engine calls, writes the ``interrupted`` record, the trace is closed here and
+the interrupt goes on up (the command line exits 130 or 143).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,11 @@ from typing import Any
 import attrs
 
 from kvlife.lifecycle.config import RunConfig
+from kvlife.lifecycle.drivers import interrupts
 from kvlife.lifecycle.drivers.simulator import Progress, SimResult, Simulator
 from kvlife.lifecycle.metrics import summarize
 from kvlife.lifecycle.traces.trace import TraceWriter
-from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+from kvlife.lifecycle.workloads.mooncake import WorkloadError, WorkloadRequest
 from kvlife.policies.loading import load_stack
 from kvlife.policies.stack import PolicyStack
 
@@ -31,13 +37,20 @@ def recording(
     trace_path: str | Path | None, config: RunConfig, stack: PolicyStack, **header: Any
 ) -> Iterator[TraceWriter | None]:
     """A trace writer with its header written (None without a path), closed on the way
-    out whatever happens, so what was recorded before an error stays valid."""
+    out whatever happens (an error, Ctrl-C, SIGTERM), so what was recorded stays valid."""
     if trace_path is None:
         yield None
         return
     with TraceWriter(trace_path) as writer:
         writer.write_header(config.to_dict(), list(stack.names), config.sim.seed, **header)
         yield writer
+
+
+def require_requests(workload: list[WorkloadRequest], name: str) -> None:
+    """An empty workload (an empty file, a filter that kept nothing) is bad input: a
+    WorkloadError naming it (``FILE: no requests``), not an empty run."""
+    if not workload:
+        raise WorkloadError(name, None, None, "no requests")
 
 
 def run_workload(
@@ -48,10 +61,11 @@ def run_workload(
     progress: Progress | None = None,
     workload_name: str = "synthetic",
 ) -> RunOutcome:
+    require_requests(workload, workload_name)
     stack = stack if stack is not None else load_stack(config.policies)
     started = time.perf_counter()  # wall time of the run, reported, never fed to the core
     meta = {"name": workload_name, "requests": len(workload)}
-    with recording(trace_path, config, stack, workload=meta) as writer:
+    with interrupts.held(), recording(trace_path, config, stack, workload=meta) as writer:
         sim = Simulator(config, workload, stack, writer.record if writer else None, progress)
         result = sim.run()
     wall = time.perf_counter() - started

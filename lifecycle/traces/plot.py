@@ -38,7 +38,24 @@ def state_counts(segments: dict[str, list[Any]]) -> tuple[list[float], dict[str,
     return times, counts
 
 
+def image_format(out: str | Path) -> str:
+    """The image format ``out``'s extension names, checked against what matplotlib writes
+    before any work is done: a TraceError naming the extension and the supported ones."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise TraceError(str(out), None, "writing images needs matplotlib: pip install 'kvlife[plot]'") from None
+    supported = sorted(FigureCanvasBase.get_supported_filetypes())
+    suffix = Path(out).suffix
+    fmt = suffix[1:].lower()
+    if fmt not in supported:
+        what = f"unsupported image extension '{suffix}'" if suffix else "no image extension"
+        raise TraceError(str(out), None, f"{what}; supported: {', '.join('.' + s for s in supported)}")
+    return fmt
+
+
 def plot(trace: str | Path, out: str | Path) -> None:
+    fmt = image_format(out)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,7 +104,7 @@ def plot(trace: str | Path, out: str | Path) -> None:
             ax.set_axis_off()
     fig.tight_layout()
     try:
-        fig.savefig(out)
+        fig.savefig(out, format=fmt)
     except OSError as exc:
         raise TraceError(str(out), None, f"cannot write: {exc.strerror}") from None
     finally:

@@ -22,7 +22,7 @@ import orjson
 from kvlife.lifecycle.config import ConfigError, RunConfig, config_from_dict
 from kvlife.lifecycle.engine.events import BadEvent, input_from_record
 from kvlife.lifecycle.metrics import format_value
-from kvlife.lifecycle.traces.trace import TraceError, parse_record, read_header, render_record
+from kvlife.lifecycle.traces.trace import TraceError, is_driver_record, parse_record, read_header, render_record
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 
 
@@ -81,6 +81,8 @@ def replay(path: str | Path, stop_at_divergence: bool = True) -> ReplayResult:
     for number, raw in lines:
         if not produced:
             record = parse_record(p, number, raw)
+            if is_driver_record(record):
+                continue  # a tier warning or the interrupted record: no engine call makes them
             if record["kind"] == "input":
                 try:
                     event = input_from_record(record)

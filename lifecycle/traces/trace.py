@@ -36,8 +36,8 @@ class _LineSink:
         self._stream = stream
 
     def msg(self, message: bytes) -> None:
-        self._stream.write(message)
-        self._stream.write(b"\n")
+        # One write per line: an interrupt between two writes must not leave half a line.
+        self._stream.write(message + b"\n")
 
 
 def _kind_first(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
@@ -96,8 +96,15 @@ def render_record(record: dict[str, Any]) -> bytes:
 
 KNOWN_KINDS = frozenset(
     {"header", "input", "transition", "decision", "step", "job", "job_done", "free", "evict", "stale_lookup",
-     "warning"}
+     "warning", "interrupted"}
 )
+
+
+def is_driver_record(record: dict[str, Any]) -> bool:
+    """Written by a driver, not by the engine: tier warnings (``"origin": "driver"``) and the
+    final ``interrupted`` record. An exact replay skips them: no engine call produces them."""
+    kind = record.get("kind")
+    return kind == "interrupted" or (kind == "warning" and record.get("origin") == "driver")
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:

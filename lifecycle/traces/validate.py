@@ -6,6 +6,9 @@ backwards) are findings of "invariant 0"; spec and invariant checks (1-7; 6 only
 the stack shares loads) come from the independent observer in ``kvlife.specs.invariants``.
 A truncated last line (a crash mid-write) is reported and everything before it is still
 used; the end-of-run checks (invariant 7) are skipped then, since the run did not end.
+A run cut short by Ctrl-C or SIGTERM ends with an ``interrupted`` record: the work open at
+the cut is not held to invariants 3 and 7 (a note says how much), everything before the
+cut is checked as usual, and a record after it is a finding.
 """
 
 from __future__ import annotations

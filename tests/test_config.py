@@ -1,0 +1,218 @@
+"""Config files: every error is one line naming the file, the line (in the right table when
+a table repeats) and the dotted field; keys mirror the long flags of ``kvlife run``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import (
+    ConfigError,
+    EngineConfig,
+    LiveConfig,
+    RunConfig,
+    SimConfig,
+    TierConfig,
+    key_line,
+    load_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def error_of(tmp_path: Path, text: str, name: str = "kvlife.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    return str(info.value).replace(str(path), "FILE")
+
+
+def cli_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """Run the CLI in-process: exit code 2, one line on stderr, no traceback."""
+    assert main(list(args)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err.rstrip("\n")
+
+
+def test_missing_config_file_names_the_file_and_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.toml"
+    line = cli_error(capsys, "run", "--config", str(missing))
+    assert line == f"kvlife: error: {missing}: cannot read config: No such file or directory"
+
+
+def test_a_directory_or_binary_file_is_a_clear_read_error(tmp_path: Path) -> None:
+    (tmp_path / "empty.toml").write_text("")
+    assert load_config(tmp_path / "empty.toml") == RunConfig()  # an empty file: every default
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(ConfigError, match=r"dir\.toml: cannot read config: Is a directory$"):
+        load_config(tmp_path / "dir.toml")
+    (tmp_path / "bin.toml").write_bytes(b"[engine]\n\xff\xfe = 1\n")
+    with pytest.raises(ConfigError, match=r"bin\.toml: cannot read config: not UTF-8 text \(byte 9\)$"):
+        load_config(tmp_path / "bin.toml")
+
+
+def test_toml_syntax_error_has_line_and_column_up_front(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[engine]\ndevice_blocks = 300\nranks = = 2\n")
+    line = cli_error(capsys, "run", "--config", str(path))
+    assert line == f"kvlife: error: {path}:3:9: TOML syntax error: Invalid value"
+    assert error_of(tmp_path, '[policies]\nstack = ["a",\n') == \
+        "FILE:2:14: TOML syntax error: Invalid value at the end of the file"
+
+
+def test_bad_value_in_the_second_tiers_table_points_at_that_table(tmp_path: Path) -> None:
+    text = ('[[tiers]]\nname = "host"\ncapacity_blocks = 100\n\n'
+            '[[tiers]]\nname = "disk"\ncapacity_blocks = 0\n')
+    assert error_of(tmp_path, text) == "FILE:7: field 'tiers[1].capacity_blocks': must be a positive integer, got 0"
+    text = ('[[tiers]]\nname = "host"\ncapacity_blocks = 100\neviction = "lru"\n\n'
+            '[[tiers]]\nname = "disk"\ncapacity_blocks = 10\neviction = "fifo"\n')
+    assert error_of(tmp_path, text) == \
+        "FILE:9: field 'tiers[1].eviction': must be one of 'lru', 'arc'; got 'fifo'"
+    # A required key missing: the line of the table that lacks it.
+    text = '[[tiers]]\nname = "host"\ncapacity_blocks = 1\n[[tiers]]\nname = "disk"\n'
+    assert error_of(tmp_path, text) == ("FILE:4: field 'tiers[1].capacity_blocks': missing (every [[tiers]] "
+                                        "table needs name and capacity_blocks)")
+    text = '[[tiers]]\nname = "disk"\ncapacity_blocks = 1\n[[tiers]]\nname = "host"\ncapacity_blocks = 1\n'
+    assert error_of(tmp_path, text) == ("FILE:5: field 'tiers[1].name': tiers cascade host, disk, remote in that "
+                                        "order; got disk, host")
+    text = '[[tiers]]\nname = "host"\ncapacity_blocks = 1\n[[tiers]]\nname = "host"\ncapacity_blocks = 1\n'
+    assert error_of(tmp_path, text) == \
+        "FILE:5: field 'tiers[1].name': tier 'host' is given twice; tier names must be unique"
+
+
+def test_seed_that_is_not_an_integer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "seed.toml"
+    path.write_text('# the seed\n[sim]\nseed = "abc"\n')
+    line = cli_error(capsys, "run", "--config", str(path))
+    assert line == f"kvlife: error: {path}:3: field 'sim.seed': must be an integer, got 'abc'"
+    assert error_of(tmp_path, "sim.seed = 1.5\n") == "FILE:1: field 'sim.seed': must be an integer, got 1.5"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[engine]\ndevice_block = 5\n",
+         "FILE:2: field 'engine.device_block': unknown key (did you mean 'device_blocks'?)"),
+        ("[sim]\nsed = 5\n", "FILE:2: field 'sim.sed': unknown key (did you mean 'seed'?)"),
+        ("[live]\nredis_ttl = 5\n", "FILE:2: field 'live.redis_ttl': unknown key (did you mean 'redis_ttl_s'?)"),
+        ("[policies]\nstacks = []\n", "FILE:2: field 'policies.stacks': unknown key (did you mean 'stack'?)"),
+        ('[[tiers]]\nname = "host"\ncapacity = 5\n',
+         "FILE:3: field 'tiers[0].capacity': unknown key (did you mean 'capacity_blocks'?)"),
+        ("[simm]\nseed = 1\n", "FILE:1: field 'simm': unknown section (did you mean 'sim'?)"),
+        ("[engine]\ntiers = []\n",
+         "FILE:2: field 'engine.tiers': unknown key (tiers are [[tiers]] tables of their own)"),
+        ("[engine]\nzzz = 1\n", "FILE:2: field 'engine.zzz': unknown key (known: block_tokens, device_blocks, "
+         "max_batched_tokens, max_running, ranks, async_scheduling, transfer_deadline_ms, lookup_latency_ms)"),
+    ],
+)
+def test_unknown_keys_are_refused_in_every_section(tmp_path: Path, text: str, expected: str) -> None:
+    assert error_of(tmp_path, text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[engine]\nasync_scheduling = 1\n", "FILE:2: field 'engine.async_scheduling': must be true or false, got 1"),
+        ("[engine]\nranks = true\n", "FILE:2: field 'engine.ranks': must be a positive integer, got true"),
+        ("[engine]\ndevice_blocks = [1]\n", "FILE:2: field 'engine.device_blocks': must be a positive integer, "
+         "got an array"),
+        ("[engine]\ntransfer_deadline_ms = \"soon\"\n",
+         "FILE:2: field 'engine.transfer_deadline_ms': must be a positive number, got 'soon'"),
+        ("[sim]\ndecode_step_ms = 1979-05-27\n",
+         "FILE:2: field 'sim.decode_step_ms': must be a positive number, got a date/time (1979-05-27)"),
+        ("[sim]\nmax_output_tokens = 0\n", "FILE:2: field 'sim.max_output_tokens': must be a positive integer, got 0"),
+        ("[sim]\ntime_scale = -2.0\n", "FILE:2: field 'sim.time_scale': must be a positive number, got -2.0"),
+        ("[live]\ndisk_path = 5\n", "FILE:2: field 'live.disk_path': must be a non-empty string, got 5"),
+        ("[live]\nredis_url = \"localhost:6379\"\n",
+         "FILE:2: field 'live.redis_url': must be a redis://, rediss:// or unix:// URL, got 'localhost:6379'"),
+        ("[live]\nredis_ttl_s = -1\n", "FILE:2: field 'live.redis_ttl_s': must be a non-negative integer, got -1"),
+        ("[live]\nverify = \"yes\"\n", "FILE:2: field 'live.verify': must be true or false, got 'yes'"),
+        ("[live]\ndtype = \"int8\"\n",
+         "FILE:2: field 'live.dtype': must be one of 'float16', 'bfloat16', 'float32'; got 'int8'"),
+        ("[policies]\nstack = \"baseline\"\n", "FILE:2: field 'policies.stack': must be an array of policy names, "
+         "got 'baseline'"),
+        ("engine = 5\n", "FILE:1: field 'engine': must be a table ([engine]), got 5"),
+        ("[tiers]\nname = \"host\"\n", "FILE:1: field 'tiers': must be an array of tables ([[tiers]]), got a table"),
+        ('[[tiers]]\nname = "hots"\ncapacity_blocks = 1\n',
+         "FILE:2: field 'tiers[0].name': must be one of 'host', 'disk', 'remote'; got 'hots'"),
+        ('[[tiers]]\nname = "host"\ncapacity_blocks = 1\nfailure_rate = 1.5\n',
+         "FILE:4: field 'tiers[0].failure_rate': must be a number from 0 to 1, got 1.5"),
+    ],
+)
+def test_wrong_types_name_file_line_and_field(tmp_path: Path, text: str, expected: str) -> None:
+    assert error_of(tmp_path, text) == expected
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "+nan"])
+def test_nan_and_infinity_are_refused_in_float_fields(tmp_path: Path, value: str) -> None:
+    text = f'[[tiers]]\nname = "host"\ncapacity_blocks = 8\n\n[[tiers]]\nname = "disk"\ncapacity_blocks = 8\n' \
+           f"bandwidth_gbps = {value}\n"
+    message = error_of(tmp_path, text)
+    assert message.startswith("FILE:8: field 'tiers[1].bandwidth_gbps': must be a finite number, got ")
+    assert error_of(tmp_path, f"[sim]\ndecode_step_ms = {value}\n").startswith(
+        "FILE:2: field 'sim.decode_step_ms': must be a finite number")
+    assert error_of(tmp_path, f"[engine]\nlookup_latency_ms = {value}\n").startswith(
+        "FILE:2: field 'engine.lookup_latency_ms': must be a finite number")
+
+
+def test_keys_mirror_the_long_flags(tmp_path: Path) -> None:
+    path = tmp_path / "kvlife.toml"
+    path.write_text(
+        '[engine]\ndevice_blocks = 300\nranks = 2\n\n[sim]\nseed = 7\ntime_scale = 2.5\n\n'
+        '[live]\ndisk_path = "/var/tmp/kv"\nredis_url = "redis://127.0.0.1:6379/0"\nredis_ttl_s = 0\n\n'
+        '[policies]\nstack = ["async-lookup", "shared-loads"]\n'
+    )
+    config = load_config(path)
+    assert (config.engine.device_blocks, config.engine.ranks) == (300, 2)
+    assert (config.sim.seed, config.sim.time_scale) == (7, 2.5)
+    assert config.live.disk_path == "/var/tmp/kv" and config.live.redis_url == "redis://127.0.0.1:6379/0"
+    assert config.live.redis_ttl_s == 0  # no TTL: only when said so
+    assert config.policies == ("async-lookup", "shared-loads")
+    assert key_line(path, "policies.stack") == 15 and key_line(path, "stack") == 15
+    assert key_line(path, "live.redis_ttl_s") == 12
+
+
+def test_defaults() -> None:
+    config = RunConfig()
+    assert config.live.redis_ttl_s == 3600 and config.sim.time_scale == 1.0
+    assert config.live.disk_path is None and config.live.redis_url is None
+
+
+def test_programmatic_configs_are_checked_too() -> None:
+    with pytest.raises(ConfigError, match=r"^field 'seed': must be an integer, got 'x'$"):
+        SimConfig(seed="x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="finite"):
+        TierConfig("host", capacity_blocks=1, latency_ms=float("nan"))
+    with pytest.raises(ConfigError, match="^field 'tiers': tiers cascade"):
+        EngineConfig(tiers=(TierConfig("disk", 1), TierConfig("host", 1)))
+    with pytest.raises(ConfigError, match="redis_ttl_s"):
+        attrs.evolve(LiveConfig(), redis_ttl_s=-5)
+
+
+def test_comments_strings_and_dotted_keys_do_not_confuse_the_line_finder(tmp_path: Path) -> None:
+    text = ('# [[tiers]] in a comment\n[live]\ndisk_path = """\n[[tiers]]\nseed = 1\n"""\n'
+            '[sim]\n"seed" = "x"\n')
+    assert error_of(tmp_path, text) == "FILE:8: field 'sim.seed': must be an integer, got 'x'"
+    assert error_of(tmp_path, '[engine]\nranks = 1\n[sim]\ndecode_step_ms = 1\nmax_output_tokens = -1\n') == \
+        "FILE:5: field 'sim.max_output_tokens': must be a positive integer, got -1"
+    assert error_of(tmp_path, 'sim = { seed = "x" }\n') == "FILE:1: field 'sim.seed': must be an integer, got 'x'"
+
+
+def test_config_error_through_the_command_line_subprocess(tmp_path: Path) -> None:
+    path = tmp_path / "two.toml"
+    path.write_text('[[tiers]]\nname = "host"\ncapacity_blocks = 10\n\n[[tiers]]\nname = "disk"\n'
+                    'capacity_blocks = 10\nlatency_ms = -1\n')
+    proc = subprocess.run([sys.executable, "-m", "kvlife", "run", "--config", str(path)], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr == (f"kvlife: error: {path}:8: field 'tiers[1].latency_ms': must be a non-negative number, "
+                           "got -1\n")
