@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -53,43 +54,48 @@ def build_parser() -> KvlifeParser:
     return parser
 
 
-def _install_sigterm_handler() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     from kvlife.lifecycle.drivers.interrupts import install_sigterm_handler
 
-    install_sigterm_handler()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
+    previous = signal.getsignal(signal.SIGTERM)
+    install_sigterm_handler()  # SIGTERM raises Terminated, a KeyboardInterrupt
     try:
-        _install_sigterm_handler()
-        parser = build_parser()
-        args, unknown = parser.parse_known_args(argv)
-        if unknown:  # named by the subcommand that refused them, as every other flag error is
-            prog = getattr(args, "command_prog", parser.prog)
-            hint = ('; --policy is gone: one --stack "a,b" names the whole stack'
-                    if any(u.split("=")[0] == "--policy" for u in unknown) else "")
-            parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(unknown)}{hint}\n")
-        try:
-            result: int = args.func(args)
-            return result
-        except UsageError as exc:
-            if isinstance(exc, MissingExtra):
-                print(f"kvlife: error: {exc}", file=sys.stderr)
-            else:
-                print(f"{args.command_prog}: error: {exc}", file=sys.stderr)
-            return 2
-        except USER_ERRORS as exc:
-            print(f"kvlife: error: {exc}", file=sys.stderr)
-            return 2
-        except BrokenPipeError:
-            # The reader went away (kvlife ... | head): stop quietly, and keep Python from
-            # complaining again when it flushes stdout at exit.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-    except KeyboardInterrupt as exc:
+        return _main(argv)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the drivers closed their traces
         print("kvlife: interrupted", file=sys.stderr)
         code: int = getattr(exc, "exit_code", 130)
         return code
+    finally:
+        # Called in-process (tests, a notebook): leave the caller's SIGTERM handling as it was.
+        if previous is not None and signal.getsignal(signal.SIGTERM) is not previous:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the subcommand that refused them, as every other flag error is
+        prog = getattr(args, "command_prog", parser.prog)
+        hint = ('; --policy is gone: one --stack "a,b" names the whole stack'
+                if any(u.split("=")[0] == "--policy" for u in unknown) else "")
+        parser.exit(2, f"{prog}: error: unrecognized arguments: {' '.join(unknown)}{hint}\n")
+    try:
+        result: int = args.func(args)
+        return result
+    except MissingExtra as exc:
+        print(f"kvlife: error: {exc}", file=sys.stderr)
+        return 2
+    except UsageError as exc:  # a flag value only the command can judge: named like argparse's errors
+        print(f"{args.command_prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except USER_ERRORS as exc:
+        print(f"kvlife: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (kvlife ... | head): stop quietly, and keep Python from
+        # complaining again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Any
 import attrs
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, positive_int
+from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, non_negative_int
 from kvlife.lifecycle.cli.run_options import (
     add_size_flags,
     add_workload_flags,
@@ -50,9 +50,9 @@ def register(sub: Any) -> None:
     live.add_argument("--redis-url", metavar="URL",
                       help="add a Redis tier at this URL, e.g. redis://127.0.0.1:6379/0 "
                            "(config: live.redis_url; default: no Redis tier)")
-    live.add_argument("--redis-ttl", type=positive_int, metavar="SECONDS",
-                      help="expire the Redis tier's keys after this many seconds "
-                           "(config: live.redis_ttl_s; default: never)")
+    live.add_argument("--redis-ttl", type=non_negative_int, metavar="SECONDS",
+                      help="the Redis tier's keys expire after this many seconds, 0 never "
+                           "(config: live.redis_ttl_s; default: the config's value)")
     live.add_argument("--no-verify", action="store_true", help="skip the byte-exact checks of loaded blocks")
     parser.set_defaults(func=handle)
 
