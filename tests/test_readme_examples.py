@@ -8,8 +8,9 @@ The convention (also in docs/cli.md, "Examples in these docs are tested"):
 * A fenced ``python`` block whose first line is ``# NAME.py`` is written to ``NAME.py`` first.
 * Each file's commands run in order, in one fresh directory, as ``python -m kvlife ...``;
   they must exit 0 (or the code of a trailing ``# exit N``) and print no traceback.
-* A trailing ``# not run in tests: WHY`` skips a command: only runs that need a Redis server
-  or take more than a few seconds (the whole bundled trace), with the reason written down.
+* A trailing ``# not run in tests: WHY`` skips a command: only commands that need a Redis
+  server or a vLLM run, or take more than a few seconds (the whole bundled trace), with the
+  reason written down.
 * A ``kvlife`` command in an indented (unfenced) code block is an error: it would not be run.
 """
 

@@ -1,9 +1,13 @@
-"""The Mooncake trace reader: good files, every kind of bad line, limit and time scale."""
+"""The Mooncake trace reader: good files, every kind of bad line, limit and time scale,
+the bundled trace by name, and gzip-compressed workloads and traces."""
 
 from __future__ import annotations
 
+import gzip
 import math
 import pickle
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -13,6 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvlife.lifecycle.traces.trace import TraceError, read_trace
+from kvlife.lifecycle.traces.validate import validate
+from kvlife.lifecycle.workloads.bundled import BUNDLED, resolve_workload
 from kvlife.lifecycle.workloads.mooncake import (
     WorkloadError,
     WorkloadRequest,
@@ -20,12 +27,8 @@ from kvlife.lifecycle.workloads.mooncake import (
     load_mooncake,
 )
 
-REAL_TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "traces"
-    / "conversation_trace.jsonl"
-)
+# The bundled Mooncake conversation trace, as the reader resolves its name.
+BUNDLED_TRACE = resolve_workload("mooncake-conversation")
 
 GOOD = (
     '{"timestamp": 0, "input_length": 1200, "output_length": 5, "hash_ids": [1, 2, 3]}'
@@ -349,10 +352,8 @@ def test_valid_files_round_trip(
     ]
 
 
-def test_real_trace_head() -> None:
-    if not REAL_TRACE.is_file():
-        pytest.skip(f"real trace not present at {REAL_TRACE}")
-    workload = load_mooncake(REAL_TRACE, limit=500)
+def test_bundled_trace_head() -> None:
+    workload = load_mooncake("mooncake-conversation", limit=500)
     assert len(workload) == 500
     assert workload[0] == WorkloadRequest("req-0", 0.0, 6758, 500, tuple(range(14)))
     assert [r.request_id for r in workload] == [f"req-{i}" for i in range(500)]
@@ -361,3 +362,148 @@ def test_real_trace_head() -> None:
     assert all(len(r.hash_ids) == -(-r.input_length // 512) for r in workload)
     # The trace is a chat service: its prompts share prefixes, which is why it is here.
     assert describe(workload)["ideal_hit_rate"] > 0.1
+
+
+def test_bundled_trace_loads_whole() -> None:
+    assert BUNDLED_TRACE.is_file() and BUNDLED_TRACE.name == BUNDLED["mooncake-conversation"]
+    workload = load_mooncake("mooncake-conversation")
+    assert len(workload) == 12_031
+    # The first two lines of the file, field by field.
+    assert workload[0] == WorkloadRequest("req-0", 0.0, 6758, 500, tuple(range(14)))
+    assert workload[1] == WorkloadRequest("req-1", 0.0, 7322, 490, (0, *range(14, 28)))
+    last = workload[-1]
+    assert (last.request_id, last.arrival_ms, last.input_length, last.output_length) == (
+        "req-12030", 3536999.0, 20774, 508
+    )
+    assert last.hash_ids[:2] == (0, 182750) and len(last.hash_ids) == 41
+    # A path to the packaged file reads the same as the name.
+    assert load_mooncake(BUNDLED_TRACE, limit=3) == workload[:3]
+
+
+def test_bundled_name_errors_name_the_packaged_file() -> None:
+    # 256-token blocks do not fit the trace's 512-token hashes: the first line is wrong,
+    # and the error points into the file that was actually read.
+    with pytest.raises(WorkloadError) as excinfo:
+        load_mooncake("mooncake-conversation", block_tokens=256)
+    error = excinfo.value
+    assert (error.path, error.line, error.field) == (str(BUNDLED_TRACE), 1, "hash_ids")
+    assert str(error) == (
+        f"{BUNDLED_TRACE}:1: field 'hash_ids': expected 27 block hashes for input_length 6758, got 14"
+    )
+
+
+def test_unknown_bare_name_lists_bundled_workloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(WorkloadError) as excinfo:
+        load_mooncake("mooncake-conversaton")
+    assert str(excinfo.value) == (
+        "mooncake-conversaton: cannot read: No such file or directory"
+        " (and not a bundled workload: mooncake-conversation)"
+    )
+
+
+def gzipped(path: Path) -> Path:
+    target = path.with_name(path.name + ".gz")
+    target.write_bytes(gzip.compress(path.read_bytes(), mtime=0))
+    return target
+
+
+def test_gzip_reads_the_same_as_plain(tmp_path: Path) -> None:
+    plain = write(
+        tmp_path,
+        GOOD,
+        "",
+        record(timestamp=20),
+        record(timestamp=30.5, input_length=1025, hash_ids=[7, 8, 9]),
+    )
+    packed = gzipped(plain)
+    assert packed.read_bytes()[:2] == b"\x1f\x8b"
+    assert load_mooncake(packed) == load_mooncake(plain)
+    assert len(load_mooncake(packed)) == 3
+    assert load_mooncake(packed, limit=2, time_scale=2.0) == load_mooncake(plain, limit=2, time_scale=2.0)
+
+
+def test_gzip_errors_keep_file_line_and_field(tmp_path: Path) -> None:
+    packed = gzipped(write(tmp_path, GOOD, record(output_length=0)))
+    with pytest.raises(WorkloadError) as excinfo:
+        load_mooncake(packed)
+    assert str(excinfo.value) == f"{packed}:2: field 'output_length': expected an integer >= 1, got 0"
+
+
+def test_not_gzip_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "plain.jsonl.gz"
+    path.write_text(GOOD + "\n")
+    with pytest.raises(WorkloadError) as excinfo:
+        load_mooncake(path)
+    error = excinfo.value
+    assert (error.path, error.line, error.field) == (str(path), None, None)
+    assert str(error) == f"{path}: cannot read: corrupt gzip file (Not a gzipped file (b'{{\"'))"
+
+
+def test_truncated_and_corrupt_gzip_are_one_line(tmp_path: Path) -> None:
+    data = gzip.compress(("\n".join([GOOD] * 2000) + "\n").encode(), mtime=0)
+    truncated = tmp_path / "truncated.jsonl.gz"
+    truncated.write_bytes(data[: len(data) // 2])
+    # The reader streams: a limit stops it long before the damage.
+    assert len(load_mooncake(truncated, limit=2)) == 2
+    with pytest.raises(WorkloadError) as excinfo:
+        load_mooncake(truncated)
+    assert str(excinfo.value) == (
+        f"{truncated}: cannot read: truncated gzip file (the compressed stream ends early)"
+    )
+    corrupt = tmp_path / "corrupt.jsonl.gz"
+    corrupt.write_bytes(data[:-8] + bytes(b ^ 0xFF for b in data[-8:-4]) + data[-4:])  # bad CRC
+    with pytest.raises(WorkloadError) as excinfo:
+        load_mooncake(corrupt)
+    message = str(excinfo.value)
+    assert message.startswith(f"{corrupt}: cannot read: corrupt gzip file (")
+    assert "\n" not in message
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kvlife", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_runs_the_bundled_workload_by_name(tmp_path: Path) -> None:
+    done = _run_cli("run", "--workload", "mooncake-conversation", "--limit", "50", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "mooncake-conversation" in done.stdout and "50 requests" in done.stdout
+
+
+def test_cli_corrupt_gzip_workload_is_exit_2_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(b"not gzip at all\n")
+    done = _run_cli("run", "--workload", str(path), cwd=tmp_path)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert str(path) in line and "corrupt gzip file" in line
+
+
+def test_gzip_trace_reads_and_validates_like_plain(tmp_path: Path) -> None:
+    trace = tmp_path / "run.trace.jsonl"
+    done = _run_cli("run", "--limit", "30", "--trace", str(trace), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    packed = gzipped(trace)
+    assert list(read_trace(packed)) == list(read_trace(trace))
+    plain_report, packed_report = validate(trace), validate(packed)
+    assert packed_report.findings == plain_report.findings == ()
+    assert packed_report.truncated_line is None
+    assert packed_report.lines == plain_report.lines
+    # A trace cut mid-line is reported as truncated whether or not it is compressed.
+    cut = tmp_path / "cut.trace.jsonl"
+    cut.write_bytes(trace.read_bytes()[:-10])
+    assert validate(gzipped(cut)).truncated_line == validate(cut).truncated_line is not None
+
+
+def test_corrupt_gzip_trace_is_a_trace_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.trace.jsonl.gz"
+    path.write_bytes(b"{}\n")
+    with pytest.raises(TraceError) as excinfo:
+        list(read_trace(path))
+    assert str(excinfo.value) == f"{path}: cannot read trace: corrupt gzip file (Not a gzipped file (b'{{}}'))"

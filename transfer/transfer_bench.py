@@ -146,13 +146,17 @@ def run_transfer_bench(
     quick: bool = False,
     lookup_samples: int = 200,
     progress: Callable[[int, int], None] | None = None,
+    threads: int | None = None,
 ) -> list[Row]:
     """Measure and return one row per (tier, block size, batch).
 
     Batches larger than half the pool (host) or than ``disk_batch_bytes`` (disk, Redis)
     are skipped so the full run stays within a few minutes and < 4 GB of RAM.
-    ``progress(rows done, rows planned)`` is called after each row.
+    ``progress(rows done, rows planned)`` is called after each row. ``threads`` sets torch's
+    intra-op threads (None: torch's choice).
     """
+    if threads is not None:
+        torch.set_num_threads(threads)
     if quick:
         block_sizes, batches, repeats = QUICK_BLOCK_SIZES, QUICK_BATCHES, 2
         pool_bytes, disk_batch_bytes, lookup_samples = 64 * MB, 16 * MB, 20

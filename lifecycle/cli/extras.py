@@ -10,6 +10,9 @@ import importlib
 
 from kvlife.lifecycle.cli.parsing import UsageError
 
+# Optional dependencies -> the extra that installs them (pyproject.toml).
+OPTIONAL_EXTRAS = {"torch": "live", "redis": "live", "matplotlib": "plot"}
+
 
 class MissingExtra(UsageError):
     """``kvlife plot needs matplotlib: pip install 'kvlife[plot]'``."""

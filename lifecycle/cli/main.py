@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from kvlife.lifecycle.cli import commands
-from kvlife.lifecycle.cli.extras import MissingExtra
+from kvlife.lifecycle.cli.extras import OPTIONAL_EXTRAS, MissingExtra
 from kvlife.lifecycle.cli.parsing import KvlifeParser, UsageError, iter_parsers
 from kvlife.lifecycle.config import ConfigError
 from kvlife.lifecycle.traces.trace import TraceError
@@ -96,6 +96,14 @@ def _main(argv: Sequence[str] | None) -> int:
         # complaining again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except ModuleNotFoundError as exc:
+        # A safety net behind extras.require: an optional dependency some code path needed.
+        module = (exc.name or "").partition(".")[0]
+        if module not in OPTIONAL_EXTRAS:
+            raise
+        print(f"kvlife: error: {args.command_prog} needs {module}: pip install 'kvlife[{OPTIONAL_EXTRAS[module]}]'",
+              file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

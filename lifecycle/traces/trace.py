@@ -16,6 +16,8 @@ from typing import IO, Any
 import orjson
 import structlog
 
+from kvlife.lifecycle.workloads.bundled import READ_ERRORS, open_binary, read_error_message
+
 SCHEMA_VERSION = 1
 
 
@@ -99,17 +101,19 @@ KNOWN_KINDS = frozenset(
 
 
 def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line without its newline) for every non-empty line."""
+    """(line number, raw line without its newline) for every non-empty line; a ``.gz``
+    file is decompressed on the fly."""
     p = Path(path)
+    number = 0
     try:
-        stream = open(p, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise TraceError(str(p), None, f"cannot read trace: {exc.strerror}") from None
-    with stream:
-        for number, raw in enumerate(stream, 1):
-            line = raw.rstrip(b"\r\n")
-            if line.strip():
-                yield number, line
+        with open_binary(p) as stream:
+            for number, raw in enumerate(stream, 1):
+                line = raw.rstrip(b"\r\n")
+                if line.strip():
+                    yield number, line
+    except READ_ERRORS as exc:
+        where = number + 1 if number else None
+        raise TraceError(str(p), where, f"cannot read trace: {read_error_message(exc)}") from None
 
 
 def parse_header(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import orjson
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.traces.replay import config_from_header
 from kvlife.lifecycle.traces.trace import KNOWN_KINDS, TraceError, iter_lines, parse_header
+from kvlife.lifecycle.workloads.bundled import open_binary
 from kvlife.specs.invariants import INVARIANTS, InvariantObserver, Violation
 
 # Checkable from trace records alone; 6 only applies when the stack shares loads, and 8
@@ -156,6 +157,13 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
 
 
 def _ends_without_newline(path: str) -> bool:
+    if path.endswith(".gz"):
+        # No seeking from the end in a gzip stream: read it through (iter_lines just did).
+        last = b""
+        with open_binary(path) as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                last = chunk[-1:]
+        return last not in (b"", b"\n")
     with open(path, "rb") as stream:
         stream.seek(0, 2)
         if stream.tell() == 0:

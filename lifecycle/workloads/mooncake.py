@@ -24,6 +24,14 @@ from typing import TypedDict
 import attrs
 import orjson
 
+from kvlife.lifecycle.workloads.bundled import (
+    BUNDLED,
+    READ_ERRORS,
+    open_binary,
+    read_error_message,
+    resolve_workload,
+)
+
 __all__ = [
     "WorkloadError",
     "WorkloadRequest",
@@ -158,7 +166,8 @@ def load_mooncake(
     block_tokens: int = 512,
     time_scale: float = 1.0,
 ) -> list[WorkloadRequest]:
-    """Read a Mooncake JSON-lines trace.
+    """Read a Mooncake JSON-lines trace: a file (``.gz`` is decompressed on the fly) or
+    a bundled workload's name such as ``mooncake-conversation``.
 
     ``limit`` keeps only the first N requests and stops reading there. ``time_scale``
     divides arrival times: 2.0 replays the trace at twice its arrival rate. Request ids
@@ -182,14 +191,17 @@ def load_mooncake(
             f"time_scale: expected a finite number > 0, got {time_scale!r}"
         )
 
-    name = os.fspath(path)
+    resolved = resolve_workload(os.fspath(path))
+    # Errors name the file actually read: for a bundled name, the packaged file.
+    name = os.fspath(resolved)
     try:
-        with open(name, "rb") as handle:
+        with open_binary(resolved) as handle:
             return _read_requests(handle, name, limit, block_tokens, time_scale)
-    except OSError as exc:
-        raise WorkloadError(
-            name, None, None, f"cannot read: {exc.strerror or exc}"
-        ) from exc
+    except READ_ERRORS as exc:
+        message = f"cannot read: {read_error_message(exc)}"
+        if isinstance(exc, FileNotFoundError) and os.sep not in os.fspath(path):
+            message += f" (and not a bundled workload: {', '.join(BUNDLED)})"
+        raise WorkloadError(name, None, None, message) from exc
 
 
 def _read_requests(

@@ -117,8 +117,6 @@ def handle_transfer(args: argparse.Namespace) -> int:
 
     require("torch", "live", "kvlife bench transfer")
     require("redis", "live", "kvlife bench transfer")
-    import torch
-
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.transfer import transfer_bench as tb
 
@@ -127,8 +125,6 @@ def handle_transfer(args: argparse.Namespace) -> int:
     batches = args.batches or list(tb.QUICK_BATCHES if quick else tb.DEFAULT_BATCHES)
     repeats = args.repeats or (2 if quick else 9)
     pool_mb = args.pool_mb or (64 if quick else 512)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     tiers = list(args.tiers)
     if args.redis_url and "redis" not in tiers:
         tiers.append("redis")
@@ -144,6 +140,7 @@ def handle_transfer(args: argparse.Namespace) -> int:
             disk_dir=args.disk_dir,
             lookup_samples=20 if quick else 200,
             progress=progress,
+            threads=args.threads,
         )
     if args.json:
         output.emit("bench-transfer", quick=quick, tiers=tiers, block_sizes=block_sizes, batches=batches,

@@ -1,0 +1,271 @@
+"""The worker side: carry out the scheduler side's load and store jobs, report per rank.
+
+Two workers speak the same protocol (``KVLifeMetadata`` in, ``KVLifeWorkerMetadata`` plus
+``finished_recving`` / ``finished_sending`` out):
+
+- ``HostPoolWorker``: real bytes. It copies blocks between vLLM's paged KV tensors and a
+  kvlife ``HostPool`` (pinned on CUDA), loads before the step's forward pass
+  (``start_load_kv``) and stores after it (``wait_for_save``). On CUDA the copies run on a
+  side stream that waits for the compute stream, one event per job, polled with
+  ``event.query()``; on CPU they are synchronous and report in the same step.
+- ``SimulatedWorker``: no bytes; each job completes after a scripted number of steps, so
+  tests drive vLLM's real scheduler on a CPU-only machine. Several simulated workers
+  report separately, as tensor-parallel ranks do, and vLLM's ``KVOutputAggregator``
+  combines them (``finished_recving`` only when every worker reported the request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm.v1.outputs import KVConnectorOutput
+
+from kvlife.lifecycle.drivers.vllm.metadata import KVLifeJob, KVLifeMetadata, KVLifeWorkerMetadata
+from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.layout import BlockGeometry, ModelShape
+
+# (job id, kind, request id) -> steps until the job reports (0: in this step's output).
+DelayFn = Callable[[int, str, str], int]
+
+
+class _JobBook:
+    """Which requests a worker may report: loads per request, held finished requests."""
+
+    def __init__(self) -> None:
+        self.loads_of: dict[str, set[int]] = {}
+        self.stores_of: dict[str, set[int]] = {}
+        self.holds: set[str] = set()
+
+    def add(self, job_id: int, job: KVLifeJob) -> None:
+        book = self.loads_of if job.kind == "load" else self.stores_of
+        book.setdefault(job.req_id, set()).add(job_id)
+
+    def done(self, job_id: int, job: KVLifeJob, recving: set[str]) -> None:
+        book = self.loads_of if job.kind == "load" else self.stores_of
+        jobs = book.get(job.req_id)
+        if jobs is None:
+            return
+        jobs.discard(job_id)
+        if not jobs:
+            del book[job.req_id]
+            if job.kind == "load":
+                recving.add(job.req_id)
+
+    def sent(self) -> set[str]:
+        out = {rid for rid in self.holds if rid not in self.stores_of}
+        self.holds -= out
+        return out
+
+
+class SimulatedWorker:
+    """One simulated rank: jobs complete after scripted delays (in steps)."""
+
+    def __init__(self, rank: int = 0, load_delay: int | DelayFn = 1, store_delay: int | DelayFn = 0,
+                 fail: Callable[[int, KVLifeJob], list[int]] | None = None) -> None:
+        self.rank = rank
+        self._load_delay = load_delay
+        self._store_delay = store_delay
+        self.fail = fail
+        self.step = 0
+        self._due: dict[int, tuple[int, KVLifeJob]] = {}  # job -> (due step, job)
+        self._book = _JobBook()
+
+    def _delay(self, job_id: int, job: KVLifeJob) -> int:
+        delay = self._load_delay if job.kind == "load" else self._store_delay
+        return delay(job_id, job.kind, job.req_id) if callable(delay) else delay
+
+    def run_step(self, meta: Any) -> KVConnectorOutput:
+        """Execute one step's metadata; return this rank's connector output for the step."""
+        self.step += 1
+        if isinstance(meta, KVLifeMetadata):
+            for job_id, job in sorted({**meta.load_jobs, **meta.store_jobs}.items()):
+                self._due[job_id] = (self.step + self._delay(job_id, job), job)
+                self._book.add(job_id, job)
+            for job_id in meta.jobs_to_flush:
+                if job_id in self._due:
+                    self._due[job_id] = (self.step, self._due[job_id][1])
+            self._book.holds.update(meta.hold_finished)
+        reports: list[tuple[int, int, tuple[int, ...]]] = []
+        recving: set[str] = set()
+        invalid: set[int] = set()
+        for job_id in sorted(j for j, (due, _) in self._due.items() if due <= self.step):
+            _, job = self._due.pop(job_id)
+            failed = tuple(self.fail(self.rank, job)) if self.fail is not None else ()
+            reports.append((job_id, self.rank, failed))
+            if job.kind == "load":
+                invalid.update(d for h, d in zip(job.block_hashes, job.device_blocks, strict=True) if h in failed)
+            self._book.done(job_id, job, recving)
+        return KVConnectorOutput(
+            finished_recving=recving or None,
+            finished_sending=self._book.sent() or None,
+            kv_connector_worker_meta=KVLifeWorkerMetadata(reports) if reports else None,
+            invalid_block_ids=invalid,
+        )
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._due)
+
+
+def _host_geometry(block_bytes: int, block_tokens: int) -> BlockGeometry:
+    """A HostPool geometry whose block size is ``block_bytes`` (HostPool only uses bytes)."""
+    head_dim, rest = divmod(block_bytes, 2 * block_tokens * 2)
+    if rest or head_dim <= 0:
+        raise ValueError(f"a {block_bytes}-byte block does not split into {block_tokens} float16 K/V rows")
+    return BlockGeometry(ModelShape(num_layers=1, num_kv_heads=1, head_dim=head_dim, dtype="float16",
+                                    block_tokens=block_tokens))
+
+
+class HostPoolWorker:
+    """Real copies between vLLM's paged KV tensors and a kvlife HostPool (one rank)."""
+
+    def __init__(self, rank: int, host_blocks: int, block_tokens: int, num_device_blocks: int) -> None:
+        self.rank = rank
+        self.host_blocks = host_blocks
+        self.block_tokens = block_tokens
+        self.num_device_blocks = num_device_blocks
+        self.layers: list[tuple[torch.Tensor, int]] = []  # (tensor, block dim)
+        self.pool: HostPool | None = None
+        self._cuda = False
+        self._side: Any = None
+        self._inflight: list[tuple[int, KVLifeJob, Any]] = []  # (job, job spec, event)
+        self._reports: list[tuple[int, int, tuple[int, ...]]] = []
+        self._recving: set[str] = set()
+        self._book = _JobBook()
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        block_bytes = 0
+        for name in sorted(kv_caches):
+            tensor = kv_caches[name]
+            dims = [d for d, size in enumerate(tensor.shape) if size == self.num_device_blocks]
+            if not dims:
+                raise ValueError(f"KV cache {name}: no dimension of {self.num_device_blocks} blocks in "
+                                 f"{tuple(tensor.shape)}")
+            self.layers.append((tensor, dims[0]))
+            block_bytes += tensor.numel() // self.num_device_blocks * tensor.element_size()
+        device = self.layers[0][0].device
+        self._cuda = device.type == "cuda" and torch.cuda.is_available()
+        self._side = torch.cuda.Stream(device=device) if self._cuda else None
+        self.pool = HostPool(_host_geometry(block_bytes, self.block_tokens), self.host_blocks,
+                             pin_memory=self._cuda)
+
+    def _gather(self, blocks: list[int]) -> torch.Tensor:
+        idx = torch.as_tensor(blocks, dtype=torch.int64, device=self.layers[0][0].device)
+        parts = [t.index_select(dim, idx).movedim(dim, 0).reshape(len(blocks), -1).view(torch.uint8)
+                 for t, dim in self.layers]
+        return torch.cat(parts, dim=1)
+
+    def _scatter(self, blocks: list[int], rows: torch.Tensor) -> None:
+        idx = torch.as_tensor(blocks, dtype=torch.int64, device=self.layers[0][0].device)
+        offset = 0
+        for t, dim in self.layers:
+            width = t.numel() // self.num_device_blocks * t.element_size()
+            part = rows[:, offset:offset + width].contiguous().view(t.dtype)
+            shape = list(t.shape)
+            shape.pop(dim)
+            t.index_copy_(dim, idx, part.reshape(len(blocks), *shape).movedim(0, dim))
+            offset += width
+
+    def _run(self, job_id: int, job: KVLifeJob) -> None:
+        assert self.pool is not None
+        self._book.add(job_id, job)
+        stream = torch.cuda.stream(self._side) if self._cuda else None
+        if stream is not None:
+            self._side.wait_stream(torch.cuda.current_stream())
+            stream.__enter__()
+        try:
+            if job.kind == "load":
+                rows = torch.empty((len(job.slots), self.pool.block_bytes), dtype=torch.uint8)
+                self.pool.read_many(job.slots, rows)
+                self._scatter(job.device_blocks, rows.to(self.layers[0][0].device, non_blocking=True))
+            else:
+                self.pool.write_many(job.slots, self._gather(job.device_blocks).cpu())
+            event = None
+            if self._cuda:
+                event = torch.cuda.Event()
+                event.record(self._side)
+        finally:
+            if stream is not None:
+                stream.__exit__(None, None, None)
+        self._inflight.append((job_id, job, event))
+
+    def start_load(self, meta: KVLifeMetadata) -> None:
+        self._book.holds.update(meta.hold_finished)
+        for job_id in sorted(meta.jobs_to_flush):
+            self._poll(wait=True, only=job_id)
+        for job_id, job in sorted(meta.load_jobs.items()):
+            self._run(job_id, job)
+        if self._cuda:
+            torch.cuda.current_stream().wait_stream(self._side)  # the forward pass reads the loads
+
+    def save(self, meta: KVLifeMetadata) -> None:
+        for job_id, job in sorted(meta.store_jobs.items()):
+            self._run(job_id, job)
+
+    def _poll(self, wait: bool = False, only: int | None = None) -> None:
+        keep = []
+        for job_id, job, event in self._inflight:
+            if only is not None and job_id != only:
+                keep.append((job_id, job, event))
+                continue
+            if event is not None and not event.query():
+                if not wait:
+                    keep.append((job_id, job, event))
+                    continue
+                event.synchronize()
+            self._reports.append((job_id, self.rank, ()))
+            self._book.done(job_id, job, self._recving)
+        self._inflight = keep
+
+    def take_output(self) -> tuple[set[str], set[str], KVLifeWorkerMetadata | None]:
+        """(finished_sending, finished_recving, worker metadata) since the last call."""
+        self._poll()
+        reports, self._reports = self._reports, []
+        recving, self._recving = self._recving, set()
+        return self._book.sent(), recving, KVLifeWorkerMetadata(reports) if reports else None
+
+
+class OffloadingSimulatedWorker:
+    """A simulated worker for vLLM's own OffloadingConnector (whose real worker needs CUDA):
+    its jobs complete after scripted delays and come back as ``OffloadingWorkerMetadata``
+    counts plus ``finished_recving`` for requests whose loads all landed."""
+
+    def __init__(self, rank: int = 0, load_delay: int = 1, store_delay: int = 0) -> None:
+        self.rank = rank
+        self.load_delay = load_delay
+        self.store_delay = store_delay
+        self.step = 0
+        self._due: dict[int, tuple[int, str, str]] = {}  # job -> (due step, kind, request)
+        self._loads_of: dict[str, set[int]] = {}
+
+    def run_step(self, meta: Any) -> KVConnectorOutput:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+
+        self.step += 1
+        for job_id, job in sorted((getattr(meta, "load_jobs", None) or {}).items()):
+            self._due[job_id] = (self.step + self.load_delay, "load", job.req_id)
+            self._loads_of.setdefault(job.req_id, set()).add(job_id)
+        for job_id, job in sorted((getattr(meta, "store_jobs", None) or {}).items()):
+            self._due[job_id] = (self.step + self.store_delay, "store", job.req_id)
+        for job_id in getattr(meta, "jobs_to_flush", None) or ():
+            if job_id in self._due:
+                _, kind, rid = self._due[job_id]
+                self._due[job_id] = (self.step, kind, rid)
+        done = sorted(j for j, (due, _, _) in self._due.items() if due <= self.step)
+        recving: set[str] = set()
+        for job_id in done:
+            _, kind, rid = self._due.pop(job_id)
+            if kind == "load":
+                jobs = self._loads_of[rid]
+                jobs.discard(job_id)
+                if not jobs:
+                    del self._loads_of[rid]
+                    recving.add(rid)
+        meta_out = OffloadingWorkerMetadata(completed_jobs=dict.fromkeys(done, 1)) if done else None
+        return KVConnectorOutput(finished_recving=recving or None, kv_connector_worker_meta=meta_out)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._due)
