@@ -7,7 +7,7 @@ asks the stack top-down: the first policy that answers wins, and the baseline at
 bottom answers everything. The engine enforces safety whatever the answer is: a policy
 chooses among legal options, it cannot free a block under a transfer.
 
-Stack order: the stack is the ``--policy`` flags (or ``[policies] stack``) in the order
+Stack order: the stack is the ``--stack "a,b"`` value (or ``[policies] stack``) in the order
 given, then ``Baseline``. Each hook is resolved on its own, so policies that answer
 different hooks (``async-lookup`` answers ``lookup_mode``, ``shared-loads`` answers
 ``admission``) compose in any order; when two answer the same hook, put the more specific

@@ -53,8 +53,11 @@ def test_cli_compare_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "60 requests" in out and "async-lookup,defer-while-loading" in out
     assert main([*args, "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["stack"] for r in rows] == ["baseline", "async-lookup,defer-while-loading"]
+    result = json.loads(capsys.readouterr().out)
+    assert result["kind"] == "compare" and result["schema"] == 1
+    assert result["workload"] == {"name": "synthetic", "requests": 60} and result["time_scale"] == 3
+    rows = result["rows"]
+    assert [r["stack"] for r in rows] == result["stacks"] == ["baseline", "async-lookup,defer-while-loading"]
     assert rows[1]["critical_path_lookup_ms"] == 0
     assert set(rows[0]) >= {"ttft_p50_ms", "ttft_p99_ms", "throughput_tokens_per_s", "redundant_block_loads",
                             "bytes_moved", "critical_path_lookup_ms", "deferrals"}
@@ -69,7 +72,7 @@ def test_cli_compare_reads_a_mooncake_trace_and_a_config(tmp_path: Path, capsys:
     config.write_text("[engine]\nblock_tokens = 512\n[policies]\nstack = [\"async-lookup\"]\n")
     assert main(["compare", "--workload", str(trace), "--config", str(config), "--json",
                  "--stack", "baseline", "--stack", "shared-loads"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["requests"] for r in rows] == [30, 30]
 
 

@@ -3,6 +3,7 @@ failed hashes of the right job."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -174,4 +175,6 @@ def test_bench_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "load/raw" in format_table(rows)
     argv = ["--block-sizes", "16K", "--batches", "2", "--repeats", "1", "--pool-mb", "1", "--tiers", "host"]
     assert main([*argv, "--json"]) == 0
-    assert '"tier": "host"' in capsys.readouterr().out
+    result = json.loads(capsys.readouterr().out)
+    assert result["kind"] == "bench-transfer" and result["schema"] == 1
+    assert [(r["tier"], r["block_bytes"], r["batch"]) for r in result["rows"]] == [("host", 16 * 1024, 2)]

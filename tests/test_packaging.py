@@ -142,8 +142,8 @@ def test_missing_extra_is_a_one_line_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[0, 2, 2]"
     assert done.stderr.splitlines() == [
-        "kvlife: error: this command needs matplotlib, which is not installed: pip install 'kvlife[plot]'",
-        "kvlife: error: this command needs torch, which is not installed: pip install 'kvlife[live]'",
+        "kvlife: error: kvlife plot needs matplotlib: pip install 'kvlife[plot]'",
+        "kvlife: error: kvlife run --live needs torch: pip install 'kvlife[live]'",
     ]
 
 

@@ -119,7 +119,7 @@ def test_file_policy_loads_and_runs(tmp_path: Path, capsys: pytest.CaptureFixtur
     policy = load_policy(f"{path}:Eager")
     assert load_stack([f"{path}:Eager"]).ask("lookup_mode", _view(), ENGINE).value == "async"
     assert policy.name == "eager"  # type: ignore[attr-defined]
-    assert main(["run", "--limit", "20", "--policy", f"{path}:Eager", "--policy", "shared-loads", "--json"]) == 0
+    assert main(["run", "--limit", "20", "--stack", f"{path}:Eager,shared-loads", "--json"]) == 0
     assert '"async_lookups"' in capsys.readouterr().out
 
 
@@ -169,7 +169,7 @@ def test_hook_misbehaving_at_run_time_names_policy_and_hook(
 ) -> None:
     source = "from kvlife.policies.base import Decision\n\nclass P:\n    name = 'bad'\n\n    " + body
     path = write_policy(tmp_path, source)
-    assert main(["run", "--limit", "10", "--policy", f"{path}:P"]) == 2
+    assert main(["run", "--limit", "10", "--stack", f"{path}:P"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("kvlife: error: policy bad")
     assert "\n" not in err  # one line, no traceback

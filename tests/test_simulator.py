@@ -102,8 +102,8 @@ def test_trace_does_not_depend_on_hash_randomisation(tmp_path: Path) -> None:
         path = tmp_path / f"hashseed-{seed}.jsonl"
         env = {**os.environ, "PYTHONHASHSEED": seed}
         subprocess.run(
-            [sys.executable, "-m", "kvlife.lifecycle.cli.main", "run", "--limit", "80", "--policy", "shared-loads",
-             "--policy", "async-lookup", "--trace", str(path)],
+            [sys.executable, "-m", "kvlife.lifecycle.cli.main", "run", "--limit", "80",
+             "--stack", "shared-loads,async-lookup", "--trace", str(path)],
             check=True, capture_output=True, env=env, cwd=Path(__file__).resolve().parents[1],
         )
         traces.append(path.read_bytes())

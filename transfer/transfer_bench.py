@@ -16,8 +16,6 @@ need a server URL. Lookup latency is the tier's own lookup for a batch of hashes
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import tempfile
@@ -126,6 +124,16 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
 
 
+def usable_batches(tier_name: str, block_bytes: int, batches: Sequence[int], pool_bytes: int,
+                   disk_batch_bytes: int) -> list[int]:
+    """The batches measured for this tier and block size: at most half the pool (host), and
+    at most ``disk_batch_bytes`` per batch (disk, Redis)."""
+    num_blocks = max(2, pool_bytes // block_bytes)
+    if tier_name == "host":
+        return [b for b in batches if 2 * b <= num_blocks]
+    return [b for b in batches if b * block_bytes <= disk_batch_bytes and 2 * b <= num_blocks]
+
+
 def run_transfer_bench(
     block_sizes: Sequence[int] = DEFAULT_BLOCK_SIZES,
     batches: Sequence[int] = DEFAULT_BATCHES,
@@ -137,17 +145,32 @@ def run_transfer_bench(
     disk_dir: str | None = None,
     quick: bool = False,
     lookup_samples: int = 200,
+    progress: Callable[[int, int], None] | None = None,
+    threads: int | None = None,
 ) -> list[Row]:
     """Measure and return one row per (tier, block size, batch).
 
     Batches larger than half the pool (host) or than ``disk_batch_bytes`` (disk, Redis)
     are skipped so the full run stays within a few minutes and < 4 GB of RAM.
+    ``progress(rows done, rows planned)`` is called after each row. ``threads`` sets torch's
+    intra-op threads (None: torch's choice).
     """
+    if threads is not None:
+        torch.set_num_threads(threads)
     if quick:
         block_sizes, batches, repeats = QUICK_BLOCK_SIZES, QUICK_BATCHES, 2
         pool_bytes, disk_batch_bytes, lookup_samples = 64 * MB, 16 * MB, 20
     tiers = [t for t in tiers if t != "redis" or redis_url is not None]
+    planned = sum(len(usable_batches(t, b, batches, pool_bytes, disk_batch_bytes)) for b in block_sizes for t in tiers)
     rows: list[Row] = []
+    done = 0
+
+    def row_done() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, planned)
+
     with tempfile.TemporaryDirectory(prefix="kvlife-bench-", dir=disk_dir) as tmp:
         for block_bytes in block_sizes:
             geo = BlockGeometry(shape_for_block_bytes(block_bytes))
@@ -174,6 +197,7 @@ def run_transfer_bench(
                         tmp,
                         redis_url,
                         lookup_samples,
+                        row_done,
                     )
                 )
             del kv, raw_src, raw_dst
@@ -193,15 +217,12 @@ def _bench_tier(
     tmp: str,
     redis_url: str | None,
     lookup_samples: int,
+    row_done: Callable[[], None] = lambda: None,
 ) -> list[Row]:
     block_bytes = geo.block_bytes
     num_blocks = kv.num_blocks
-    if tier_name == "host":
-        usable = [b for b in batches if 2 * b <= num_blocks]
-        capacity = num_blocks
-    else:
-        usable = [b for b in batches if b * block_bytes <= disk_batch_bytes and 2 * b <= num_blocks]
-        capacity = max(usable, default=1)
+    usable = usable_batches(tier_name, block_bytes, batches, num_blocks * block_bytes, disk_batch_bytes)
+    capacity = num_blocks if tier_name == "host" else max(usable, default=1)
     if not usable:
         return []
     tier: Tier
@@ -253,6 +274,7 @@ def _bench_tier(
                 samples.append(time.perf_counter() - start)
             row["lookup_p50_us"] = _percentile_us(samples, 0.50)
             row["lookup_p99_us"] = _percentile_us(samples, 0.99)
+        row_done()
         rows.append(row)
     if isinstance(tier, DiskTier | RedisTier):
         tier.close()
@@ -285,71 +307,13 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def _parse_size(text: str) -> int:
-    units = {"K": KB, "M": MB}
-    text = text.strip().upper().removesuffix("B")
-    if text and text[-1] in units:
-        return int(text[:-1]) * units[text[-1]]
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="kvlife bench transfer",
-        description="Copy-engine throughput vs a raw torch copy, per tier, block and batch size.",
-    )
-    parser.add_argument("--quick", action="store_true", help="a small smoke-test run")
-    parser.add_argument(
-        "--block-sizes",
-        type=lambda s: [_parse_size(x) for x in s.split(",")],
-        default=list(DEFAULT_BLOCK_SIZES),
-        help="e.g. 16K,64K,1M,2M",
-    )
-    parser.add_argument(
-        "--batches",
-        type=lambda s: [int(x) for x in s.split(",")],
-        default=list(DEFAULT_BATCHES),
-        help="e.g. 1,8,32,128",
-    )
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument(
-        "--tiers",
-        type=lambda s: s.split(","),
-        default=["host", "disk"],
-        help="comma-separated subset of host,disk,redis",
-    )
-    parser.add_argument("--redis-url", default=None, help="e.g. redis://127.0.0.1:6379/0")
-    parser.add_argument("--pool-mb", type=int, default=512, help="device and host pool size")
-    parser.add_argument("--disk-dir", default=None, help="where the disk tier file goes")
-    parser.add_argument("--json", action="store_true", help="print rows as JSON lines")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default: torch's choice); 1 keeps a busy machine from"
-        " stalling multi-threaded copies on a descheduled thread",
-    )
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    tiers = list(args.tiers)
-    if args.redis_url and "redis" not in tiers:
-        tiers.append("redis")
-    rows = run_transfer_bench(
-        block_sizes=args.block_sizes,
-        batches=args.batches,
-        repeats=args.repeats,
-        tiers=tiers,
-        redis_url=args.redis_url,
-        pool_bytes=args.pool_mb * MB,
-        disk_dir=args.disk_dir,
-        quick=args.quick,
-    )
-    if args.json:
-        print("\n".join(json.dumps(row, sort_keys=True) for row in rows))
-    else:
-        print(format_table(rows))
-    return 0
+    """``python -m kvlife.transfer.transfer_bench ARGS`` is ``kvlife bench transfer ARGS``."""
+    import sys
+
+    from kvlife.lifecycle.cli.main import main as kvlife
+
+    return kvlife(["bench", "transfer", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

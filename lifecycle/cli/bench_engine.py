@@ -3,23 +3,28 @@
 Part 1 drives the same sequence of (request, trigger) transitions three ways, in one run:
 a bare loop over a dict of (state, trigger) -> state, the engine's transition path (attrs
 records over the compiled table, with state counts; recorder off), and python-statemachine
-instances (the reference mode). Part 2 simulates a workload (by default the whole
-conversation trace) with the trace written to a temporary file, and reports wall time and
-peak memory. Medians over repeats; wall clock is used here, never in the core.
+instances (the reference mode). Part 2 simulates a workload (by default the whole bundled
+Mooncake conversation trace, ``mooncake-conversation``) with the trace written to a
+temporary file, and reports which workload it ran, wall time and peak memory. A workload
+that cannot be read is an error, never a silent switch to another one. Medians over
+repeats; wall clock is used here, never in the core.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import random
 import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from kvlife.lifecycle.config import EngineConfig, RunConfig
+from kvlife.lifecycle.drivers.simulator import Progress
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.request import Request
 from kvlife.policies.stack import PolicyStack
@@ -35,7 +40,8 @@ PATHS: tuple[tuple[str, ...], ...] = (
     ("lookup_submitted", "aborted"),
 )
 
-DEFAULT_TRACE = "mooncake-conversation"  # the bundled trace (lifecycle/workloads/data/)
+# A progress bar for one phase: (description, unit, total) -> a context yielding a callback.
+Bars = Callable[[str, str, int | None], AbstractContextManager[Progress]]
 
 
 def transition_sequence(requests: int, seed: int = 0) -> list[tuple[int, str]]:
@@ -86,43 +92,61 @@ def reference_path(sequence: list[tuple[int, str]], requests: int) -> float:
     return time.perf_counter() - start
 
 
-def bench_transitions(requests: int, repeats: int, reference_requests: int) -> dict[str, float]:
+def _median_runs(fn: Callable[[], float], repeats: int, step: Callable[[], None]) -> float:
+    samples = []
+    for _ in range(repeats):
+        samples.append(fn())
+        step()
+    return statistics.median(samples)
+
+
+def bench_transitions(requests: int, repeats: int, reference_requests: int,
+                      bars: Bars | None = None) -> dict[str, float]:
     sequence = transition_sequence(requests)
     small = transition_sequence(reference_requests)
-    bare = statistics.median(bare_loop(sequence, requests) for _ in range(repeats))
-    core = statistics.median(engine_path(sequence, requests) for _ in range(repeats))
-    ref = statistics.median(reference_path(small, reference_requests) for _ in range(max(1, repeats // 2)))
+    ref_repeats = max(1, repeats // 2)
+    total = 2 * repeats + ref_repeats
+    with (bars or _no_bars)("transitions", "run", total) as progress:
+        done = 0
+
+        def step() -> None:
+            nonlocal done
+            done += 1
+            progress(done, total)
+
+        bare = _median_runs(lambda: bare_loop(sequence, requests), repeats, step)
+        core = _median_runs(lambda: engine_path(sequence, requests), repeats, step)
+        ref = _median_runs(lambda: reference_path(small, reference_requests), ref_repeats, step)
     return {
         "transitions": len(sequence),
+        "repeats": repeats,
         "bare_per_s": len(sequence) / bare,
         "core_per_s": len(sequence) / core,
+        "reference_transitions": len(small),
         "reference_per_s": len(small) / ref,
         "core_slowdown_vs_bare": core / bare,
     }
 
 
-def bench_trace(path: str | Path | None, limit: int | None) -> dict[str, float] | None:
+def bench_trace(workload_name: str, limit: int | None, bars: Bars | None = None) -> dict[str, Any]:
+    """Simulate ``workload_name`` (a bundled name or a Mooncake file) with tracing on."""
     from kvlife.lifecycle.drivers.runner import run_workload
     from kvlife.lifecycle.workloads.bundled import resolve_workload
     from kvlife.lifecycle.workloads.mooncake import load_mooncake
-    from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
-    if path is not None and resolve_workload(path).exists():
-        workload = load_mooncake(path, limit=limit)
-        name = str(path)
-    else:
-        workload = synthetic_workload(num_requests=limit or 4000)
-        name = "synthetic"
+    workload = load_mooncake(resolve_workload(workload_name), limit=limit)
     config = RunConfig()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "bench.trace.jsonl"
-        start = time.perf_counter()
-        outcome = run_workload(config, workload, trace_path=trace, workload_name=name)
-        wall = time.perf_counter() - start
+        with (bars or _no_bars)("simulation", "req", len(workload)) as progress:
+            start = time.perf_counter()
+            outcome = run_workload(config, workload, trace_path=trace, workload_name=workload_name,
+                                   progress=progress)
+            wall = time.perf_counter() - start
         size = trace.stat().st_size
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
-        "workload": name,  # type: ignore[dict-item]
+        "workload": workload_name,
         "requests": len(workload),
         "finished": sum(outcome.summary["finished"].values()),
         "engine_events": outcome.result.events,
@@ -134,27 +158,25 @@ def bench_trace(path: str | Path | None, limit: int | None) -> dict[str, float] 
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvlife bench engine")
-    parser.add_argument("--requests", type=int, default=20000, help="requests in the transition bench")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--reference-requests", type=int, default=500)
-    parser.add_argument("--workload", default=DEFAULT_TRACE,
-                        help="Mooncake trace (a file or a bundled name) for part 2 (default: %(default)s)")
-    parser.add_argument("--limit", type=int, help="first N requests of the workload")
-    parser.add_argument("--skip-trace", action="store_true")
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    t = bench_transitions(args.requests, args.repeats, args.reference_requests)
-    print(f"transitions: {t['transitions']:,} (median of {args.repeats})")
-    print(f"  bare dict loop        {t['bare_per_s']:>14,.0f} /s")
-    print(f"  compiled core         {t['core_per_s']:>14,.0f} /s   ({t['core_slowdown_vs_bare']:.2f}x the bare loop)")
-    print(f"  python-statemachine   {t['reference_per_s']:>14,.0f} /s")
-    if not args.skip_trace:
-        r = bench_trace(args.workload, args.limit)
-        if r is not None:
-            print(f"whole-run simulation: {r['workload']}")
-            print(f"  requests {r['requests']:,}, finished {r['finished']:,}, engine events {r['engine_events']:,}")
-            print(f"  trace {r['trace_lines']:,} lines, {r['trace_mib']:.1f} MiB")
-            print(f"  wall {r['wall_s']:.1f} s, {r['events_per_s']:,.0f} events/s,"
-                  f" peak RSS {r['peak_rss_mib']:.0f} MiB")
-    return 0
+@contextlib.contextmanager
+def _no_bars(desc: str, unit: str, total: int | None) -> Iterator[Progress]:
+    yield lambda done, total: None
+
+
+def format_report(transitions: dict[str, float], trace: dict[str, Any] | None) -> str:
+    t = transitions
+    lines = [
+        f"transitions: {t['transitions']:,} (median of {t['repeats']})",
+        f"  bare dict loop        {t['bare_per_s']:>14,.0f} /s",
+        f"  compiled core         {t['core_per_s']:>14,.0f} /s   ({t['core_slowdown_vs_bare']:.2f}x the bare loop)",
+        f"  python-statemachine   {t['reference_per_s']:>14,.0f} /s",
+    ]
+    if trace is not None:
+        r = trace
+        lines += [
+            f"whole-run simulation: workload {r['workload']}, {r['requests']:,} requests",
+            f"  finished {r['finished']:,}, engine events {r['engine_events']:,}",
+            f"  trace {r['trace_lines']:,} lines, {r['trace_mib']:.1f} MiB",
+            f"  wall {r['wall_s']:.1f} s, {r['events_per_s']:,.0f} events/s, peak RSS {r['peak_rss_mib']:.0f} MiB",
+        ]
+    return "\n".join(lines)

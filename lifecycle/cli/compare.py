@@ -7,13 +7,16 @@ prefetch counters, which the summary predates.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import attrs
 
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.drivers.simulator import Progress
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.base import PolicyError
 from kvlife.policies.loading import load_stack
@@ -28,7 +31,17 @@ def parse_stack(text: str) -> tuple[str, ...]:
 
 
 def stack_label(stack: Sequence[str]) -> str:
+    """The stack as ``--stack`` writes it: ``"async-lookup,shared-loads"``, or ``"baseline"``."""
     return ",".join(stack) or "baseline"
+
+
+# A progress bar per stack: label -> a context that yields the run's callback.
+StackProgress = Callable[[str], AbstractContextManager[Progress | None]]
+
+
+@contextlib.contextmanager
+def _no_progress(label: str) -> Iterator[Progress | None]:
+    yield None
 
 
 def compare_stacks(
@@ -36,13 +49,15 @@ def compare_stacks(
     workload: list[WorkloadRequest],
     stacks: Sequence[Sequence[str]],
     workload_name: str = "synthetic",
+    progress: StackProgress = _no_progress,
 ) -> list[dict[str, Any]]:
     # Load every stack first: a broken policy fails the command before any run starts.
     loaded = [load_stack(stack) for stack in stacks]
     rows = []
     for stack, policies in zip(stacks, loaded, strict=True):
         run_config = attrs.evolve(config, policies=tuple(stack))
-        outcome = run_workload(run_config, workload, stack=policies, workload_name=workload_name)
+        with progress(stack_label(stack)) as bar:
+            outcome = run_workload(run_config, workload, stack=policies, workload_name=workload_name, progress=bar)
         summary = outcome.summary
         stats = outcome.result.engine.stats
         bytes_prefetched = stats.blocks_prefetched * config.sim.block_bytes

@@ -1,0 +1,150 @@
+"""``kvlife bench engine|transfer``: the two benchmarks, each a real subcommand with its flags."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvlife.lifecycle.cli import output
+from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, positive_int
+
+KB = 1024
+MB = 1024 * KB
+DEFAULT_ENGINE_WORKLOAD = "mooncake-conversation"  # the bundled trace; never replaced silently
+
+
+def register(sub: Any) -> None:
+    bench: KvlifeParser = sub.add_parser(
+        "bench", help="benchmarks: engine (transitions, whole-trace simulation), transfer (copy engine)",
+        description="Benchmarks. Performance is measured here, never by timed tests.")
+    bench.set_defaults(func=lambda args: bench.missing_subcommand("a benchmark: engine or transfer"))
+    which = bench.add_subparsers(title="benchmarks", dest="bench", metavar="{engine,transfer}")
+    _register_engine(which)
+    _register_transfer(which)
+
+
+def _register_engine(which: Any) -> None:
+    parser = which.add_parser(
+        "engine", help="transitions/s of the compiled core vs a bare dict loop vs python-statemachine; "
+                       "then a whole workload simulated with tracing on",
+        description="Part 1: the same transitions three ways (bare dict loop, compiled core, python-statemachine). "
+                    "Part 2: a whole workload simulated with the trace written to a temporary file.")
+    parser.add_argument("--requests", type=positive_int, default=20000, metavar="N",
+                        help="requests in the transition bench")
+    parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="repeats (the median is shown)")
+    parser.add_argument("--reference-requests", type=positive_int, default=500, metavar="N",
+                        help="requests for python-statemachine (it is ~250x slower)")
+    parser.add_argument("--workload", default=DEFAULT_ENGINE_WORKLOAD, metavar="NAME|PATH",
+                        help="workload of part 2: a bundled name or a Mooncake JSON-lines file (.gz read as gzip)")
+    parser.add_argument("--limit", type=positive_int, metavar="N",
+                        help="first N requests of the workload (default: all)")
+    parser.add_argument("--skip-trace", action="store_true", help="skip part 2 (the whole-workload simulation)")
+    add_json_flag(parser, "the results")
+    parser.set_defaults(func=handle_engine)
+
+
+def handle_engine(args: argparse.Namespace) -> int:
+    from kvlife.lifecycle.cli.bench_engine import bench_trace, bench_transitions, format_report
+    from kvlife.lifecycle.cli.progress import progress_bar
+
+    transitions = bench_transitions(args.requests, args.repeats, args.reference_requests, bars=progress_bar)
+    trace = None if args.skip_trace else bench_trace(args.workload, args.limit, bars=progress_bar)
+    if args.json:
+        output.emit("bench-engine", transitions=transitions, simulation=trace)
+    else:
+        print(format_report(transitions, trace))
+    return 0
+
+
+def parse_size(text: str) -> int:
+    """``16K`` -> 16384, ``1M`` -> 1048576, ``4096`` -> 4096."""
+    units = {"K": KB, "M": MB}
+    clean = text.strip().upper().removesuffix("B")
+    try:
+        value = int(clean[:-1]) * units[clean[-1]] if clean and clean[-1] in units else int(clean)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 64K or 1M, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text!r}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
+    return [parse_size(x) for x in text.split(",")]
+
+
+def _batches(text: str) -> list[int]:
+    return [positive_int(x) for x in text.split(",")]
+
+
+def _tiers(text: str) -> list[str]:
+    tiers = [t.strip() for t in text.split(",")]
+    bad = [t for t in tiers if t not in ("host", "disk", "redis")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown tier {bad[0]!r}: choose from host, disk, redis")
+    return tiers
+
+
+def _register_transfer(which: Any) -> None:
+    parser = which.add_parser(
+        "transfer", help="copy engine vs a raw torch copy, per tier, block size and batch (needs kvlife[live])",
+        description="Copy-engine throughput vs a raw torch copy of the same bytes, per tier, block size and batch.")
+    parser.add_argument("--quick", action="store_true",
+                        help="a small smoke-test run: other defaults for the four flags below (a flag given "
+                             "explicitly still wins)")
+    parser.add_argument("--block-sizes", type=_sizes, metavar="SIZES",
+                        help="comma-separated block sizes (default: 16K,64K,256K,1M,2M; --quick 64K,1M)")
+    parser.add_argument("--batches", type=_batches, metavar="NS",
+                        help="comma-separated batch sizes in blocks (default: 1,8,32,128,1024; --quick 1,32)")
+    parser.add_argument("--repeats", type=positive_int, metavar="N",
+                        help="repeats, medians shown (default: 9; --quick 2)")
+    parser.add_argument("--pool-mb", type=positive_int, metavar="MB",
+                        help="device and host pool size (default: 512; --quick 64)")
+    parser.add_argument("--tiers", type=_tiers, default="host,disk", metavar="TIERS",
+                        help="comma-separated subset of host,disk,redis")
+    parser.add_argument("--redis-url", metavar="URL",
+                        help="measure a Redis tier at this URL, e.g. redis://127.0.0.1:6379/0 (default: no Redis)")
+    parser.add_argument("--disk-dir", metavar="DIR", help="where the disk tier's file goes (default: a temporary dir)")
+    parser.add_argument("--threads", type=positive_int, metavar="N",
+                        help="torch intra-op threads (default: torch's choice); 1 keeps a busy machine from "
+                             "stalling multi-threaded copies on a descheduled thread")
+    add_json_flag(parser, "the rows")
+    parser.set_defaults(func=handle_transfer)
+
+
+def handle_transfer(args: argparse.Namespace) -> int:
+    from kvlife.lifecycle.cli.extras import require
+
+    require("torch", "live", "kvlife bench transfer")
+    require("redis", "live", "kvlife bench transfer")
+    from kvlife.lifecycle.cli.progress import progress_bar
+    from kvlife.transfer import transfer_bench as tb
+
+    quick = args.quick
+    block_sizes = args.block_sizes or list(tb.QUICK_BLOCK_SIZES if quick else tb.DEFAULT_BLOCK_SIZES)
+    batches = args.batches or list(tb.QUICK_BATCHES if quick else tb.DEFAULT_BATCHES)
+    repeats = args.repeats or (2 if quick else 9)
+    pool_mb = args.pool_mb or (64 if quick else 512)
+    tiers = list(args.tiers)
+    if args.redis_url and "redis" not in tiers:
+        tiers.append("redis")
+    with progress_bar("kvlife bench transfer", unit="row") as progress:
+        rows = tb.run_transfer_bench(
+            block_sizes=block_sizes,
+            batches=batches,
+            repeats=repeats,
+            tiers=tiers,
+            redis_url=args.redis_url,
+            pool_bytes=pool_mb * tb.MB,
+            disk_batch_bytes=(16 if quick else 64) * tb.MB,
+            disk_dir=args.disk_dir,
+            lookup_samples=20 if quick else 200,
+            progress=progress,
+            threads=args.threads,
+        )
+    if args.json:
+        output.emit("bench-transfer", quick=quick, tiers=tiers, block_sizes=block_sizes, batches=batches,
+                    repeats=repeats, pool_mb=pool_mb, rows=rows)
+    else:
+        print(tb.format_table(rows))
+    return 0

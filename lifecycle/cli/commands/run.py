@@ -1,0 +1,152 @@
+"""``kvlife run``: simulate a workload (or ``--live``: real KV bytes) and print a summary."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import attrs
+
+from kvlife.lifecycle.cli import output
+from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, non_negative_int
+from kvlife.lifecycle.cli.run_options import (
+    add_size_flags,
+    add_workload_flags,
+    apply_sizes,
+    load_run_config,
+    load_workload,
+    time_scale,
+)
+from kvlife.lifecycle.config import RunConfig
+
+LIVE_SYNTHETIC_REQUESTS = 200
+LIVE_SYNTHETIC_TIME_SCALE = 20.0
+# Flags that only mean something with --live, and the config key each mirrors.
+LIVE_ONLY = {"disk_path": "--disk-path", "redis_url": "--redis-url", "redis_ttl": "--redis-ttl",
+             "no_verify": "--no-verify"}
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "run", help="simulate a workload (or --live: real KV bytes) and print a summary",
+        description="Simulate a workload through the engine and print a summary; --live drives the same "
+                    "engine in wall-clock time with real KV bytes.\n\n"
+                    "examples:\n"
+                    "  kvlife run --workload mooncake-conversation --limit 2000 --trace run.jsonl\n"
+                    '  kvlife run --stack "async-lookup,shared-loads" --device-blocks 400 --tier disk=4000\n'
+                    "  kvlife run --live --limit 50")
+    add_stack_flag(parser)
+    add_workload_flags(parser, time_scale_default="1, a --live run of the synthetic workload 20; "
+                                                  "or sim.time_scale of --config")
+    add_size_flags(parser)
+    parser.add_argument("--trace", metavar="FILE", help="write the JSON-lines trace here (default: no trace)")
+    add_json_flag(parser, "the summary")
+    live = parser.add_argument_group("live runs (--live)")
+    live.add_argument("--live", action="store_true",
+                      help="drive the engine in wall-clock time with real KV bytes: rank threads, host and disk "
+                           "tiers, byte-exact checks of every load (needs kvlife[live])")
+    live.add_argument("--disk-path", metavar="DIR",
+                      help="directory for the disk tier's files (config: live.disk_path; default: a temporary one)")
+    live.add_argument("--redis-url", metavar="URL",
+                      help="add a Redis tier at this URL, e.g. redis://127.0.0.1:6379/0 "
+                           "(config: live.redis_url; default: no Redis tier)")
+    live.add_argument("--redis-ttl", type=non_negative_int, metavar="SECONDS",
+                      help="the Redis tier's keys expire after this many seconds, 0 never "
+                           "(config: live.redis_ttl_s; default: the config's value)")
+    live.add_argument("--no-verify", action="store_true", help="skip the byte-exact checks of loaded blocks")
+    parser.set_defaults(func=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    if not args.live:
+        given = [flag for dest, flag in LIVE_ONLY.items() if getattr(args, dest) not in (None, False)]
+        if given:
+            raise UsageError(f"{given[0]} needs --live")
+    config = load_run_config(args)
+    if args.live:
+        return _run_live(args, config)
+    return _run_sim(args, config)
+
+
+def _label(config: RunConfig) -> str:
+    from kvlife.lifecycle.cli.compare import stack_label
+
+    return stack_label(config.policies)
+
+
+def _names(config: RunConfig) -> str:
+    return ", ".join(config.policies) or "baseline"
+
+
+def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
+    from kvlife.lifecycle.cli.progress import progress_bar
+    from kvlife.lifecycle.drivers.runner import run_workload
+    from kvlife.lifecycle.metrics import format_summary
+
+    config = apply_sizes(args, config)
+    scale, config = time_scale(args, config, 1.0)
+    workload, name = load_workload(args, config, scale)
+    with progress_bar("kvlife run", total=len(workload)) as progress:
+        outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name)
+    if args.json:
+        output.emit("run", driver="sim", workload={"name": name, "requests": len(workload)},
+                    stack=_label(config), seed=config.sim.seed, time_scale=scale,
+                    trace={"path": args.trace, "lines": outcome.trace_lines} if args.trace else None,
+                    summary=outcome.summary)
+        return 0
+    print(f"kvlife run: {name}, {len(workload)} requests, stack {_names(config)}, time scale {scale:g}")
+    print(format_summary(outcome.summary))
+    if args.trace:
+        print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
+    return 0
+
+
+def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
+    from kvlife.lifecycle.cli.extras import require
+
+    require("torch", "live", "kvlife run --live")
+    require("redis", "live", "kvlife run --live")
+    from kvlife.lifecycle.cli.progress import progress_bar
+    from kvlife.lifecycle.config import TierConfig
+    from kvlife.lifecycle.drivers.live import live_defaults, run_live
+    from kvlife.lifecycle.metrics import format_summary
+
+    config = apply_sizes(args, live_defaults(config, explicit_config=bool(args.config)))
+    live = config.live
+    if args.disk_path is not None:
+        live = attrs.evolve(live, disk_path=args.disk_path)
+    if args.redis_url is not None:
+        live = attrs.evolve(live, redis_url=args.redis_url)
+        if not any(t.name == "remote" for t in config.engine.tiers):
+            tiers = (*config.engine.tiers, TierConfig("remote", capacity_blocks=4096))
+            config = attrs.evolve(config, engine=attrs.evolve(config.engine, tiers=tiers))
+    if args.redis_ttl is not None:
+        live = attrs.evolve(live, redis_ttl_s=args.redis_ttl)
+    if args.no_verify:
+        live = attrs.evolve(live, verify=False)
+    config = attrs.evolve(config, live=live)
+    # Arrivals are read at their own pace and sped up once, by the live runtime.
+    default_scale = 1.0 if args.workload else LIVE_SYNTHETIC_TIME_SCALE
+    scale, config = time_scale(args, config, default_scale)
+    workload, name = load_workload(args, config, 1.0, synthetic_requests=LIVE_SYNTHETIC_REQUESTS)
+    with progress_bar("kvlife run --live", total=len(workload)) as progress:
+        outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale, progress=progress,
+                           workload_name=name)
+    exit_code = 1 if live.verify and outcome.stats.mismatches else 0
+    if args.json:
+        output.emit("run", driver="live", workload={"name": name, "requests": len(workload)},
+                    stack=_label(config), seed=config.sim.seed, time_scale=scale,
+                    trace={"path": args.trace, "lines": outcome.trace_lines} if args.trace else None,
+                    summary=outcome.summary)
+        return exit_code
+    tier_sizes = ", ".join(f"{t.name} {t.capacity_blocks}" for t in config.engine.tiers)
+    print(f"kvlife run --live: {name}, {len(workload)} requests, {config.engine.ranks} ranks,"
+          f" tiers {tier_sizes}, stack {_names(config)}, time scale {scale:g}")
+    print(format_summary(outcome.summary))
+    live_summary = outcome.summary["live"]
+    print(f"verified loads             {live_summary['blocks_verified']:,} blocks,"
+          f" {live_summary['mismatches']} mismatches" if live.verify else "verified loads             off")
+    print(f"tier events                {live_summary['tier_events']}, rank errors {live_summary['rank_errors']}")
+    if args.trace:
+        print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
+    return exit_code

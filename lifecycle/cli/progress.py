@@ -1,0 +1,40 @@
+"""Progress bars: tqdm on stderr (rate and ETA), only when stderr is a terminal.
+
+A bar never touches stdout, so ``--json`` output and pipes stay clean, and a run under CI
+or with stderr redirected prints nothing extra. The callback a bar hands out is the
+drivers' ``Progress`` type: ``(done, total) -> None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+from tqdm import tqdm
+
+from kvlife.lifecycle.drivers.simulator import Progress
+
+
+def enabled() -> bool:
+    return sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def progress_bar(desc: str, unit: str = "req", total: int | None = None, position: int = 0) -> Iterator[Progress]:
+    """A bar for one job; the yielded callback takes (done, total) and may change the total."""
+    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not enabled(), position=position,
+               leave=False, dynamic_ncols=True, mininterval=0.2)
+
+    def update(done: int, new_total: int) -> None:
+        if bar.total != new_total:
+            bar.total = new_total
+        if done > bar.n:
+            bar.update(done - bar.n)
+        else:
+            bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
