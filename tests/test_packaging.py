@@ -155,6 +155,8 @@ def all_modules() -> list[str]:
             parts = path.relative_to(ROOT).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
+            if parts[:3] == ("lifecycle", "drivers", "vllm"):
+                continue  # the vLLM connector needs vLLM itself (scripts/install-vllm.sh builds its venv)
             names.append(".".join(("kvlife", *parts)))
     return names
 
@@ -231,7 +233,13 @@ def test_layering_rules_hold() -> None:
     # Only the live driver and plot reach for the extras inside lifecycle/.
     users = {str(p.relative_to(ROOT)) for p in ROOT.glob("lifecycle/**/*.py")
              if any(n.split(".")[0] in OPTIONAL for n in imported_names(p))}
-    assert users <= {"lifecycle/drivers/live.py", "lifecycle/traces/plot.py"}, users
+    # profile_gpu times real kernels (torch imported inside the function that needs a GPU).
+    assert users <= {"lifecycle/drivers/live.py", "lifecycle/traces/plot.py", "lifecycle/profiles/profile_gpu.py",
+                     *(u for u in users if u.startswith("lifecycle/drivers/vllm/"))}, users
+    # vLLM is imported by the connector package only.
+    vllm_users = {str(p.relative_to(ROOT)) for top in SUBPACKAGE_ROOTS for p in (ROOT / top).rglob("*.py")
+                  if "vllm" in {n.split(".")[0] for n in imported_names(p)}}
+    assert vllm_users and all(u.startswith("lifecycle/drivers/vllm/") for u in vllm_users), vllm_users
 
 
 # ---- pyproject: packages and data ----------------------------------------------------
