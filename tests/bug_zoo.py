@@ -2,9 +2,10 @@
 policies, each a bug that keeps coming back in KV connectors. The model checker must
 catch every one of them within its default budget (tests/test_bug_zoo.py).
 
-Variants never edit the real code: they subclass ``Engine`` and override private
-methods, swap a broken ``RankAggregator`` into ``engine.ranks``, or put a broken policy
-on the stack.
+Variants never edit the real code: they subclass a part of the engine (``Transfers``,
+named by an ``Engine`` subclass's ``transfers_class``) or ``Engine``'s own event handlers,
+swap a broken ``RankAggregator`` into ``engine.state.ranks``, or put a broken policy on
+the stack.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Any
 import attrs
 
 from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.engine.blocks import DeviceBlockPool
 from kvlife.lifecycle.engine.core import Engine, Job, Recorder
 from kvlife.lifecycle.engine.events import Abort, LookupAnswer
 from kvlife.lifecycle.engine.ranks import RankAggregator, ReportOutcome, ReportStatus
+from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import Decision, EngineView, RequestView
 from kvlife.policies.stack import PolicyStack
 from kvlife.specs.model_check import AsyncLookups, ShareLoads
@@ -26,13 +29,13 @@ from kvlife.transfer.index import TierIndex
 
 
 @contextlib.contextmanager
-def _no_block_releases(engine: Engine) -> Iterator[None]:
+def _no_block_releases(pool: DeviceBlockPool) -> Iterator[None]:
     """Inside, releasing device blocks does nothing (for jobs whose references are gone)."""
-    engine.pool.release = lambda blocks: []  # type: ignore[method-assign]
+    pool.release = lambda blocks: []  # type: ignore[method-assign]
     try:
         yield
     finally:
-        del engine.pool.release
+        del pool.release
 
 
 # ---- 1. a stale lookup applied after abort -------------------------------------------------
@@ -42,7 +45,7 @@ class StaleLookupAfterAbort(Engine):
     def _on_abort(self, event: Abort) -> None:
         req = self.requests.get(event.request_id)
         if req is not None and req.state == "lookup_pending":
-            self._finish(req, "aborted", "aborted", "client aborted")  # no DiscardLookup
+            self.lifecycle.finish(req, "aborted", "aborted", "client aborted")  # no DiscardLookup
             return
         super()._on_abort(event)
 
@@ -72,15 +75,19 @@ class FirstRankDone(RankAggregator):
 def _first_rank_done(config: EngineConfig, stack: PolicyStack, tiers: Sequence[TierIndex] | None = None,
                      recorder: Recorder | None = None) -> Engine:
     engine = Engine(config, stack, tiers=tiers, recorder=recorder)
-    engine.ranks = FirstRankDone(config.ranks, engine.jobs)
+    engine.state.ranks = FirstRankDone(config.ranks, engine.jobs)
     return engine
 
 
 # ---- 3. finished_sending and finished_recving swapped ---------------------------------------
-class SwappedSendRecv(Engine):
-    def _job_outcome(self, job: Job, failed: Sequence[int]) -> None:
+class SwappedSendRecvTransfers(Transfers):
+    def job_outcome(self, job: Job, failed: Sequence[int]) -> None:
         swapped = attrs.evolve(job, kind="store" if job.kind == "load" else "load")
-        super()._job_outcome(swapped, failed)
+        super().job_outcome(swapped, failed)
+
+
+class SwappedSendRecv(Engine):
+    transfers_class = SwappedSendRecvTransfers
 
 
 # ---- 4. a store covering placeholder tokens ----------------------------------------------------
@@ -94,72 +101,94 @@ class StoreScheduledTokens:
 
 
 # ---- 5. a block freed while a store still reads it ---------------------------------------------
-class StoreTakesNoReference(Engine):
-    def _maybe_store(self, req: Any) -> None:
-        self.pool.retain = lambda blocks: None  # type: ignore[method-assign]
+class StoreTakesNoReferenceTransfers(Transfers):
+    def maybe_store(self, req: Any) -> None:
+        pool = self.state.pool
+        pool.retain = lambda blocks: None  # type: ignore[method-assign]
         try:
-            super()._maybe_store(req)
+            super().maybe_store(req)
         finally:
-            del self.pool.retain
+            del pool.retain
 
-    def _release_job(self, job: Job, failed: Sequence[int]) -> None:
+    def release_job(self, job: Job, failed: Sequence[int]) -> None:
         if job.kind != "store":
-            super()._release_job(job, failed)
+            super().release_job(job, failed)
             return
-        with _no_block_releases(self):  # the reference it never took is not given back
-            super()._release_job(job, failed)
+        with _no_block_releases(self.state.pool):  # the reference it never took is not given back
+            super().release_job(job, failed)
+
+
+class StoreTakesNoReference(Engine):
+    transfers_class = StoreTakesNoReferenceTransfers
 
 
 # ---- 6. a duplicate load of an in-flight block ----------------------------------------------------
-class ForgetsInFlightLoads(Engine):
+class ForgetsInFlightLoadsTransfers(Transfers):
     """Never publishes its loads as in flight, so nobody can join them."""
 
-    def _start_load(self, req: Any, moves: list[Any]) -> None:
-        before = set(self.in_flight_loads)
-        super()._start_load(req, moves)
-        for block_hash in sorted(set(self.in_flight_loads) - before):
-            del self.in_flight_loads[block_hash]
+    def start_load(self, req: Any, moves: list[Any]) -> None:
+        in_flight = self.state.in_flight_loads
+        before = set(in_flight)
+        super().start_load(req, moves)
+        for block_hash in sorted(set(in_flight) - before):
+            del in_flight[block_hash]
+
+
+class ForgetsInFlightLoads(Engine):
+    transfers_class = ForgetsInFlightLoadsTransfers
 
 
 # ---- 7. an abort during a load that frees the blocks early ---------------------------------------
-class AbortCancelsLoad(Engine):
-    """Abort 'cancels' the request's loads by dropping their block references at once."""
+class CancelledLoadsTransfers(Transfers):
+    """Releasing a load cancelled at abort gives nothing back: it was dropped already."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cancelled: set[int] = set()
 
+    def release_job(self, job: Job, failed: Sequence[int]) -> None:
+        if job.job_id not in self.cancelled:
+            super().release_job(job, failed)
+            return
+        with _no_block_releases(self.state.pool):  # already dropped at the abort
+            super().release_job(job, failed)
+
+
+class AbortCancelsLoad(Engine):
+    """Abort 'cancels' the request's loads by dropping their block references at once."""
+
+    transfers_class = CancelledLoadsTransfers
+
     def _on_abort(self, event: Abort) -> None:
+        assert isinstance(self.transfers, CancelledLoadsTransfers)
+        cancelled = self.transfers.cancelled
         req = self.requests.get(event.request_id)
         if req is not None and req.state == "loading":
             for job_id in req.load_jobs:
                 job = self.jobs.get(job_id)
-                if job is not None and job.request_id == req.request_id and job_id not in self.cancelled:
-                    self.cancelled.add(job_id)
+                if job is not None and job.request_id == req.request_id and job_id not in cancelled:
+                    cancelled.add(job_id)
                     self.pool.release(m.device_block for m in job.moves)
         super()._on_abort(event)
 
-    def _release_job(self, job: Job, failed: Sequence[int]) -> None:
-        if job.job_id not in self.cancelled:
-            super()._release_job(job, failed)
-            return
-        with _no_block_releases(self):  # already dropped at the abort
-            super()._release_job(job, failed)
-
 
 # ---- 8. a failed load retried forever with its stale hit ----------------------------------------
-class KeepsFailedBlocks(Engine):
+class KeepsFailedBlocksTransfers(Transfers):
     """A failed block stays in its tier, so the next lookup hits it again, and again."""
 
-    def _release_job(self, job: Job, failed: Sequence[int]) -> None:
-        tiers = list(self.tiers.values())
+    def release_job(self, job: Job, failed: Sequence[int]) -> None:
+        tiers = list(self.state.tiers.values())
         for tier in tiers:
             tier.discard = lambda blocks: []  # type: ignore[method-assign]
         try:
-            super()._release_job(job, failed)
+            super().release_job(job, failed)
         finally:
             for tier in tiers:
                 del tier.discard
+
+
+class KeepsFailedBlocks(Engine):
+    transfers_class = KeepsFailedBlocksTransfers
 
 
 # ---- 9. a duplicate rank report counted twice -----------------------------------------------------
@@ -183,7 +212,7 @@ def _with_ranks(aggregator: type[RankAggregator]) -> Callable[..., Engine]:
     def factory(config: EngineConfig, stack: PolicyStack, tiers: Sequence[TierIndex] | None = None,
                 recorder: Recorder | None = None) -> Engine:
         engine = Engine(config, stack, tiers=tiers, recorder=recorder)
-        engine.ranks = aggregator(config.ranks)
+        engine.state.ranks = aggregator(config.ranks)
         return engine
 
     return factory

@@ -77,7 +77,7 @@ def engine_path(sequence: list[tuple[int, str]], requests: int) -> float:
         Request(f"req-{i}", i, 0.0, 1, (), False, 512) for i in range(requests)
     ]
     engine.state_counts["waiting"] = requests
-    move = engine._move
+    move = engine.lifecycle.move
     start = time.perf_counter()
     for r, trigger in sequence:
         move(records[r], trigger, "bench")

@@ -218,10 +218,11 @@ def model_finishes(
     """The model's side of a step output: which sampling requests stop, and why. A
     request stops at its workload output length, or at the length limit if lower."""
     finished = []
+    requests = engine.requests
     for entry in plan.entries:
         if not entry.samples:
             continue
-        req = engine.requests[entry.request_id]
+        req = requests[entry.request_id]
         if req.state != "running":
             continue
         produced = req.generated + 1

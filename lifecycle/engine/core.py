@@ -1,25 +1,41 @@
 """The sans-IO engine: input events in, commands out.
 
 Like h11 for HTTP, the ``Engine`` never reads a clock, starts a thread, touches torch or
-opens a socket. Drivers (the simulator, the live runtime) feed it ``kvlife.lifecycle.engine.events``
-inputs and carry out the commands it returns. Every state change goes through the
-compiled spec table (``kvlife.specs.table``) and is recorded with its trigger and reason.
+opens a socket. Drivers (the simulator, the live runtime) feed it
+``kvlife.lifecycle.engine.events`` inputs through ``Engine.handle`` and carry out the
+commands it returns. Every state change goes through the compiled spec table
+(``kvlife.specs.table``) and is recorded with its trigger and reason.
 
-Follow one request through four files: ``Arrival`` puts it in ``waiting`` (here,
-``_on_arrival``); a ``Tick`` runs the scheduler (``lifecycle/scheduler.py``: running
-requests first, then FIFO admission, which looks the request up in the tiers, sync or
-async through ``lookup_pending``, asks the admission policy, and either starts a load,
-``loading``, or schedules compute, ``running``); ``StepOutput`` confirms computed tokens,
-starts stores and finishes requests (here, ``_on_step_output``); a finished request
-whose blocks a store still reads waits in ``sending``; ``TransferReport``s from every
-rank complete jobs (``lifecycle/transfers.py``). Shared state and primitives live in
-``lifecycle/state.py``.
+The engine is composed of parts, each given what it works on when it is built:
+
+- ``state.EngineState``: everything the engine knows (requests, queues, block pool, tiers,
+  jobs, counters, ``now``, the commands of the current event). One object, shared.
+- ``lifecycle.Lifecycle(state, policies)``: moving a request through the table, asking
+  the policy stack, recording, finishing a request and releasing its blocks.
+- ``transfers.Transfers(state, lifecycle)``: load, store and prefetch jobs, rank reports,
+  deadlines.
+- ``scheduler.Scheduler(state, lifecycle, transfers)``: the tick (budget, running first,
+  FIFO admission, preemption).
+- ``Engine`` (here): owns them and the handlers of the request-facing events.
+
+Follow one request: ``Arrival`` puts it in ``waiting`` (``Engine._on_arrival``); a ``Tick``
+runs ``Scheduler.tick``, which looks it up in the tiers (sync, or async through
+``lookup_pending`` and ``Engine._on_lookup_answer``), asks the admission policy and either
+starts a load (``loading``, ``Transfers.start_load``) or schedules compute (``running``);
+``StepOutput`` confirms computed tokens, starts stores and finishes requests
+(``Engine._on_step_output``); a finished request whose blocks a store still reads waits
+in ``sending``; ``TransferReport``s from every rank complete jobs (``Transfers.on_report``)
+and move the requests that waited on them on.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
+from typing import ClassVar
 
+from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.engine.blocks import DeviceBlockPool
 from kvlife.lifecycle.engine.events import (
     Abort,
     Arrival,
@@ -32,35 +48,56 @@ from kvlife.lifecycle.engine.events import (
     TransferReport,
     input_to_record,
 )
+from kvlife.lifecycle.engine.lifecycle import Lifecycle
+from kvlife.lifecycle.engine.ranks import RankAggregator
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.scheduler import Scheduler
-from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, Recorder, Stats, _seq
+from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, Recorder, Stats, seq_key
+from kvlife.lifecycle.engine.transfers import Transfers
+from kvlife.policies.base import EngineView
+from kvlife.policies.stack import PolicyStack
 from kvlife.specs.table import ReferenceRequest
+from kvlife.transfer.index import TierIndex
 
 __all__ = ["Engine", "EngineState", "Job", "PrefetchJob", "Recorder", "Stats"]
 
 
-class Engine(Scheduler):
-    """The engine: dispatches each input event to its handler."""
+class Engine:
+    """The engine: owns the state and the parts, dispatches each input event."""
+
+    # The transfer part's class. A deliberately broken variant (tests/bug_zoo.py)
+    # subclasses ``Transfers`` and names it here; the real code is never edited.
+    transfers_class: ClassVar[type[Transfers]] = Transfers
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        policies: PolicyStack,
+        tiers: Sequence[TierIndex] | None = None,
+        recorder: Recorder | None = None,
+        reference: bool = False,
+    ) -> None:
+        self.state = EngineState(config, tiers, recorder, reference)
+        self.lifecycle = Lifecycle(self.state, policies)
+        self.transfers = self.transfers_class(self.state, self.lifecycle)
+        self.scheduler = Scheduler(self.state, self.lifecycle, self.transfers)
 
     def handle(self, event: InputEvent) -> list[Command]:
         """Apply one input event; return the commands the driver must carry out."""
-        if event.t < self.now:
-            raise ValueError(f"time went backwards: {event.t} < {self.now}")
-        self.now = event.t
-        if self.recorder is not None:
-            self.recorder(input_to_record(event))
-        self._commands = []
+        state = self.state
+        if event.t < state.now:
+            raise ValueError(f"time went backwards: {event.t} < {state.now}")
+        state.now = event.t
+        if state.recorder is not None:
+            state.recorder(input_to_record(event))
+        commands: list[Command] = []
+        state.commands = commands
         if isinstance(event, Tick):
-            self._on_tick()
+            self.scheduler.tick()
         elif isinstance(event, StepOutput):
             self._on_step_output(event)
         elif isinstance(event, TransferReport):
-            self._transfer_version += 1
-            if event.job_id in self.prefetches:
-                self._on_prefetch_report(event)
-            else:
-                self._on_transfer_report(event)
+            self.transfers.on_report(event)
         elif isinstance(event, LookupAnswer):
             self._on_lookup_answer(event)
         elif isinstance(event, Arrival):
@@ -69,46 +106,51 @@ class Engine(Scheduler):
             self._on_abort(event)
         else:  # pragma: no cover - the union is closed
             raise TypeError(f"not an input event: {event!r}")
-        return self._commands
+        return commands
 
+    # ---- request-facing events -------------------------------------------------------------
     def _on_arrival(self, event: Arrival) -> None:
-        if event.request_id in self.requests:
-            self._warn("duplicate_arrival", req=event.request_id)
+        state = self.state
+        lifecycle = self.lifecycle
+        if event.request_id in state.requests:
+            lifecycle.warn("duplicate_arrival", req=event.request_id)
             return
-        full_blocks = event.prompt_tokens // self.config.block_tokens
+        block_tokens = state.config.block_tokens
+        full_blocks = event.prompt_tokens // block_tokens
         req = Request(
             request_id=event.request_id,
-            seq=self._next_seq,
+            seq=state.next_seq,
             arrival_ms=event.t,
             prompt_tokens=event.prompt_tokens,
             hashes=tuple(event.block_hashes[:full_blocks]),
             resumable=event.resumable,
-            block_tokens=self.config.block_tokens,
+            block_tokens=block_tokens,
         )
-        self._next_seq += 1
-        self.requests[req.request_id] = req
-        self.state_counts["waiting"] += 1
-        if self.reference is not None:
-            self.reference[req.request_id] = ReferenceRequest(req.request_id)
-        if self._blocks_for(req.prompt_tokens + 1) > self.pool.capacity:
-            self._finish(req, "failed", "error", f"prompt needs more than the {self.pool.capacity} device blocks")
+        state.next_seq += 1
+        state.requests[req.request_id] = req
+        state.state_counts["waiting"] += 1
+        if state.reference is not None:
+            state.reference[req.request_id] = ReferenceRequest(req.request_id)
+        if state.blocks_for(req.prompt_tokens + 1) > state.pool.capacity:
+            lifecycle.finish(req, "failed", "error", f"prompt needs more than the {state.pool.capacity} device blocks")
             return
-        bisect.insort(self.waiting, req, key=_seq)
-        action = self._ask(req, "on_arrival") if self.tiers else "none"
+        bisect.insort(state.waiting, req, key=seq_key)
+        action = lifecycle.ask(req, "on_arrival") if state.tiers else "none"
         if action in ("lookup", "prefetch"):
             if action == "prefetch":
-                self._wants_prefetch[req.request_id] = req.epoch
-            self.waiting.remove(req)
-            self._submit_lookup(req, f"early {action} at arrival")
+                state.wants_prefetch[req.request_id] = req.epoch
+            state.waiting.remove(req)
+            lifecycle.submit_lookup(req, f"early {action} at arrival")
 
     def _on_lookup_answer(self, event: LookupAnswer) -> None:
-        req = self.requests.get(event.request_id)
+        state = self.state
+        req = state.requests.get(event.request_id)
         if req is None or req.state != "lookup_pending" or req.epoch != event.epoch:
-            self.stats.stale_lookup_answers += 1
-            self._record(
+            state.stats.stale_lookup_answers += 1
+            self.lifecycle.record(
                 {
                     "kind": "stale_lookup",
-                    "t": self.now,
+                    "t": state.now,
                     "req": event.request_id,
                     "epoch": event.epoch,
                     "current_epoch": None if req is None else req.epoch,
@@ -117,34 +159,38 @@ class Engine(Scheduler):
             )
             return
         if event.tiers is None:
-            self.stats.failed_lookups += 1
+            state.stats.failed_lookups += 1
             req.lookup = ()
             reason = "lookup failed: treated as a miss"
         else:
-            req.lookup = tuple(t for t in event.tiers if t in self.tiers)
+            req.lookup = tuple(t for t in event.tiers if t in state.tiers)
             reason = f"lookup answered: {len(req.lookup)} blocks in tiers"
-        self._move(req, "lookup_answered", reason)
-        bisect.insort(self.waiting, req, key=_seq)
-        if self._wants_prefetch.pop(req.request_id, None) == req.epoch:
-            self._start_prefetch(req)
+        self.lifecycle.move(req, "lookup_answered", reason)
+        bisect.insort(state.waiting, req, key=seq_key)
+        if state.wants_prefetch.pop(req.request_id, None) == req.epoch:
+            self.transfers.start_prefetch(req)
 
     def _on_abort(self, event: Abort) -> None:
-        req = self.requests.get(event.request_id)
+        state = self.state
+        req = state.requests.get(event.request_id)
         if req is None or req.state == "finished":
-            self._warn("abort_ignored", req=event.request_id, state=None if req is None else req.state)
+            self.lifecycle.warn("abort_ignored", req=event.request_id, state=None if req is None else req.state)
             return
         if req.state == "lookup_pending":
-            self._commands.append(DiscardLookup(req.request_id, req.epoch))
-        self._sync_lookup_version.pop(req.request_id, None)
-        self._wants_prefetch.pop(req.request_id, None)
-        self.prefetch_waits.pop(req.request_id, None)
-        self._finish(req, "aborted", "aborted", "client aborted")
+            state.commands.append(DiscardLookup(req.request_id, req.epoch))
+        state.sync_lookup_version.pop(req.request_id, None)
+        state.wants_prefetch.pop(req.request_id, None)
+        state.prefetch_waits.pop(req.request_id, None)
+        self.lifecycle.finish(req, "aborted", "aborted", "client aborted")
 
     def _on_step_output(self, event: StepOutput) -> None:
-        entries = self.steps.pop(event.step_id, None)
+        state = self.state
+        entries = state.steps.pop(event.step_id, None)
         if entries is None:
-            self._warn("unknown_step", step=event.step_id)
+            self.lifecycle.warn("unknown_step", step=event.step_id)
             return
+        now = state.now
+        maybe_store = self.transfers.maybe_store
         finished = dict(event.finished)
         for req, epoch, n, samples in entries:
             if req.state != "running" or req.epoch != epoch:
@@ -154,29 +200,98 @@ class Engine(Scheduler):
                 req.placeholders -= 1
                 req.generated += 1
                 if req.first_token_ms is None:
-                    req.first_token_ms = self.now
+                    req.first_token_ms = now
             if req.registered_blocks < len(req.hashes):
                 self._register_computed(req)
             if req.stored_blocks < len(req.hashes):
-                self._maybe_store(req)  # before finishing: the last step's blocks are stored too
+                maybe_store(req)  # before finishing: the last step's blocks are stored too
             reason = finished.pop(req.request_id, None)
             if reason is not None:
                 self._finish_generation(req, reason)
         for rid in finished:
-            self._warn("finish_for_unscheduled_request", req=rid, step=event.step_id)
+            self.lifecycle.warn("finish_for_unscheduled_request", req=rid, step=event.step_id)
 
     def _register_computed(self, req: Request) -> None:
-        full = min(req.confirmed // self.config.block_tokens, len(req.hashes))
+        """Publish the request's confirmed full prompt blocks in the device prefix cache."""
+        full = min(req.confirmed // self.state.config.block_tokens, len(req.hashes))
+        pool = self.state.pool
         while req.registered_blocks < full:
             i = req.registered_blocks
-            self.pool.register(req.block_table[i], req.hashes[i])
+            pool.register(req.block_table[i], req.hashes[i])
             req.registered_blocks += 1
 
     def _finish_generation(self, req: Request, reason: str) -> None:
-        self.running.remove(req)
-        if req.store_jobs and self._ask(req, "hold_at_finish", req.store_jobs):
+        """The model stopped ``req``: finish it, or hold it in ``sending`` while stores
+        still read its blocks (if the policy says so)."""
+        state = self.state
+        lifecycle = self.lifecycle
+        state.running.remove(req)
+        if req.store_jobs and lifecycle.ask(req, "hold_at_finish", req.store_jobs):
             req.finish_reason = reason
-            req.finish_ms = self.now
-            self._move(req, "send_started", f"finished ({reason}); {req.store_jobs} stores still read its blocks")
+            req.finish_ms = state.now
+            lifecycle.move(req, "send_started", f"finished ({reason}); {req.store_jobs} stores still read its blocks")
             return
-        self._finish(req, "completed", reason, f"finished ({reason})")
+        lifecycle.finish(req, "completed", reason, f"finished ({reason})")
+
+    # ---- what drivers and checks read (all of it lives in ``self.state``) -------------------
+    @property
+    def config(self) -> EngineConfig:
+        return self.state.config
+
+    @property
+    def now(self) -> float:
+        return self.state.now
+
+    @property
+    def requests(self) -> dict[str, Request]:
+        return self.state.requests
+
+    @property
+    def state_counts(self) -> dict[str, int]:
+        return self.state.state_counts
+
+    @property
+    def stats(self) -> Stats:
+        return self.state.stats
+
+    @property
+    def pool(self) -> DeviceBlockPool:
+        return self.state.pool
+
+    @property
+    def tiers(self) -> dict[str, TierIndex]:
+        return self.state.tiers
+
+    @property
+    def ranks(self) -> RankAggregator:
+        return self.state.ranks
+
+    @property
+    def jobs(self) -> dict[int, Job]:
+        return self.state.jobs
+
+    @property
+    def prefetch_waits(self) -> dict[str, PrefetchJob]:
+        return self.state.prefetch_waits
+
+    def busy(self) -> bool:
+        return self.state.busy()
+
+    def next_wakeup(self) -> float | None:
+        return self.state.next_wakeup()
+
+    def stranded(self) -> list[str]:
+        return self.state.stranded()
+
+    def check_invariants(self) -> None:
+        self.state.check_invariants()
+
+    def sync_lookup(self, hashes: Sequence[int]) -> tuple[str, ...]:
+        return self.state.sync_lookup(hashes)
+
+    def engine_view(self) -> EngineView:
+        return self.state.engine_view()
+
+    def _submit_lookup(self, req: Request, reason: str) -> None:
+        """An async lookup submitted by hand (tests drive the idempotence check with it)."""
+        self.lifecycle.submit_lookup(req, reason)

@@ -1,11 +1,16 @@
 """The scheduler tick: token budget, running requests first, FIFO admission, preemption.
 
-Each tick first extends the running requests (chunked prefill, then one token per
-decode step), preempting the most recently admitted request when device blocks run
+``Scheduler.tick`` first extends the running requests (chunked prefill, then one token
+per decode step), preempting the most recently admitted request when device blocks run
 out; then admits waiting requests in arrival order: look them up in the tiers (sync on
 this path, or async through ``lookup_pending``), ask the admission policy, and either
-start a load (``loading``) or schedule compute (``running``). The result is one
-``StepPlan`` for the driver to run.
+start a load (``loading``, through ``Transfers.start_load``) or schedule compute
+(``running``). The result is one ``StepPlan`` command for the driver to run; stores of
+the blocks the step computes start with it (``Transfers.maybe_store``).
+
+Like nano-vllm's scheduler owns its block manager, this one works on the state's block
+pool directly; it receives the state, the shared ``Lifecycle`` primitives and the
+``Transfers`` part it starts loads and stores with.
 """
 
 from __future__ import annotations
@@ -17,34 +22,58 @@ from kvlife.lifecycle.engine.events import (
     Scheduled,
     StepPlan,
 )
+from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.request import Request
-from kvlife.lifecycle.engine.state import _seq
+from kvlife.lifecycle.engine.state import EngineState, seq_key
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import LoadView
 
+# One request's share of the step being built: (request, tokens, samples a token).
+Entry = tuple[Request, int, bool]
 
-class Scheduler(Transfers):
-    def _on_tick(self) -> None:
-        self.stats.ticks += 1
-        if self.config.transfer_deadline_ms is not None:
-            self._expire_jobs(self.config.transfer_deadline_ms)
-        budget = self.config.max_batched_tokens
-        entries: list[tuple[Request, int, bool]] = []
+
+def _schedule(req: Request, n: int) -> Entry:
+    """Schedule ``n`` more tokens of ``req`` in this step; the last one samples."""
+    samples = req.computed + n >= req.known_tokens
+    req.computed += n
+    if samples:
+        req.placeholders += 1
+    return (req, n, samples)
+
+
+class Scheduler:
+    def __init__(self, state: EngineState, lifecycle: Lifecycle, transfers: Transfers) -> None:
+        self.state = state
+        self.lifecycle = lifecycle
+        self.transfers = transfers
+
+    def tick(self) -> None:
+        """Build one step: extend the running requests, then admit waiting ones."""
+        state = self.state
+        config = state.config
+        state.stats.ticks += 1
+        if config.transfer_deadline_ms is not None:
+            self.transfers.expire_jobs(config.transfer_deadline_ms)
+        budget = config.max_batched_tokens
+        bt = config.block_tokens
+        running = state.running
+        pool = state.pool
+        entries: list[Entry] = []
         preempted = False
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        while i < len(running) and budget > 0:
+            req = running[i]
             want = req.known_tokens - req.computed
             if want <= 0:
                 i += 1
                 continue
             n = min(want, budget)
-            need = self._blocks_for(req.computed + n) - len(req.block_table)
-            while need > 0 and need > self.pool.free:
-                victim = self.running[-1]
-                if victim is req and len(self.running) == 1 and not self.jobs:
-                    self._finish(req, "failed", "error",
-                                 f"needs {need} more blocks and nothing else holds any")
+            need = -(-(req.computed + n) // bt) - len(req.block_table)  # state.blocks_for, inlined
+            while need > 0 and need > pool.free:
+                victim = running[-1]
+                if victim is req and len(running) == 1 and not state.jobs:
+                    self.lifecycle.finish(req, "failed", "error",
+                                          f"needs {need} more blocks and nothing else holds any")
                     break
                 self._preempt(victim)
                 preempted = True
@@ -53,8 +82,8 @@ class Scheduler(Transfers):
             if req.state != "running":
                 break
             if need > 0:
-                req.block_table.extend(self.pool.allocate(need))
-            entries.append(self._schedule(req, n))
+                req.block_table.extend(pool.allocate(need))
+            entries.append(_schedule(req, n))
             budget -= n
             i += 1
         sync_lookups = 0
@@ -62,20 +91,14 @@ class Scheduler(Transfers):
             budget, sync_lookups = self._admit(budget, entries)
         self._emit_plan(entries, sync_lookups)
 
-    def _schedule(self, req: Request, n: int) -> tuple[Request, int, bool]:
-        samples = req.computed + n >= req.known_tokens
-        req.computed += n
-        if samples:
-            req.placeholders += 1
-        return (req, n, samples)
-
-    def _emit_plan(self, entries: list[tuple[Request, int, bool]], sync_lookups: int) -> None:
-        self.stats.sync_lookups += sync_lookups
+    def _emit_plan(self, entries: list[Entry], sync_lookups: int) -> None:
+        state = self.state
+        state.stats.sync_lookups += sync_lookups
         if not entries and not sync_lookups:
             return
-        step_id = self._next_step
-        self._next_step += 1
-        self.stats.steps += 1
+        step_id = state.next_step_id
+        state.next_step_id += 1
+        state.stats.steps += 1
         scheduled = []
         prefill = 0
         prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
@@ -86,11 +109,11 @@ class Scheduler(Transfers):
                 prefill += n
             if before < req.prompt_tokens:
                 prompt_chunks.append([req.request_id, before, n])
-        self.steps[step_id] = [(req, req.epoch, n, samples) for req, n, samples in entries]
-        self._record(
+        state.steps[step_id] = [(req, req.epoch, n, samples) for req, n, samples in entries]
+        self.lifecycle.record(
             {
                 "kind": "step",
-                "t": self.now,
+                "t": state.now,
                 "step": step_id,
                 "requests": len(entries),
                 "prefill_tokens": prefill,
@@ -98,31 +121,37 @@ class Scheduler(Transfers):
                 "prompt": prompt_chunks,
             }
         )
-        self._commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups))
+        state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups))
+        maybe_store = self.transfers.maybe_store
         for req, _, _ in entries:
             if req.stored_blocks < len(req.hashes):
-                self._maybe_store(req)
+                maybe_store(req)
 
-    def _admit(self, budget: int, entries: list[tuple[Request, int, bool]]) -> tuple[int, int]:
+    def _admit(self, budget: int, entries: list[Entry]) -> tuple[int, int]:
+        """Admit waiting requests in FIFO order while budget and ``max_running`` allow."""
+        state = self.state
+        lifecycle = self.lifecycle
+        waiting = state.waiting
+        versions = state.sync_lookup_version
         sync_lookups = 0
-        active = len(self.running) + self.state_counts["loading"]
+        active = len(state.running) + state.state_counts["loading"]
         index = 0
-        while index < len(self.waiting) and budget > 0 and active < self.config.max_running:
-            req = self.waiting[index]
-            if req.request_id in self.prefetch_waits and self._prefetch_gate(req) == "deferred":
+        while index < len(waiting) and budget > 0 and active < state.config.max_running:
+            req = waiting[index]
+            if req.request_id in state.prefetch_waits and self.transfers.prefetch_gate(req) == "deferred":
                 index += 1
                 continue
-            stale = self._sync_lookup_version.get(req.request_id, self._transfer_version)
-            if req.lookup is None or stale != self._transfer_version:
-                if not self.tiers:
+            stale = versions.get(req.request_id, state.transfer_version)
+            if req.lookup is None or stale != state.transfer_version:
+                if not state.tiers:
                     req.lookup = ()
-                elif self._ask(req, "lookup_mode") == "async":
-                    del self.waiting[index]
-                    self._submit_lookup(req, "async lookup submitted")
+                elif lifecycle.ask(req, "lookup_mode") == "async":
+                    del waiting[index]
+                    lifecycle.submit_lookup(req, "async lookup submitted")
                     continue
                 else:
-                    req.lookup = self.sync_lookup(self._hit_candidates(req))
-                    self._sync_lookup_version[req.request_id] = self._transfer_version
+                    req.lookup = state.sync_lookup(state.hit_candidates(req))
+                    versions[req.request_id] = state.transfer_version
                     sync_lookups += 1
             outcome = self._try_admit(req, budget, entries)
             if outcome == "blocked":
@@ -130,17 +159,22 @@ class Scheduler(Transfers):
             if outcome == "deferred":
                 index += 1
                 continue
-            del self.waiting[index]
-            self._sync_lookup_version.pop(req.request_id, None)
+            del waiting[index]
+            versions.pop(req.request_id, None)
             active += 1
             if outcome == "running":
                 budget -= entries[-1][1]
         return budget, sync_lookups
 
-    def _try_admit(self, req: Request, budget: int, entries: list[tuple[Request, int, bool]]) -> str:
-        bt = self.config.block_tokens
-        candidates = self._hit_candidates(req)
-        device = self.pool.cached_prefix(candidates)
+    def _try_admit(self, req: Request, budget: int, entries: list[Entry]) -> str:
+        """Admit ``req`` into ``loading`` or ``running``; or "deferred" (policy), or
+        "blocked" (not enough free device blocks: admission stops here)."""
+        state = self.state
+        pool = state.pool
+        in_flight_loads = state.in_flight_loads
+        bt = state.config.block_tokens
+        candidates = state.hit_candidates(req)
+        device = pool.cached_prefix(candidates)
         assert req.lookup is not None
         # Re-validate the lookup: a block may have been evicted since the answer.
         plan: list[tuple[int, str]] = []  # (hash, "device" | tier) for blocks past the device hit
@@ -149,15 +183,15 @@ class Scheduler(Transfers):
         external_end = min(len(req.lookup), len(candidates), req.external_hit_limit)
         for i in range(device, external_end):
             block = candidates[i]
-            if self.pool.block_of(block) is not None:
+            if pool.block_of(block) is not None:
                 plan.append((block, "device"))
-            elif self.tiers[req.lookup[i]].contains(block):
+            elif state.tiers[req.lookup[i]].contains(block):
                 plan.append((block, req.lookup[i]))
             else:
                 break
         to_load = [(h, t) for h, t in plan if t != "device"]
         in_flight = tuple(
-            (h, self.in_flight_loads[h][2]) for h, _ in to_load if h in self.in_flight_loads
+            (h, in_flight_loads[h][2]) for h, _ in to_load if h in in_flight_loads
         )
         join = False
         if to_load:
@@ -167,7 +201,7 @@ class Scheduler(Transfers):
                 tiers=tuple(t for _, t in plan),
                 in_flight=in_flight,
             )
-            choice = self._ask(req, "admission", load_view)
+            choice = self.lifecycle.ask(req, "admission", load_view)
             if choice == "defer":
                 return "deferred"
             join = choice == "join"
@@ -180,13 +214,13 @@ class Scheduler(Transfers):
             new_blocks = len(own_loads)
         else:
             compute_tokens = min(req.known_tokens - hit_blocks * bt, budget)
-            new_blocks = self._blocks_for(hit_blocks * bt + compute_tokens) - hit_blocks
+            new_blocks = state.blocks_for(hit_blocks * bt + compute_tokens) - hit_blocks
         reclaim = sum(
             1
             for h in hit_hashes
-            if (b := self.pool.block_of(h)) is not None and self.pool.refs[b] == 0
+            if (b := pool.block_of(h)) is not None and pool.refs[b] == 0
         )
-        if new_blocks + reclaim > self.pool.free:
+        if new_blocks + reclaim > pool.free:
             return "blocked"
         # Commit: build the block table in prefix order.
         # Take the cached hits first: allocating could otherwise recycle one of them.
@@ -196,17 +230,17 @@ class Scheduler(Transfers):
         tier_of = dict(to_load)
         for h in hit_hashes:
             if h in joined:
-                job_id, block, _ = self.in_flight_loads[h]
-                self.pool.retain([block])
+                job_id, block, _ = in_flight_loads[h]
+                pool.retain([block])
                 table.append(block)
                 if job_id not in join_jobs:
                     join_jobs.append(job_id)
-                self.stats.joined_blocks += 1
+                state.stats.joined_blocks += 1
             elif h not in tier_of:
-                table.append(self.pool.acquire_cached(h))
+                table.append(pool.acquire_cached(h))
             else:
                 table.append(-1)
-        fresh = iter(self.pool.allocate(len(own_loads)))
+        fresh = iter(pool.allocate(len(own_loads)))
         for i, h in enumerate(hit_hashes):
             if table[i] == -1:
                 table[i] = next(fresh)
@@ -222,32 +256,35 @@ class Scheduler(Transfers):
             req.load_failed = []
             req.hit_tokens_pending = hit_blocks * bt
             for job_id in join_jobs:
-                self.jobs[job_id].waiters.append((req.request_id, req.epoch))
+                state.jobs[job_id].waiters.append((req.request_id, req.epoch))
             reason = f"loading {len(own_moves)} blocks"
             if join_jobs:
                 reason += f", joined {len(joined)} in-flight blocks of jobs {join_jobs}"
             if own_moves:
-                self._start_load(req, own_moves)
-            self._move(req, "load_started", reason)
+                self.transfers.start_load(req, own_moves)
+            self.lifecycle.move(req, "load_started", reason)
             return "loading"
         req.computed = req.confirmed = hit_blocks * bt
         req.registered_blocks = hit_blocks
         if new_blocks:
-            req.block_table.extend(self.pool.allocate(new_blocks))
-        self._move(req, "admitted", f"admitted with {hit_blocks} hit blocks on device")
-        self.running.append(req)
-        entries.append(self._schedule(req, compute_tokens))
+            req.block_table.extend(pool.allocate(new_blocks))
+        self.lifecycle.move(req, "admitted", f"admitted with {hit_blocks} hit blocks on device")
+        state.running.append(req)
+        entries.append(_schedule(req, compute_tokens))
         return "running"
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
-        self._release_request_blocks(req)
+        """Send ``req`` back to ``waiting`` (its place by arrival kept), blocks released:
+        it recomputes, or reloads what the tiers still hold."""
+        state = self.state
+        state.running.remove(req)
+        self.lifecycle.release_request_blocks(req)
         req.computed = req.confirmed = 0
         req.placeholders = 0
         req.registered_blocks = 0
         req.epoch += 1
         req.lookup = None
         req.preemptions += 1
-        self.stats.preemptions += 1
-        self._move(req, "preempted", f"out of device blocks ({self.pool.free} free)")
-        bisect.insort(self.waiting, req, key=_seq)
+        state.stats.preemptions += 1
+        self.lifecycle.move(req, "preempted", f"out of device blocks ({state.pool.free} free)")
+        bisect.insort(state.waiting, req, key=seq_key)

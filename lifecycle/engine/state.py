@@ -1,11 +1,12 @@
-"""The engine's state and the small operations every part of it shares.
+"""What the engine knows: one explicit state object, and the records it keeps.
 
-``EngineState`` holds what the engine knows (requests, queues, the device block pool,
-the tier indexes, jobs in flight, per-rank aggregation) and the primitives the other
-parts use: recording, moving a request through the compiled spec table, asking the
-policy stack, finishing a request and releasing its blocks. The scheduler
-(``kvlife.lifecycle.engine.scheduler``), the transfer jobs (``kvlife.lifecycle.engine.transfers``) and the event
-handlers (``kvlife.lifecycle.engine.core``) build on it, in that order.
+``EngineState`` is plain data: the requests and their queues, the device block pool, the
+tier indexes, the jobs in flight, per-rank report aggregation, the counters, the virtual
+time ``now`` and the commands produced for the event being handled. ``core.Engine``
+creates one and hands it to each of its parts (``lifecycle.Lifecycle``,
+``transfers.Transfers``, ``scheduler.Scheduler``); no part keeps engine state of its own.
+The methods here only answer questions about the state (for drivers and checks); the
+parts change it.
 """
 
 from __future__ import annotations
@@ -19,17 +20,10 @@ import attrs
 
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine.blocks import DeviceBlockPool
-from kvlife.lifecycle.engine.events import (
-    BlockMove,
-    Command,
-    FreeBlocks,
-    SubmitLookup,
-    TierMove,
-)
+from kvlife.lifecycle.engine.events import BlockMove, Command, TierMove
 from kvlife.lifecycle.engine.ranks import RankAggregator
 from kvlife.lifecycle.engine.request import Request
 from kvlife.policies.base import EngineView
-from kvlife.policies.stack import PolicyStack
 from kvlife.specs.table import TABLE, ReferenceRequest
 from kvlife.transfer.index import TierIndex
 
@@ -52,7 +46,7 @@ class PrefetchJob:
     """A pull of lower-tier blocks into the host tier, started at arrival (early prefetch).
 
     It holds no device block: the source tier pins what it reads, the host tier reserves
-    the slots it writes. Kept apart from ``Engine.jobs`` (device loads and stores)."""
+    the slots it writes. Kept apart from ``EngineState.jobs`` (device loads and stores)."""
 
     job_id: int
     request_id: str
@@ -90,17 +84,29 @@ class Stats:
     prefetch_gave_up: int = 0  # patience ran out: the missing blocks are computed instead
 
 
+# A scheduled step's entry, kept until its output arrives: (request, its epoch then, tokens, samples).
+StepEntry = tuple[Request, int, int, bool]
+
+
 class EngineState:
+    """Everything the engine knows. The parts read and change these fields directly."""
+
+    __slots__ = (
+        "config", "tiers", "pool", "ranks", "recorder", "reference", "now",
+        "requests", "waiting", "running", "state_counts", "jobs", "in_flight_loads", "steps",
+        "prefetches", "prefetch_waits", "wants_prefetch", "sync_lookup_version", "transfer_version",
+        "stats", "commands", "next_job_id", "next_step_id", "next_seq",
+    )
+
     def __init__(
         self,
         config: EngineConfig,
-        policies: PolicyStack,
         tiers: Sequence[TierIndex] | None = None,
         recorder: Recorder | None = None,
         reference: bool = False,
     ) -> None:
         self.config = config
-        self.policies = policies
+        # The tier cascade, in lookup order (host, disk, remote).
         self.tiers: dict[str, TierIndex] = {}
         for tier in tiers if tiers is not None else [
             TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers
@@ -108,30 +114,72 @@ class EngineState:
             self.tiers[tier.name] = tier
         self.pool = DeviceBlockPool(config.device_blocks)
         self.ranks = RankAggregator(config.ranks)
-        self.recorder = recorder
+        self.recorder = recorder  # gets every trace record; None: record nothing
+        # Reference mode: a python-statemachine instance per request double-checks each move.
         self.reference: dict[str, ReferenceRequest] | None = {} if reference else None
-        self.now = 0.0
+        self.now = 0.0  # virtual time of the event being handled (the core never reads a clock)
+
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []  # sorted by seq: FIFO, preempted ones keep their place
         self.running: list[Request] = []  # in admission order; preemption takes the last
-        self.jobs: dict[int, Job] = {}
-        self.in_flight_loads: dict[int, tuple[int, int, str]] = {}  # hash -> (job, block, req)
-        self.steps: dict[int, list[tuple[Request, int, int, bool]]] = {}
         self.state_counts: dict[str, int] = dict.fromkeys(TABLE.states, 0)
-        self.stats = Stats()
-        self._next_job = 0
-        self._next_step = 0
-        self._next_seq = 0
-        self._commands: list[Command] = []
+
+        self.jobs: dict[int, Job] = {}  # device loads and stores in flight (and quarantined ones)
+        self.in_flight_loads: dict[int, tuple[int, int, str]] = {}  # hash -> (job, block, req)
+        self.steps: dict[int, list[StepEntry]] = {}  # step id -> its entries, until its output
+        self.prefetches: dict[int, PrefetchJob] = {}
+        self.prefetch_waits: dict[str, PrefetchJob] = {}  # rid -> the prefetch it waits for
+        self.wants_prefetch: dict[str, int] = {}  # rid -> epoch whose lookup answer starts one
         # Sync lookups are re-done (and re-paid on the critical path) each time the scheduler
         # considers the request again, as vLLM's get_num_new_matched_tokens is; to keep an
         # idle simulation from spinning, only once something may have changed in the tiers
         # (a transfer report arrived). rid -> transfer version at the last sync lookup.
-        self._sync_lookup_version: dict[str, int] = {}
-        self._transfer_version = 0
-        self.prefetches: dict[int, PrefetchJob] = {}
-        self.prefetch_waits: dict[str, PrefetchJob] = {}  # rid -> the prefetch it waits for
-        self._wants_prefetch: dict[str, int] = {}  # rid -> epoch whose lookup answer starts one
+        self.sync_lookup_version: dict[str, int] = {}
+        self.transfer_version = 0
+
+        self.stats = Stats()
+        self.commands: list[Command] = []  # what the event being handled asks the driver to do
+        self.next_job_id = 0
+        self.next_step_id = 0
+        self.next_seq = 0
+
+    def new_job_id(self) -> int:
+        job_id = self.next_job_id
+        self.next_job_id += 1
+        return job_id
+
+    def hit_candidates(self, req: Request) -> tuple[int, ...]:
+        """The prompt blocks a prefix hit may cover. At least one prompt token is always
+        computed, to produce the first output."""
+        limit = (req.prompt_tokens - 1) // self.config.block_tokens
+        return req.hashes[:limit]
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.block_tokens)
+
+    def sync_lookup(self, hashes: Sequence[int]) -> tuple[str, ...]:
+        """Tier of each leading block present in some tier (the cascade's answer)."""
+        tiers = list(self.tiers.values())
+        found: list[str] = []
+        for block in hashes:
+            for tier in tiers:
+                if tier.contains(block):
+                    found.append(tier.name)
+                    break
+            else:
+                break
+        return tuple(found)
+
+    def engine_view(self) -> EngineView:
+        """What a policy sees of the engine."""
+        return EngineView(
+            now_ms=self.now,
+            running=len(self.running),
+            waiting=len(self.waiting),
+            loading=self.state_counts["loading"],
+            free_device_blocks=self.pool.free,
+            device_blocks=self.pool.capacity,
+        )
 
     def busy(self) -> bool:
         """True while some request is not finished or some job is in flight. A job given up
@@ -175,140 +223,16 @@ class EngineState:
                         f"job {job.job_id} uses device block {move.device_block} with no reference"
                     )
 
-    def engine_view(self) -> EngineView:
-        return EngineView(
-            now_ms=self.now,
-            running=len(self.running),
-            waiting=len(self.waiting),
-            loading=self.state_counts["loading"],
-            free_device_blocks=self.pool.free,
-            device_blocks=self.pool.capacity,
-        )
 
-    def _record(self, record: dict[str, Any]) -> None:
-        if self.recorder is not None:
-            self.recorder(record)
-
-    def _warn(self, what: str, **fields: Any) -> None:
-        self.stats.warnings[what] = self.stats.warnings.get(what, 0) + 1
-        self._record({"kind": "warning", "t": self.now, "what": what, **fields})
-
-    def _move(self, req: Request, trigger: str, reason: str) -> None:
-        source = req.state
-        target = TABLE.target(req.request_id, source, trigger)
-        if self.reference is not None:
-            ref = self.reference.setdefault(req.request_id, ReferenceRequest(req.request_id))
-            if ref.fire(trigger) != target:
-                raise AssertionError(f"reference and table disagree on {req.request_id} {trigger}")
-        req.state = target
-        self.state_counts[source] -= 1
-        self.state_counts[target] += 1
-        if self.recorder is not None:
-            self.recorder(
-                {
-                    "kind": "transition",
-                    "t": self.now,
-                    "req": req.request_id,
-                    "from": source,
-                    "to": target,
-                    "trigger": trigger,
-                    "reason": reason,
-                }
-            )
-
-    def _ask(self, req: Request, hook: str, *args: Any) -> Any:
-        answer = self.policies.ask(hook, req.view(), *args, self.engine_view())
-        last = req.last_decisions.get(hook)
-        current = (answer.policy, answer.value, answer.reason)
-        if last != current:
-            # Log a decision when it changes, not on every tick it is re-asked.
-            req.last_decisions[hook] = current
-            if hook == "admission" and answer.value == "defer":
-                key = answer.policy
-                self.stats.deferrals[key] = self.stats.deferrals.get(key, 0) + 1
-            self._record(
-                {
-                    "kind": "decision",
-                    "t": self.now,
-                    "req": req.request_id,
-                    "point": hook,
-                    "policy": answer.policy,
-                    "value": answer.value,
-                    "reason": answer.reason,
-                }
-            )
-        return answer.value
-
-    def _hit_candidates(self, req: Request) -> tuple[int, ...]:
-        # At least one prompt token is always computed, to produce the first output.
-        limit = (req.prompt_tokens - 1) // self.config.block_tokens
-        return req.hashes[:limit]
-
-    def sync_lookup(self, hashes: Sequence[int]) -> tuple[str, ...]:
-        """Tier of each leading block present in some tier (the cascade's answer)."""
-        tiers = list(self.tiers.values())
-        found: list[str] = []
-        for block in hashes:
-            for tier in tiers:
-                if tier.contains(block):
-                    found.append(tier.name)
-                    break
-            else:
-                break
-        return tuple(found)
-
-    def _submit_lookup(self, req: Request, reason: str) -> None:
-        if req.state == "lookup_pending":
-            # Idempotent: the pending lookup for this epoch will answer; never a second one.
-            self.stats.duplicate_lookups += 1
-            return
-        self._sync_lookup_version.pop(req.request_id, None)
-        self.stats.async_lookups += 1
-        self._commands.append(SubmitLookup(req.request_id, req.epoch, self._hit_candidates(req)))
-        self._move(req, "lookup_submitted", reason)
-
-    def _finish(self, req: Request, trigger: str, reason: str, why: str) -> None:
-        if req in self.running:
-            self.running.remove(req)
-        if req.state == "waiting" and req in self.waiting:
-            self.waiting.remove(req)
-        self._release_request_blocks(req)
-        req.epoch += 1
-        req.finish_reason = reason
-        if req.finish_ms is None or trigger != "completed":
-            req.finish_ms = self.now
-        self._move(req, trigger, why)
-
-    def _release_request_blocks(self, req: Request) -> None:
-        if req.block_table:
-            freed = self.pool.release(req.block_table)
-            req.block_table = []
-            if freed:
-                self._free_blocks(freed)
-        req.load_jobs = []
-
-    def _free_blocks(self, freed: list[int]) -> None:
-        self._record({"kind": "free", "t": self.now, "blocks": freed})
-        self._commands.append(FreeBlocks(tuple(freed)))
-
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.config.block_tokens)
-
-    def _new_job_id(self) -> int:
-        job_id = self._next_job
-        self._next_job += 1
-        return job_id
-
-
-
-def _seq(req: Request) -> int:
+def seq_key(req: Request) -> int:
+    """The FIFO key of the waiting queue (``bisect.insort(waiting, req, key=seq_key)``)."""
     return req.seq
 
 
-def _moves_record(moves: Iterable[BlockMove]) -> list[list[int | str]]:
+def moves_record(moves: Iterable[BlockMove]) -> list[list[int | str]]:
     return [[m.block_hash, m.device_block, m.tier] for m in moves]
 
 
-def _count_tiers(tiers: Iterable[str]) -> dict[str, int]:
+def count_tiers(tiers: Iterable[str]) -> dict[str, int]:
     """Blocks per tier, in order of first appearance (trace records keep that order)."""
     return dict(Counter(tiers))
