@@ -58,7 +58,7 @@ def test_dead_redis_is_warned_about_not_silent(tmp_path: Path) -> None:
 
     proc = kvlife("run", "--live", "--limit", "10", "--redis-url", dead, "--json", cwd=tmp_path)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
-    summary = json.loads(proc.stdout)
+    summary = json.loads(proc.stdout)["summary"]
     assert summary["warnings"]["redis_unavailable"] > 0
     assert summary["live"]["tier_events"] == summary["warnings"]["redis_unavailable"]
 

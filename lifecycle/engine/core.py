@@ -274,6 +274,15 @@ class Engine:
     def prefetch_waits(self) -> dict[str, PrefetchJob]:
         return self.state.prefetch_waits
 
+    @property
+    def prefetches(self) -> dict[int, PrefetchJob]:
+        return self.state.prefetches
+
+    @property
+    def recorder(self) -> Recorder | None:
+        """Where the engine writes its trace records; drivers append their own (warnings, the cut)."""
+        return self.state.recorder
+
     def busy(self) -> bool:
         return self.state.busy()
 
