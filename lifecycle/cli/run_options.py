@@ -27,7 +27,8 @@ SYNTHETIC_RATE_PER_S = 4.0  # arrivals of the built-in synthetic workload at tim
 def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str = str(SYNTHETIC_REQUESTS),
                        time_scale_default: str = "1, or sim.time_scale of --config") -> None:
     parser.add_argument("--workload", metavar="NAME|PATH",
-                        help="mooncake-conversation (the bundled Mooncake trace) or a Mooncake JSON-lines file "
+                        help="mooncake-conversation (the bundled Mooncake trace), synthetic:burst (bursts of "
+                             "requests for one shared prefix) or a Mooncake JSON-lines file "
                              "(.gz is read as gzip); default: the built-in synthetic workload "
                              f"({synthetic_requests} requests)")
     parser.add_argument("--limit", type=positive_int, metavar="N", help="use only the first N requests (default: all)")
@@ -126,17 +127,18 @@ def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
                   synthetic_requests: int = SYNTHETIC_REQUESTS) -> tuple[list[WorkloadRequest], str]:
     """The workload of --workload (a bundled name or a file) or the synthetic one, arrivals
     sped up ``scale`` times."""
-    if args.workload:
+    from kvlife.lifecycle.workloads.synthetic import SYNTHETIC_NAMES, named_synthetic_workload
+
+    if args.workload and args.workload not in SYNTHETIC_NAMES:
         from kvlife.lifecycle.workloads.bundled import resolve_workload
         from kvlife.lifecycle.workloads.mooncake import load_mooncake
 
         workload = load_mooncake(resolve_workload(args.workload), limit=args.limit,
                                  block_tokens=config.engine.block_tokens, time_scale=scale)
         return workload, workload_name(args)
-    from kvlife.lifecycle.workloads.synthetic import synthetic_workload
-
     try:
-        workload = synthetic_workload(
+        workload = named_synthetic_workload(
+            workload_name(args),
             seed=config.sim.seed,
             num_requests=args.limit or synthetic_requests,
             block_tokens=config.engine.block_tokens,
@@ -144,4 +146,4 @@ def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return workload, "synthetic"
+    return workload, workload_name(args)

@@ -218,3 +218,135 @@ def synthetic_workload(
             session,
         ) in enumerate(drafts)
     ]
+
+
+def synthetic_burst_workload(
+    *,
+    seed: int = 0,
+    num_requests: int = 400,
+    block_tokens: int = 512,
+    arrival_rate_per_s: float = 4.0,
+    prefix_blocks: tuple[int, int] = (16, 48),
+    burst_size: tuple[int, int] = (4, 16),
+    own_tokens: tuple[int, int] = (100, 1500),
+    output_tokens: tuple[int, int] = (20, 300),
+    topics_between: int = 32,
+    burst_spread_ms: float = 20.0,
+) -> list[WorkloadRequest]:
+    """Flash crowds on shared documents: concurrent requests for the same prefix, which a
+    lower tier holds and the device no longer does (``--workload synthetic:burst``).
+
+    Each *topic* is a fresh run of ``prefix_blocks`` full blocks (a document, a long system
+    prompt) that no earlier request shares. Its first request, the *seed*, computes it (and
+    the engine stores it to its tiers). After ``topics_between`` further topics have been
+    seeded and burst, so that many unrelated blocks have passed through the device since,
+    the topic comes back as a *burst*: ``burst_size`` requests arriving within
+    ``burst_spread_ms`` of each other, each the prefix plus ``own_tokens`` of its own
+    (fresh block ids). Those requests look the prefix up at the same moment: the workload
+    where loads of the same blocks coincide (``shared-loads``, ``defer-while-loading``).
+
+    Seeds and bursts alternate once the first ``topics_between`` topics are seeded. A unit
+    of k requests (1 for a seed) is followed by k gaps of a Poisson process at
+    ``arrival_rate_per_s``, so that is the rate of all requests once bursts run. While the
+    first topics are seeded, each seed is followed by 1 + mean burst size gaps: new prefixes
+    arrive at the same pace as later (a warm-up of long uncached prompts all at once would
+    be a queue of its own). Because the distance from
+    a seed to its burst is counted in topics, not seconds, the volume of other blocks in
+    between (about ``topics_between`` x (prefix + burst x own) blocks) does not change with
+    the arrival rate. Ranges are inclusive and drawn uniformly from one
+    ``random.Random(seed)``; ids are ``req-{index}`` in arrival order, ``session`` is None.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed: expected an integer, got {seed!r}")  # noqa: TRY004
+    _check_int("num_requests", num_requests, 0)
+    _check_int("block_tokens", block_tokens, 1)
+    if (
+        isinstance(arrival_rate_per_s, bool)
+        or not isinstance(arrival_rate_per_s, int | float)
+        or not math.isfinite(arrival_rate_per_s)
+        or arrival_rate_per_s <= 0
+    ):
+        raise ValueError(
+            f"arrival_rate_per_s: expected a finite number > 0, got {arrival_rate_per_s!r}"
+        )
+    _check_int_range("prefix_blocks", prefix_blocks, 1)
+    _check_int_range("burst_size", burst_size, 1)
+    _check_int_range("own_tokens", own_tokens, 1)
+    _check_int_range("output_tokens", output_tokens, 1)
+    _check_int("topics_between", topics_between, 0)
+    _check_float_range("burst_spread_ms", (0.0, burst_spread_ms))
+
+    rng = random.Random(seed)
+    next_hash = 0
+
+    def fresh_hashes(count: int) -> tuple[int, ...]:
+        nonlocal next_hash
+        start = next_hash
+        next_hash += count
+        return tuple(range(start, next_hash))
+
+    def request(arrival: float, prefix: tuple[int, ...]) -> tuple[float, int, tuple[int, ...]]:
+        own = rng.randint(*own_tokens)
+        input_length = len(prefix) * block_tokens + own
+        return (round(arrival, 3), input_length, prefix + fresh_hashes(-(-own // block_tokens)))
+
+    per_ms = arrival_rate_per_s / 1000.0
+    # (arrival_ms, input_length, hash_ids) in generation order; sorted at the end.
+    drafts: list[tuple[float, int, tuple[int, ...]]] = []
+    waiting: list[tuple[int, ...]] = []  # seeded topics whose burst has not come yet
+    now = 0.0
+    latest = 0.0
+    size = 0  # gaps after the previous unit: its requests
+    bursting = False
+    warmup_gaps = round(1 + (burst_size[0] + burst_size[1]) / 2)
+    while num_requests:
+        # A unit of k requests takes k gaps of a Poisson process at the request rate.
+        now += sum(rng.expovariate(per_ms) for _ in range(size))
+        # Done once num_requests are drawn and this unit starts after all of them: no
+        # later arrival can be among the earliest num_requests.
+        if len(drafts) >= num_requests and now > latest:
+            break
+        if len(waiting) <= topics_between:  # seed a new topic
+            prefix = fresh_hashes(rng.randint(*prefix_blocks))
+            waiting.append(prefix)
+            drafts.append(request(now, prefix))
+            latest = max(latest, drafts[-1][0])
+            # Once bursts run, a seed and a burst alternate: one seed per 1 + burst gaps.
+            # Before (warming up), seeds keep that pace instead of arriving all at once.
+            size = 1 if bursting else warmup_gaps
+        else:  # the burst of the oldest waiting topic
+            bursting = True
+            prefix = waiting.pop(0)
+            size = rng.randint(*burst_size)
+            for _ in range(size):
+                drafts.append(request(now + rng.uniform(0.0, burst_spread_ms), prefix))
+                latest = max(latest, drafts[-1][0])
+
+    drafts.sort(key=lambda draft: draft[0])  # stable: generation order breaks ties
+    del drafts[num_requests:]
+    return [
+        WorkloadRequest(
+            request_id=f"req-{index}",
+            arrival_ms=arrival,
+            input_length=input_length,
+            output_length=rng.randint(*output_tokens),
+            hash_ids=hash_ids,
+        )
+        for index, (arrival, input_length, hash_ids) in enumerate(drafts)
+    ]
+
+
+SYNTHETIC_NAMES = ("synthetic", "synthetic:burst")
+
+
+def named_synthetic_workload(
+    name: str, *, seed: int, num_requests: int, block_tokens: int, arrival_rate_per_s: float
+) -> list[WorkloadRequest]:
+    """The synthetic workload ``--workload NAME`` names (``SYNTHETIC_NAMES``) with its
+    other parameters at their defaults."""
+    if name not in SYNTHETIC_NAMES:
+        raise ValueError(f"unknown synthetic workload {name!r}: expected one of {', '.join(SYNTHETIC_NAMES)}")
+    generate = synthetic_burst_workload if name == "synthetic:burst" else synthetic_workload
+    return generate(
+        seed=seed, num_requests=num_requests, block_tokens=block_tokens, arrival_rate_per_s=arrival_rate_per_s
+    )
