@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -130,6 +129,7 @@ class Simulator:
         self._tick_pending = False
         self._tiers = {t.name: t for t in config.engine.tiers}
         self._failing_tiers = any(t.failure_rate for t in config.engine.tiers)
+        self._jitter = config.sim.rank_jitter_ms
         self._pending_lookup: dict[tuple[str, int], tuple[int, ...]] = {}
         # Ticks pushed because a prefetch patience runs out (engine.next_wakeup), by heap seq.
         self._wakeup_seqs: set[int] = set()
@@ -232,7 +232,7 @@ class Simulator:
             if isinstance(command, StepPlan):
                 made_plan = True
                 self._start_step(ready, command)
-            elif isinstance(command, StartLoad | StartStore | StartPrefetch):
+            elif isinstance(command, StartStore | StartLoad | StartPrefetch):
                 if ready > now:
                     self._push(ready, _Later(command))
                 else:
@@ -293,15 +293,17 @@ class Simulator:
         """Every rank moves its share of each tier's blocks over its own link to that tier
         (a prefetch reads from its source tiers); its report comes when all its parts have
         drained, plus its jitter. Each block fails with its tier's failure rate."""
-        store = isinstance(command, StartStore)
+        store = type(command) is StartStore
         if isinstance(command, StartPrefetch):
             blocks = [(m.block_hash, m.src_tier) for m in command.moves]
         else:
             blocks = [(m.block_hash, m.tier) for m in command.moves]
         job_id = command.job_id
-        counts = Counter(tier_name for _, tier_name in blocks)
+        counts: dict[str, int] = {}
+        for _, tier_name in blocks:
+            counts[tier_name] = counts.get(tier_name, 0) + 1
         tiers = self._tiers
-        jitter = self.config.sim.rank_jitter_ms
+        jitter = self._jitter
         rng = self.rng
         share = self._rank_block_bytes
         failing = self._failing_tiers
