@@ -1,11 +1,19 @@
-"""Run configuration: engine limits, tiers, cost model, live runtime, policy stack.
+"""Run configuration: engine limits, tiers, hardware and model, cost model, live runtime, policy stack.
 
 A config file is TOML with sections ``[engine]``, ``[[tiers]]`` (one table per tier),
 ``[sim]``, ``[live]`` and ``[policies]`` (``stack = [...]``). Keys mirror the long flags of
 ``kvlife run``: ``--device-blocks`` is ``engine.device_blocks``, ``--ranks``
-``engine.ranks``, ``--seed`` ``sim.seed``, ``--time-scale`` ``sim.time_scale``, ``--stack``
-``policies.stack``, ``--disk-path`` ``live.disk_path``, ``--redis-url`` ``live.redis_url``,
-``--redis-ttl`` ``live.redis_ttl_s``.
+``engine.ranks``, ``--seed`` ``sim.seed``, ``--time-scale`` ``sim.time_scale``, ``--hardware``
+``sim.hardware``, ``--model`` ``sim.model``, ``--tp`` ``sim.tp``, ``--efficiency``
+``sim.efficiency``, ``--completions`` ``sim.completions``, ``--stack`` ``policies.stack``,
+``--disk-path`` ``live.disk_path``, ``--redis-url`` ``live.redis_url``, ``--redis-ttl``
+``live.redis_ttl_s``.
+
+Two engine values are *derived* unless set: ``engine.device_blocks`` (from the model, the
+hardware, ``sim.tp`` and ``sim.gpu_memory_utilization``, as vLLM sizes its KV cache) and
+``engine.ranks`` (= ``sim.tp``). Their defaults are ``Derived`` ints, which the simulator
+replaces (``kvlife.lifecycle.drivers.physics.resolve``); a tier's ``bandwidth_gbps`` and
+``latency_ms`` default to its link in the hardware profile.
 
 Every bad value is a ``ConfigError`` naming the file, the line where the key is written
 (in the right ``[[tiers]]`` table when there are several) and the dotted field:
@@ -98,7 +106,7 @@ def _integer(minimum: int | None) -> Validator:
 
 def _number(low: float, strict: bool, high: float | None = None) -> Validator:
     if high is not None:
-        want = f"a number from {low:g} to {high:g}"
+        want = f"a number in ({low:g}, {high:g}]" if strict else f"a number from {low:g} to {high:g}"
     elif low == 0:
         want = "a positive number" if strict else "a non-negative number"
     else:
@@ -154,14 +162,35 @@ _non_negative = _number(0.0, strict=False)
 
 
 # ---- the configuration --------------------------------------------------------------------
+class Derived(int):
+    """An int default that marks a value the user did not set.
+
+    The simulator replaces it with the value derived from the hardware and model profiles
+    (``engine.device_blocks``, ``engine.ranks``); code without profiles (a bare ``Engine``,
+    the live runtime) uses it as the plain int it is. Any value given in a file, a flag or
+    ``attrs.evolve`` is a plain int, hence "set".
+    """
+
+    def __repr__(self) -> str:
+        return f"Derived({int(self)})"
+
+
+def is_derived(value: int) -> bool:
+    """True when ``value`` is a default still to be derived (see ``Derived``)."""
+    return isinstance(value, Derived)
+
+
 @attrs.frozen
 class TierConfig:
     name: str = attrs.field(validator=_choice("host", "disk", "remote"))
     capacity_blocks: int = attrs.field(validator=_positive_int)
     eviction: str = attrs.field(default="lru", validator=_choice("lru", "arc"))
-    # Cost model (simulator); the live runtime measures the real thing.
-    bandwidth_gbps: float = attrs.field(default=20.0, validator=_positive)
-    latency_ms: float = attrs.field(default=0.05, validator=_non_negative)
+    # Cost model (simulator); the live runtime measures the real thing. None: the tier's link
+    # in the hardware profile (host: the host link per direction; disk: the NVMe drive; remote:
+    # the NIC). A number overrides the link's bandwidth (both directions; a disk's reads and
+    # writes) or latency.
+    bandwidth_gbps: float | None = attrs.field(default=None, validator=_optional(_positive))
+    latency_ms: float | None = attrs.field(default=None, validator=_optional(_non_negative))
     failure_rate: float = attrs.field(default=0.0, validator=_number(0.0, strict=False, high=1.0))
 
 
@@ -182,10 +211,13 @@ def tier_order_problem(names: list[str]) -> tuple[int, str] | None:
 @attrs.frozen
 class EngineConfig:
     block_tokens: int = attrs.field(default=512, validator=_positive_int)
-    device_blocks: int = attrs.field(default=2000, validator=_positive_int)
+    # Derived by the simulator from the profiles unless set (the int is what code without
+    # profiles uses: a bare Engine, the live runtime).
+    device_blocks: int = attrs.field(default=Derived(2000), validator=_positive_int)
     max_batched_tokens: int = attrs.field(default=8192, validator=_positive_int)
     max_running: int = attrs.field(default=128, validator=_positive_int)
-    ranks: int = attrs.field(default=1, validator=_positive_int)
+    # = sim.tp in a simulated run unless set.
+    ranks: int = attrs.field(default=Derived(1), validator=_positive_int)
     async_scheduling: bool = attrs.field(default=False, validator=_boolean)
     # A rank that has not reported a job this long after it started is declared failed
     # for that job (its blocks stay quarantined until the report does come).
@@ -201,19 +233,59 @@ class EngineConfig:
             raise ConfigError("tiers", problem[1])
 
 
+COMPLETIONS = ("step_boundary", "exact")
+
+
 @attrs.frozen
 class SimConfig:
-    """The simulator's cost model: what a step, a lookup and a transfer cost."""
+    """The simulator: which hardware and model it times (``kvlife.lifecycle.profiles``), how
+    transfers and lookups complete, and the run's randomness.
+
+    A step costs what ``profiles.step_cost.StepCostModel`` says for its composition on
+    ``model`` x ``hardware`` at tensor-parallel degree ``tp``, at the hardware profile's
+    efficiency factors, or those of the ``efficiency`` file (what ``kvlife calibrate`` writes),
+    or the single overrides below. Transfers share per-rank links (``drivers.links``); lookups
+    queue for ``lookup_workers`` workers (``drivers.lookup_service``), each taking
+    ``engine.lookup_latency_ms + lookup_per_key_ms x keys``.
+    """
 
     seed: int = attrs.field(default=0, validator=_integer(None))
-    prefill_tokens_per_s: float = attrs.field(default=60000.0, validator=_positive)
-    decode_step_ms: float = attrs.field(default=12.0, validator=_positive)
-    decode_per_request_ms: float = attrs.field(default=0.08, validator=_non_negative)
-    block_bytes: int = attrs.field(default=64 * 1024 * 1024, validator=_positive_int)
+    # A bundled profile name (``kvlife.lifecycle.profiles.list_profiles()``) or a TOML file.
+    hardware: str = attrs.field(default="h100-sxm", validator=_text)
+    model: str = attrs.field(default="llama-3-8b", validator=_text)
+    tp: int = attrs.field(default=1, validator=_positive_int)
+    # vLLM's default share of device memory for weights, activations and KV (derives
+    # engine.device_blocks).
+    gpu_memory_utilization: float = attrs.field(default=0.9, validator=_number(0.0, strict=True, high=1.0))
+    # A file with an [efficiency] table (``kvlife calibrate -o``), over the hardware's own.
+    efficiency: str | None = attrs.field(default=None, validator=_optional(_text))
+    # Single efficiency factors, over both (None: keep).
+    mfu: float | None = attrs.field(default=None, validator=_optional(_number(0.0, strict=True, high=1.0)))
+    attention_efficiency: float | None = attrs.field(
+        default=None, validator=_optional(_number(0.0, strict=True, high=1.0)))
+    mbu: float | None = attrs.field(default=None, validator=_optional(_number(0.0, strict=True, high=1.0)))
+    step_overhead_ms: float | None = attrs.field(default=None, validator=_optional(_non_negative))
+    # "step_boundary": a transfer report or lookup answer that completes while a step runs
+    # reaches the engine right after that step's output (vLLM learns of finished transfers
+    # from the next ModelRunnerOutput); "exact": at its completion time.
+    completions: str = attrs.field(default="step_boundary", validator=_choice(*COMPLETIONS))
+    # The lookup service: workers serving a FIFO queue (Mooncake's connector runs one).
+    lookup_workers: int = attrs.field(default=1, validator=_positive_int)
+    lookup_per_key_ms: float = attrs.field(default=0.005, validator=_non_negative)
     rank_jitter_ms: float = attrs.field(default=0.2, validator=_non_negative)
     max_output_tokens: int | None = attrs.field(default=None, validator=_optional(_positive_int))
     # Arrival rate multiplier applied when a workload is read (--time-scale).
     time_scale: float = attrs.field(default=1.0, validator=_positive)
+
+
+# [sim] keys of the old linear cost model, and what replaced them (a config naming one gets
+# this hint; a trace header holding one is read without it).
+RETIRED_SIM_KEYS: dict[str, str] = {
+    "prefill_tokens_per_s": "step costs come from sim.model and sim.hardware (profiles.step_cost)",
+    "decode_step_ms": "step costs come from sim.model and sim.hardware (profiles.step_cost)",
+    "decode_per_request_ms": "step costs come from sim.model and sim.hardware (profiles.step_cost)",
+    "block_bytes": "KV bytes per block derive from sim.model, sim.tp and engine.block_tokens",
+}
 
 
 @attrs.frozen
@@ -333,8 +405,23 @@ class KeyLines:
 
 
 # ---- building a RunConfig from a TOML document -------------------------------------------
-def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | None = None) -> RunConfig:
-    """Build a RunConfig, raising ConfigError with file, line and field on bad input."""
+# [sim] keys that may name a file (relative to the config file's directory when they do).
+PROFILE_PATH_KEYS = ("hardware", "model", "efficiency")
+# A ProfileError's field -> the [sim] key that caused it.
+PROFILE_ERROR_KEYS = {"tp": "tp", "hardware": "hardware", "model": "model", "efficiency": "efficiency",
+                      "gpu_memory_utilization": "gpu_memory_utilization", "-": "model"}
+
+
+def is_profile_path(value: str) -> bool:
+    """A profile value names a file (rather than a bundled profile) when it has a ``/`` or ends ``.toml``."""
+    return "/" in value or value.endswith(".toml")
+
+
+def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | None = None,
+                     check_profiles: bool = True) -> RunConfig:
+    """Build a RunConfig, raising ConfigError with file, line and field on bad input. With
+    ``check_profiles`` the hardware and model profiles are loaded too, so a bad name, a bad
+    profile file or a TP degree the model refuses is reported against the config."""
     lines = KeyLines(text) if text is not None else None
 
     def fail(field: str, message: str, table: str, occurrence: int = 0, key: str | None = None) -> ConfigError:
@@ -367,6 +454,8 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
             raise fail(section, f"must be a table ([{section}]), got {describe(values)}", section)
         known = tuple(f.name for f in attrs.fields(cls) if f.name != "tiers")
         hint = {"tiers": " (tiers are [[tiers]] tables of their own)"} if section == "engine" else None
+        if section == "sim":
+            hint = {key: f" (removed: {why})" for key, why in RETIRED_SIM_KEYS.items()}
         check_keys(values, known, section, section, hint=hint)
         sections[section] = values
 
@@ -394,7 +483,14 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
             raise fail(f"tiers[{i}].name", message, "tiers", i, "name")
         engine_values["tiers"] = tuple(built)
     engine = build(EngineConfig, engine_values, "engine", "engine")
-    sim = build(SimConfig, sections["sim"], "sim", "sim")
+    sim_values = dict(sections["sim"])
+    if path is not None:
+        # A profile or efficiency file named in a config file is found beside the config.
+        for key in PROFILE_PATH_KEYS:
+            value = sim_values.get(key)
+            if isinstance(value, str) and is_profile_path(value) and not Path(value).is_absolute():
+                sim_values[key] = str(Path(path).parent / value)
+    sim = build(SimConfig, sim_values, "sim", "sim")
     live = build(LiveConfig, sections["live"], "live", "live")
 
     policies = data.get("policies", {})
@@ -405,7 +501,19 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
     if not isinstance(stack, list) or not all(isinstance(s, str) and s for s in stack):
         raise fail("policies.stack", f"must be an array of policy names, got {describe(stack)}",
                    "policies", 0, "stack")
-    return RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live)
+    config = RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live)
+    if check_profiles:
+        from kvlife.lifecycle.drivers.physics import resolve
+        from kvlife.lifecycle.profiles import ProfileError
+
+        try:
+            resolve(config)
+        except ProfileError as exc:
+            if exc.path and exc.path != "-":  # a problem inside the profile file: it names itself
+                raise ConfigError(None, str(exc)) from None
+            key = PROFILE_ERROR_KEYS.get(exc.field, exc.field)
+            raise fail(f"sim.{key}", exc.message, "sim", 0, key) from None
+    return config
 
 
 _TOML_WHERE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")

@@ -62,7 +62,8 @@ def summarize(result: SimResult, wall_s: float, block_bytes: int) -> dict[str, A
         "preemptions": stats.preemptions,
         "deferrals": dict(sorted(stats.deferrals.items())),
         "sync_lookups": stats.sync_lookups,
-        "critical_path_lookup_ms": stats.sync_lookups * engine.config.lookup_latency_ms,
+        "critical_path_lookup_ms": (result.critical_path_lookup_ms if result.critical_path_lookup_ms is not None
+                                    else stats.sync_lookups * engine.config.lookup_latency_ms),
         "async_lookups": stats.async_lookups,
         "stale_lookup_answers": stats.stale_lookup_answers,
         "warnings": dict(sorted(stats.warnings.items())),
@@ -98,9 +99,19 @@ def _bytes(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def setup_rows(setup: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a simulated run ran on: hardware, model, TP, device blocks and how they were sized."""
+    ranks = "" if setup["ranks"] == setup["tp"] else f", {setup['ranks']} ranks"
+    return [
+        ("hardware / model / TP", f"{setup['hardware']} / {setup['model']} / TP {setup['tp']}{ranks}"),
+        ("device blocks", setup["device"]),
+    ]
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     hit = ", ".join(f"{k} {v:.1%}" for k, v in summary["prefix_hit_rate"].items())
-    rows = [
+    rows = setup_rows(summary["setup"]) if "setup" in summary else []
+    rows += [
         ("requests", format_value(summary["requests"])),
         ("finished", format_value(summary["finished"])),
         ("stranded / quarantined jobs", f"{summary['stranded']} / {summary['quarantined_jobs']}"),

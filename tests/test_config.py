@@ -126,8 +126,8 @@ def test_unknown_keys_are_refused_in_every_section(tmp_path: Path, text: str, ex
          "got an array"),
         ("[engine]\ntransfer_deadline_ms = \"soon\"\n",
          "FILE:2: field 'engine.transfer_deadline_ms': must be a positive number, got 'soon'"),
-        ("[sim]\ndecode_step_ms = 1979-05-27\n",
-         "FILE:2: field 'sim.decode_step_ms': must be a positive number, got a date/time (1979-05-27)"),
+        ("[sim]\nlookup_per_key_ms = 1979-05-27\n",
+         "FILE:2: field 'sim.lookup_per_key_ms': must be a non-negative number, got a date/time (1979-05-27)"),
         ("[sim]\nmax_output_tokens = 0\n", "FILE:2: field 'sim.max_output_tokens': must be a positive integer, got 0"),
         ("[sim]\ntime_scale = -2.0\n", "FILE:2: field 'sim.time_scale': must be a positive number, got -2.0"),
         ("[live]\ndisk_path = 5\n", "FILE:2: field 'live.disk_path': must be a non-empty string, got 5"),
@@ -157,8 +157,8 @@ def test_nan_and_infinity_are_refused_in_float_fields(tmp_path: Path, value: str
            f"bandwidth_gbps = {value}\n"
     message = error_of(tmp_path, text)
     assert message.startswith("FILE:8: field 'tiers[1].bandwidth_gbps': must be a finite number, got ")
-    assert error_of(tmp_path, f"[sim]\ndecode_step_ms = {value}\n").startswith(
-        "FILE:2: field 'sim.decode_step_ms': must be a finite number")
+    assert error_of(tmp_path, f"[sim]\nmbu = {value}\n").startswith(
+        "FILE:2: field 'sim.mbu': must be a finite number")
     assert error_of(tmp_path, f"[engine]\nlookup_latency_ms = {value}\n").startswith(
         "FILE:2: field 'engine.lookup_latency_ms': must be a finite number")
 
@@ -201,7 +201,7 @@ def test_comments_strings_and_dotted_keys_do_not_confuse_the_line_finder(tmp_pat
     text = ('# [[tiers]] in a comment\n[live]\ndisk_path = """\n[[tiers]]\nseed = 1\n"""\n'
             '[sim]\n"seed" = "x"\n')
     assert error_of(tmp_path, text) == "FILE:8: field 'sim.seed': must be an integer, got 'x'"
-    assert error_of(tmp_path, '[engine]\nranks = 1\n[sim]\ndecode_step_ms = 1\nmax_output_tokens = -1\n') == \
+    assert error_of(tmp_path, '[engine]\nranks = 1\n[sim]\nrank_jitter_ms = 1\nmax_output_tokens = -1\n') == \
         "FILE:5: field 'sim.max_output_tokens': must be a positive integer, got -1"
     assert error_of(tmp_path, 'sim = { seed = "x" }\n') == "FILE:1: field 'sim.seed': must be an integer, got 'x'"
 

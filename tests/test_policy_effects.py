@@ -1,8 +1,10 @@
 """The built-in policies' effects, measured on seeded simulated runs (numbers, not hopes).
 
 Each scenario picks the knobs that make one effect visible: slow lookups for async lookup,
-a saturated token budget and a slow disk tier for early prefetch, bursts of requests whose
-shared prefix was evicted from the device for shared loads, async scheduling for stores.
+a queue and a slow disk tier for early prefetch, bursts of requests whose shared prefix was
+evicted from the device for shared loads, async scheduling for stores. The physics are the
+defaults (Llama-3-8B on one H100 SXM: the step-cost model, contended links, one lookup
+worker, completions at step boundaries); the figures in the comments were measured on them.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConf
 from kvlife.lifecycle.drivers.runner import RunOutcome, run_workload
 from kvlife.lifecycle.drivers.simulator import Simulator
 from kvlife.lifecycle.engine.events import StartStore
+from kvlife.lifecycle.metrics import summarize
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 from kvlife.policies.loading import load_stack
 
 BT = 256
-SIM = SimConfig(seed=1, block_bytes=16 * 1024 * 1024)
+SIM = SimConfig(seed=1)
 
 
 def run(engine: EngineConfig, stack: tuple[str, ...], workload: list[WorkloadRequest]) -> RunOutcome:
@@ -53,30 +56,51 @@ def test_async_lookup_takes_lookups_off_the_critical_path() -> None:
     assert async_.summary["critical_path_lookup_ms"] == 0
     assert async_.summary["sync_lookups"] == 0
     assert async_.summary["async_lookups"] >= len(workload)
-    # measured: p50 1,582 ms (sync) vs 388 ms (async)
+    # measured: p50 1,906 ms (sync: 4.5 s of lookups inline with steps) vs 653 ms (async)
     assert ttft(async_, 50) < 0.5 * ttft(sync, 50)
 
 
 # ---- early prefetch -----------------------------------------------------------------
+# A small host tier in front of a slow disk (1.5 GB/s: a SATA or network block device; the
+# profile's 7 GB/s NVMe makes the pull too cheap to matter, see docs/benchmarks.md).
 SLOW_DISK = EngineConfig(
     block_tokens=BT, device_blocks=300, max_batched_tokens=4096, max_running=64, lookup_latency_ms=2.0,
     tiers=(
         TierConfig("host", capacity_blocks=300),
-        TierConfig("disk", capacity_blocks=8000, bandwidth_gbps=0.5, latency_ms=2.0),
+        TierConfig("disk", capacity_blocks=8000, bandwidth_gbps=1.5, latency_ms=2.0),
     ),
 )
 
 
-def test_early_prefetch_lowers_ttft_under_queue_saturation() -> None:
-    workload = synthetic_workload(seed=1, num_requests=300, arrival_rate_per_s=8.0, block_tokens=BT)
-    base = run(SLOW_DISK, (), workload)
-    early = run(SLOW_DISK, ("early-prefetch",), workload)
-    # the queue is saturated: the median request waits far longer than one step
-    assert ttft(base, 50) > 10 * SIM.decode_step_ms
+def loaded_from(stack: tuple[str, ...], workload: list[WorkloadRequest]) -> tuple[RunOutcome, dict[str, int]]:
+    """The run, and the blocks its admissions loaded from each tier."""
+    records: list[dict[str, Any]] = []
+    config = RunConfig(engine=SLOW_DISK, sim=SIM, policies=stack)
+    sim = Simulator(config, workload, load_stack(list(stack)), recorder=records.append)
+    result = sim.run()
+    assert result.stranded == []
+    tiers: dict[str, int] = {}
+    for r in records:
+        if r["kind"] == "job" and r["op"] == "load":
+            for tier, n in r["tiers"].items():
+                tiers[tier] = tiers.get(tier, 0) + n
+    return RunOutcome(result, summarize(result, 0.0, sim.physics.block_bytes), len(records)), tiers
+
+
+def test_early_prefetch_pulls_disk_blocks_into_host_while_requests_queue() -> None:
+    """Early prefetch looks a request up when it arrives and pulls its disk blocks into the
+    host tier while it queues: the load at admission then comes from host, and the lookup is
+    off the critical path. At 4 req/s the queue holds (TTFT p50 119 ms, p99 5.9 s)."""
+    workload = synthetic_workload(seed=1, num_requests=300, arrival_rate_per_s=4.0, block_tokens=BT)
+    base, base_tiers = loaded_from((), workload)
+    early, early_tiers = loaded_from(("early-prefetch",), workload)
     stats = early.result.engine.stats
     assert stats.prefetches > 0 and stats.blocks_prefetched > 0
-    assert early.summary["critical_path_lookup_ms"] < base.summary["critical_path_lookup_ms"]
-    # measured: p50 535 ms (baseline) vs 447 ms (early-prefetch)
+    assert early.summary["critical_path_lookup_ms"] < 0.1 * base.summary["critical_path_lookup_ms"]
+    # measured: 1,140 blocks pulled into host; admissions load 0 blocks from disk instead of 1,187
+    assert early_tiers.get("disk", 0) < 0.5 * base_tiers["disk"]
+    # measured: p50 118.8 -> 85.9 ms, p90 3,006 -> 1,929 ms; p99 5,925 -> 7,260 ms (worse: the
+    # pulls share the disk with the stores, and the answers taken at arrival age in the queue)
     assert ttft(early, 50) < 0.9 * ttft(base, 50)
 
 
@@ -94,12 +118,11 @@ def test_early_prefetch_skips_resumable_requests() -> None:
 
 
 def _prefetch_runs(stack: tuple[str, ...]) -> RunOutcome:
+    # The profile's NVMe drive: a request admitted soon after it arrives finds its prefetch
+    # (tens of blocks at 7 GB/s, ~0.1 s) still running.
     engine = EngineConfig(
         block_tokens=BT, device_blocks=300, max_batched_tokens=4096, max_running=64, lookup_latency_ms=2.0,
-        tiers=(
-            TierConfig("host", capacity_blocks=300),
-            TierConfig("disk", capacity_blocks=8000, bandwidth_gbps=0.25, latency_ms=2.0),
-        ),
+        tiers=(TierConfig("host", capacity_blocks=300), TierConfig("disk", capacity_blocks=8000)),
     )
     workload = synthetic_workload(seed=3, num_requests=200, arrival_rate_per_s=2.0, block_tokens=BT)
     return run(engine, stack, workload)
@@ -136,10 +159,14 @@ def test_prefetch_timeout_gives_up_at_its_deadline() -> None:
     assert result.stranded == []
     gave_up = [r for r in records if r["kind"] == "decision" and r["value"] == "compute"]
     assert gave_up and all(r["policy"] == "short-timeout" for r in gave_up)
-    # nobody waited past the cap: each give-up came at most one step after its deadline
+    # nobody waited past the cap: each give-up came at most one step after its deadline (the
+    # scheduler ticks when the step in flight ends), a step being at most the longest one run
+    planned = {r["step"]: r["t"] for r in records if r["kind"] == "step"}
+    longest = max(r["t"] - planned[r["step_id"]] for r in records
+                  if r["kind"] == "input" and r["type"] == "step_output")
     started = {r["req"]: r["t"] for r in records if r["kind"] == "job" and r["op"] == "prefetch"}
     for r in gave_up:
-        assert r["t"] - started[r["req"]] <= 20.0 + 2 * SIM.decode_step_ms + 50.0
+        assert r["t"] - started[r["req"]] <= 20.0 + longest + 1e-6
 
 
 # ---- shared loads --------------------------------------------------------------------
@@ -147,7 +174,8 @@ def shared_prefix_bursts(n_prefixes: int = 3, prefix_blocks: int = 24, burst: in
                          fillers: int = 38) -> list[WorkloadRequest]:
     """Warm a shared prefix plus each member's own history into the host tier, flush the
     device with unrelated requests, then send the members again in a burst: every member
-    hits the shared prefix (one load suffices) and its own history (its own load)."""
+    hits the shared prefix (one load suffices) and its own history (its own load). Warm-up
+    requests come every 400 ms and fillers every 300 ms, which one H100 keeps up with."""
     out: list[WorkloadRequest] = []
     h = 10_000_000
     t = 0.0
@@ -160,11 +188,11 @@ def shared_prefix_bursts(n_prefixes: int = 3, prefix_blocks: int = 24, burst: in
             owns.append(mine)
             prompt = (prefix_blocks + own) * BT + 10
             out.append(WorkloadRequest(f"warm-{p}-{b}", t, prompt, 2, prefix + mine + (h - 1,)))
-            t += 150.0
+            t += 400.0
         for f in range(fillers):
             out.append(WorkloadRequest(f"fill-{p}-{f}", t, 30 * BT, 2, tuple(range(h, h + 30))))
             h += 30
-            t += 60.0
+            t += 300.0
         t += 1000.0
         for b in range(burst):
             hashes = prefix + owns[b] + (h, h + 1)
@@ -174,13 +202,19 @@ def shared_prefix_bursts(n_prefixes: int = 3, prefix_blocks: int = 24, burst: in
     return out
 
 
+# The profile's host link (PCIe Gen5, 52.8 GB/s per direction), shared by concurrent loads.
 BURSTS = EngineConfig(
     block_tokens=BT, device_blocks=1000, max_batched_tokens=8192, max_running=64, lookup_latency_ms=1.0,
-    tiers=(TierConfig("host", capacity_blocks=6000, bandwidth_gbps=0.5, latency_ms=1.0),),
+    tiers=(TierConfig("host", capacity_blocks=6000),),
 )
 
 
 def test_shared_loads_removes_redundant_loads_without_the_convoy() -> None:
+    """Without dedup, every burst member loads the shared prefix again, and those loads share
+    the host link with everyone's: the last member's first token comes late. Shared loads
+    join the one in-flight load. Deferring until it lands (defer-while-loading) costs nothing
+    more here: the members' own blocks queue on the same saturated link either way, so the
+    convoy the old uncontended model showed (+13 % p99) is gone."""
     workload = shared_prefix_bursts()
     plain = run(BURSTS, (), workload)
     shared = run(BURSTS, ("shared-loads",), workload)
@@ -190,10 +224,11 @@ def test_shared_loads_removes_redundant_loads_without_the_convoy() -> None:
     assert defer.summary["redundant_block_loads"] == 0
     assert shared.result.engine.stats.joined_blocks > 0
     assert shared.summary["bytes_loaded"] < plain.summary["bytes_loaded"]
-    # measured p99: 3,261 ms (no dedup), 3,249 ms (shared-loads), 3,658 ms (defer)
-    assert ttft(shared, 99) <= 1.10 * ttft(plain, 99)
     assert defer.summary["deferrals"]["defer-while-loading"] > 0
-    assert ttft(defer, 99) > 1.08 * ttft(shared, 99)
+    # measured p99: 406 ms (no dedup: 792 redundant block loads), 308 ms (shared-loads),
+    # 308 ms (defer-while-loading)
+    assert ttft(shared, 99) < 0.85 * ttft(plain, 99)
+    assert ttft(defer, 99) == pytest.approx(ttft(shared, 99), rel=0.05)
 
 
 def test_shared_loads_never_has_two_loads_of_one_block_in_flight() -> None:

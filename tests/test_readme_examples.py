@@ -5,7 +5,8 @@ The convention (also in docs/cli.md, "Examples in these docs are tested"):
 * A command is a line starting with ``kvlife `` inside a fenced (```) block; in a block that
   uses ``$ `` prompts (a transcript), only the ``$ kvlife`` lines are commands and the rest
   is their output. A line ending in ``\\`` continues on the next.
-* A fenced ``python`` block whose first line is ``# NAME.py`` is written to ``NAME.py`` first.
+* A fenced ``python``, ``toml`` or ``csv`` block whose first line is ``# NAME.py`` (``.toml``,
+  ``.csv``) is written to that file first.
 * Each file's commands run in order, in one fresh directory, as ``python -m kvlife ...``;
   they must exit 0 (or the code of a trailing ``# exit N``) and print no traceback.
 * A trailing ``# not run in tests: WHY`` skips a command: only commands that need a Redis
@@ -31,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"#\s*not run in tests\b:?\s*(?P<why>.*)$")
 EXIT = re.compile(r"#\s*exit\s+(?P<code>\d+)\b")
-FILE_BLOCK = re.compile(r"^#\s*(?P<name>[\w.-]+\.py)\s*$")
+FILE_BLOCK = re.compile(r"^#\s*(?P<name>[\w.-]+\.(?:py|toml|csv))\s*$")
+FILE_FENCES = ("python", "toml", "csv")
 # Skipped examples, at most this many across all docs (each with a reason).
 MAX_SKIPPED = 4
 
@@ -93,7 +95,7 @@ def parse_doc(text: str, name: str) -> Doc:
             if fence is None:
                 fence, block = stripped[3:].strip(), []
                 continue
-            if fence == "python" and block and FILE_BLOCK.match(block[0][1].strip()):
+            if fence in FILE_FENCES and block and FILE_BLOCK.match(block[0][1].strip()):
                 files[FILE_BLOCK.match(block[0][1].strip())["name"]] = "\n".join(raw for _, raw in block) + "\n"
             elif fence in ("", "console", "sh", "bash", "shell", "text"):
                 examples.extend(_commands(block, name))
@@ -141,6 +143,10 @@ def test_the_convention_is_parsed_as_documented() -> None:
         "# p.py\n"
         "X = 1\n"
         "```\n"
+        "```csv\n"
+        "# t.csv\n"
+        "a,b\n"
+        "```\n"
         "    kvlife run --forgotten\n",
         "X.md",
     )
@@ -150,8 +156,8 @@ def test_the_convention_is_parsed_as_documented() -> None:
     assert [e.source for e in doc.examples] == ["X.md:3", "X.md:5", "X.md:7", "X.md:10"]
     assert [e.exit_code for e in doc.examples] == [0, 1, 0, 0]
     assert [e.skip for e in doc.examples] == [None, None, "~30 s", None]
-    assert doc.files == {"p.py": "# p.py\nX = 1\n"}
-    assert doc.problems == ("X.md:17: a kvlife command in an indented block is never run; put it in a ``` block",)
+    assert doc.files == {"p.py": "# p.py\nX = 1\n", "t.csv": "# t.csv\na,b\n"}
+    assert doc.problems == ("X.md:21: a kvlife command in an indented block is never run; put it in a ``` block",)
 
 
 def test_the_docs_have_examples_and_few_skips() -> None:

@@ -173,7 +173,7 @@ def test_cli_exit_codes(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
 BT = 256
 SHARED = EngineConfig(block_tokens=BT, device_blocks=1000, max_batched_tokens=8192, max_running=64,
                       lookup_latency_ms=1.0,
-                      tiers=(TierConfig("host", capacity_blocks=6000, bandwidth_gbps=0.5, latency_ms=1.0),))
+                      tiers=(TierConfig("host", capacity_blocks=6000, latency_ms=1.0),))
 PREFETCH = EngineConfig(block_tokens=BT, device_blocks=100, max_batched_tokens=4096, max_running=64,
                         lookup_latency_ms=2.0, ranks=2,
                         tiers=(TierConfig("host", capacity_blocks=60),
@@ -215,7 +215,7 @@ def burst_workload(burst: int = 6, prefix_blocks: int = 24, own: int = 12, fille
 
 def _run(path: Path, engine: EngineConfig, stack: tuple[str, ...], workload: list[WorkloadRequest],
          sim: SimConfig | None = None) -> Path:
-    config = RunConfig(engine=engine, sim=sim or SimConfig(seed=1, block_bytes=16 * 1024 * 1024), policies=stack)
+    config = RunConfig(engine=engine, sim=sim or SimConfig(seed=1), policies=stack)
     outcome = run_workload(config, workload, trace_path=path)
     assert outcome.summary["stranded"] == 0
     return path
@@ -310,8 +310,9 @@ def test_free_after_a_rank_timeout_but_before_the_late_report_is_caught(flaky: P
     assert {(f.invariant, f.line) for f in report.findings} == {(2, w + 2)}, report.format()
 
 
-def test_load_into_a_block_another_job_still_moves_is_caught(trace: Path, tmp_path: Path) -> None:
-    records = _records(trace)
+def test_load_into_a_block_another_job_still_moves_is_caught(bursts: tuple[Path, Path], tmp_path: Path) -> None:
+    # The burst's loads of one shared prefix overlap (no dedup in the plain stack).
+    records = _records(bursts[0])
 
     def load_beside_another_job() -> tuple[int, dict[str, Any], dict[str, Any]]:
         in_flight: dict[int, dict[str, Any]] = {}

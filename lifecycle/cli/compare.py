@@ -60,7 +60,7 @@ def compare_stacks(
             outcome = run_workload(run_config, workload, stack=policies, workload_name=workload_name, progress=bar)
         summary = outcome.summary
         stats = outcome.result.engine.stats
-        bytes_prefetched = stats.blocks_prefetched * config.sim.block_bytes
+        bytes_prefetched = stats.blocks_prefetched * summary["setup"]["block_bytes"]
         rows.append(
             {
                 "stack": stack_label(stack),

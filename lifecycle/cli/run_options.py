@@ -3,7 +3,9 @@
 Each flag mirrors a config key, and a flag given on the command line wins over the file:
 ``--device-blocks`` engine.device_blocks, ``--ranks`` engine.ranks, ``--seed`` sim.seed,
 ``--stack`` policies.stack, ``--time-scale`` sim.time_scale, ``--tier NAME=N`` the
-``[[tiers]]`` table; the live flags are in ``kvlife.lifecycle.cli.commands.run``.
+``[[tiers]]`` table, ``--hardware`` sim.hardware, ``--model`` sim.model, ``--tp`` sim.tp,
+``--efficiency`` sim.efficiency, ``--completions`` sim.completions; the live flags are in
+``kvlife.lifecycle.cli.commands.run``.
 """
 
 from __future__ import annotations
@@ -40,13 +42,72 @@ def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str 
 
 def add_size_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-blocks", type=positive_int, metavar="N",
-                        help="device KV capacity in blocks (config: engine.device_blocks; default 2000)")
+                        help="device KV capacity in blocks (config: engine.device_blocks; default: derived "
+                             "from the model and hardware as vLLM sizes its KV cache, 821 for llama-3-8b on "
+                             "one h100-sxm; a live run 64)")
     parser.add_argument("--tier", action="append", metavar="NAME=BLOCKS",
                         help="size a tier (host, disk, remote) in blocks, 0 drops it; repeatable "
                              "(default: the config's [[tiers]], a host tier of 8000 blocks)")
     parser.add_argument("--ranks", type=positive_int, metavar="N",
-                        help="tensor-parallel ranks: a transfer is done when every rank reported it "
-                             "(config: engine.ranks; default 1, a live run 2)")
+                        help="ranks that report each transfer: a transfer is done when every rank reported it "
+                             "(config: engine.ranks; default: the TP degree, a live run 2)")
+
+
+# Flags of the simulated physics, and the [sim] key each mirrors.
+SIM_FLAGS = {"hardware": "--hardware", "model": "--model", "tp": "--tp", "efficiency": "--efficiency",
+             "completions": "--completions"}
+
+
+def add_sim_flags(parser: argparse.ArgumentParser) -> None:
+    """--hardware, --model, --tp, --efficiency, --completions: what the simulator times."""
+    from kvlife.lifecycle.config import COMPLETIONS
+    from kvlife.lifecycle.profiles import list_profiles
+
+    known = list_profiles()
+    group = parser.add_argument_group("hardware and model (simulated runs; docs/fidelity-model.md)")
+    group.add_argument("--hardware", metavar="NAME|FILE.toml",
+                       help=f"GPU profile: {', '.join(known['hardware'])}, or a TOML file "
+                            "(config: sim.hardware; default h100-sxm)")
+    group.add_argument("--model", metavar="NAME|FILE.toml",
+                       help=f"model profile: {', '.join(known['models'])}, or a TOML file "
+                            "(config: sim.model; default llama-3-8b)")
+    group.add_argument("--tp", type=positive_int, metavar="N",
+                       help="tensor-parallel degree: weights and KV heads split over N GPUs as vLLM splits them "
+                            "(config: sim.tp; default 1)")
+    group.add_argument("--efficiency", metavar="FILE.toml",
+                       help="step-cost efficiency factors fitted by `kvlife calibrate -o FILE.toml`, over the "
+                            "hardware profile's (config: sim.efficiency; default: the profile's)")
+    group.add_argument("--completions", choices=COMPLETIONS,
+                       help="when a finished transfer or lookup reaches the scheduler: with the next step output, "
+                            "as in vLLM, or at its exact time (config: sim.completions; default step_boundary)")
+
+
+def apply_sim(args: argparse.Namespace, config: RunConfig) -> RunConfig:
+    """The --hardware/--model/--tp/--efficiency/--completions flags over the config, checked:
+    a bad profile name or a TP degree the model refuses is a one-line error naming the flag
+    (a problem inside a profile file names the file, line and field)."""
+    from kvlife.lifecycle.drivers.physics import resolve
+    from kvlife.lifecycle.profiles import ProfileError
+
+    given = {key: getattr(args, key) for key in SIM_FLAGS if getattr(args, key, None) is not None}
+    if given:
+        config = attrs.evolve(config, sim=attrs.evolve(config.sim, **given))
+    try:
+        resolve(config)
+    except ProfileError as exc:
+        if exc.path and exc.path != "-":
+            raise  # inside a profile file: FILE:LINE: field 'x.y': ...
+        from kvlife.lifecycle.config import PROFILE_ERROR_KEYS
+
+        key = PROFILE_ERROR_KEYS.get(exc.field, exc.field)
+        if key in given:
+            raise UsageError(f"{SIM_FLAGS[key]} {given[key]}: {exc.message}") from None
+        if given:  # a combination the flags made (e.g. --model llama-3-70b at the default tp)
+            flags = " ".join(f"{SIM_FLAGS[k]} {v}" for k, v in given.items())
+            raise UsageError(f"{flags}: {exc.message}") from None
+        path = getattr(args, "config", None)
+        raise ConfigError(f"sim.{key}", exc.message, path, key_line(path, f"sim.{key}") if path else None) from None
+    return config
 
 
 def load_run_config(args: argparse.Namespace, use_stack: bool = True) -> RunConfig:
@@ -86,10 +147,8 @@ def apply_sizes(args: argparse.Namespace, config: RunConfig) -> RunConfig:
             tiers.pop(name, None)
         elif name in tiers:
             tiers[name] = attrs.evolve(tiers[name], capacity_blocks=int(size))
-        else:
-            defaults = {"disk": {"bandwidth_gbps": 3.0, "latency_ms": 0.1},
-                        "remote": {"bandwidth_gbps": 1.0, "latency_ms": 0.5}}.get(name, {})
-            tiers[name] = TierConfig(name, capacity_blocks=int(size), **defaults)  # type: ignore[arg-type]
+        else:  # bandwidth and latency: the tier's link in the hardware profile
+            tiers[name] = TierConfig(name, capacity_blocks=int(size))
     order = ("host", "disk", "remote")
     engine = attrs.evolve(engine, tiers=tuple(tiers[n] for n in order if n in tiers))
     return attrs.evolve(config, engine=engine)

@@ -17,6 +17,7 @@ import attrs
 
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers import interrupts
+from kvlife.lifecycle.drivers.physics import resolve
 from kvlife.lifecycle.drivers.simulator import Progress, SimResult, Simulator
 from kvlife.lifecycle.metrics import summarize
 from kvlife.lifecycle.traces.trace import TraceWriter
@@ -60,14 +61,24 @@ def run_workload(
     trace_path: str | Path | None = None,
     progress: Progress | None = None,
     workload_name: str = "synthetic",
+    device_blocks_origin: str | None = None,
 ) -> RunOutcome:
+    """Simulate ``workload``. The trace header holds the config with its derived values filled
+    in (device blocks, ranks) and a ``setup`` object saying what was derived and how; so does
+    the summary. ``device_blocks_origin`` names where a set device size came from
+    (``"--device-blocks"``), for those two descriptions."""
     require_requests(workload, workload_name)
     stack = stack if stack is not None else load_stack(config.policies)
+    config, physics = resolve(config)
+    setup = physics.summary(device_blocks_origin)
+    setup["completions"] = config.sim.completions
+    setup["lookup_workers"] = config.sim.lookup_workers
     started = time.perf_counter()  # wall time of the run, reported, never fed to the core
     meta = {"name": workload_name, "requests": len(workload)}
-    with interrupts.held(), recording(trace_path, config, stack, workload=meta) as writer:
+    with interrupts.held(), recording(trace_path, config, stack, workload=meta, setup=setup) as writer:
         sim = Simulator(config, workload, stack, writer.record if writer else None, progress)
         result = sim.run()
     wall = time.perf_counter() - started
-    summary = summarize(result, wall, config.sim.block_bytes)
+    summary = summarize(result, wall, physics.block_bytes)
+    summary["setup"] = setup
     return RunOutcome(result, summary, writer.lines if writer else 0)

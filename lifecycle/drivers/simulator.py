@@ -1,11 +1,32 @@
-"""The simulated driver: a discrete-event loop with a virtual clock and a cost model.
+"""The simulated driver: a discrete-event loop with a virtual clock and a physical model.
 
-It turns a workload into engine inputs and carries out the engine's commands by
-scheduling their completions in virtual time: a step costs prefill and decode time (plus
-any lookups paid inline), a lookup answers after its latency, a transfer report comes
-from each rank after latency + bytes / bandwidth + that rank's jitter. The tier indexes
-are the very ones the engine holds (``kvlife.transfer.index``); only the bytes are modelled.
-Everything random comes from one ``random.Random(seed)``, so a run is reproducible.
+It turns a workload into engine inputs and carries out the engine's commands by scheduling
+their completions in virtual time (the model: ``docs/fidelity-model.md``):
+
+- a step costs what ``profiles.step_cost.StepCostModel`` gives for its composition: each
+  scheduled entry is a chunk of ``num_tokens`` new tokens on top of ``computed_before``
+  tokens already in the KV cache (a decode is a chunk of one), on the run's model, hardware
+  and TP degree (``drivers.physics``);
+- lookups queue for the lookup service's workers (``drivers.lookup_service``: FIFO,
+  ``base + per-key x keys``). Async lookups answer when served; sync lookups go through the
+  same service at the tick and the step starts when the last one answers (that wait is the
+  critical-path lookup time). A lookup of no keys (no full prompt block) answers at once;
+- every rank moves its share of a transfer's blocks over its own links to the tiers
+  (``drivers.links``, processor sharing: concurrent transfers on a link share its bandwidth),
+  and reports when all its parts have drained, plus that rank's jitter; each block fails
+  with its tier's failure rate;
+- completions at step boundaries (``sim.completions = "step_boundary"``, the default): a
+  transfer report or lookup answer that completes while a step is in flight reaches the
+  engine right after that step's output, at its time, in completion order; vLLM's scheduler
+  learns of finished transfers the same way, from the next step's ``finished_recving`` /
+  ``finished_sending``. With no step in flight it is delivered when it completes: an idle
+  vLLM engine keeps stepping (empty steps) while requests wait for KV, so it would see the
+  completion within one empty step; we take that step as instantaneous.
+  ``"exact"`` delivers every completion at its own time, for comparison.
+
+The tier indexes are the very ones the engine holds (``kvlife.transfer.index``); only the
+bytes are modelled. Everything random comes from one ``random.Random(seed)``, and ties in
+time break by the order events were scheduled, so a run is reproducible.
 
 Ctrl-C or SIGTERM (``kvlife.lifecycle.drivers.interrupts``) stops the loop between two
 events: an ``interrupted`` record (``cut_record``) ends the trace and the interrupt is
@@ -16,15 +37,17 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import attrs
 
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers import interrupts
-from kvlife.lifecycle.engine.core import Engine, Recorder
+from kvlife.lifecycle.drivers.links import Link
+from kvlife.lifecycle.drivers.lookup_service import LookupService
+from kvlife.lifecycle.drivers.physics import Physics, rank_links, resolve
+from kvlife.lifecycle.engine.core import Engine, EngineState, Recorder
 from kvlife.lifecycle.engine.events import (
     Arrival,
     InputEvent,
@@ -51,6 +74,28 @@ class SimResult:
     makespan_ms: float
     events: int
     stranded: list[str]
+    # Time steps waited for sync lookups (None: the driver does not model it; the summary
+    # then charges engine.lookup_latency_ms per sync lookup).
+    critical_path_lookup_ms: float | None = None
+    physics: Physics | None = None
+
+
+class _LinkWake:
+    """A link's next transfer may have drained: an internal event, never fed to the engine."""
+
+    __slots__ = ("link",)
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+
+class _Later:
+    """A transfer a tick started, begun when that tick's sync lookups have answered."""
+
+    __slots__ = ("command",)
+
+    def __init__(self, command: StartLoad | StartStore | StartPrefetch) -> None:
+        self.command = command
 
 
 class Simulator:
@@ -64,26 +109,51 @@ class Simulator:
         reference: bool = False,
         check_every: int | None = None,
     ) -> None:
-        self.config = config
+        # Derived values (device blocks, ranks) filled in; a config resolved already stays as it is.
+        self.config, self.physics = resolve(config)
+        config = self.config
         self.workload = workload
         self.engine = Engine(config.engine, policies, recorder=recorder, reference=reference)
+        self._requests = self.engine.requests  # the engine's own dict (read only)
         self.rng = random.Random(config.sim.seed)
         self.progress = progress
         # Check block accounting (invariants 2 and 8) every N events; tests use it.
         self.check_every = check_every
-        self._queue: list[tuple[float, int, InputEvent]] = []
+        self._queue: list[tuple[float, int, Any]] = []
         self._seq = 0
-        self._output_len = {w.request_id: w.output_length for w in workload}
-        self._plans: dict[int, StepPlan] = {}
+        self._events = 0
+        self._progress_mark = 0  # finished requests at the last progress report
+        self._stops = stop_rules({w.request_id: w.output_length for w in workload}, config.sim.max_output_tokens)
         self._steps_in_flight = 0
+        self._max_in_flight = 2 if config.engine.async_scheduling else 1
         self._tick_pending = False
         self._tiers = {t.name: t for t in config.engine.tiers}
+        self._failing_tiers = any(t.failure_rate for t in config.engine.tiers)
+        self._jitter = config.sim.rank_jitter_ms
         self._pending_lookup: dict[tuple[str, int], tuple[int, ...]] = {}
         # Ticks pushed because a prefetch patience runs out (engine.next_wakeup), by heap seq.
         self._wakeup_seqs: set[int] = set()
         self._wakeup_times: set[float] = set()
+        # Physics: the step cost, per-rank links, the lookup service.
+        self._cost = self.physics.cost
+        self._ranks = config.engine.ranks
+        self._rank_block_bytes = self.physics.rank_block_bytes
+        self._links = [rank_links(self.physics.hardware, config.engine.tiers) for _ in range(self._ranks)]
+        self._link_due: dict[Link, float] = {}  # the time of each busy link's pending wake-up
+        self._link_wakes = {link: _LinkWake(link) for links in self._links for tl in links.values()
+                            for link in (tl.load, tl.store)}
+        self._rank_jobs: dict[tuple[int, int], list[Any]] = {}  # (job, rank) -> [parts left, failed, jitter]
+        self.lookups = LookupService(config.sim.lookup_workers, config.engine.lookup_latency_ms,
+                                     config.sim.lookup_per_key_ms)
+        self.critical_path_lookup_ms = 0.0
+        self._exact = config.sim.completions == "exact"
+        self._held: list[TransferReport | LookupAnswer] = []  # completions waiting for a step output
+        # Keys of the sync lookups the scheduler makes during a tick (paid on the step it plans).
+        self._sync_keys: list[int] = []
+        self._engine_lookup = self.engine.state.sync_lookup  # the tiers' answer, unmetered
+        _meter_sync_lookups(self.engine.state, self._sync_keys)
 
-    def _push(self, t: float, event: InputEvent) -> None:
+    def _push(self, t: float, event: Any) -> None:
         heapq.heappush(self._queue, (t, self._seq, event))
         self._seq += 1
 
@@ -100,116 +170,249 @@ class Simulator:
     def _run(self, gate: interrupts.StopGate) -> SimResult:
         for w in self.workload:
             self._push(w.arrival_ms, Arrival(w.arrival_ms, w.request_id, w.input_length, w.hash_ids))
-        finished_before = 0
-        events = 0
         now = 0.0
-        max_in_flight = 2 if self.config.engine.async_scheduling else 1
         engine = self.engine
-        while self._queue:
+        queue = self._queue
+        pop = heapq.heappop
+        while queue:
             if gate.pending is not None:
                 gate.check()
-            now, seq, event = heapq.heappop(self._queue)
-            if isinstance(event, StepOutput):
-                event = self._with_finishes(event)
+            now, seq, event = pop(queue)
+            kind = type(event)
+            if kind is _LinkWake:
+                self._wake(now, event.link)
+                continue
+            if kind is _Later:
+                self._start_transfer(now, event.command)
+                continue
+            if kind is StepPlan:  # the step ends: its output, with the requests that stop
                 self._steps_in_flight -= 1
-            elif isinstance(event, Tick):
+                self._feed(now, StepOutput(now, event.step_id, step_finishes(event, self._requests, self._stops)))
+                if self._held:
+                    held, self._held = self._held, []
+                    for completion in held:
+                        self._feed(now, _at(completion, now))
+                continue
+            if kind is TransferReport:
+                if self._steps_in_flight and not self._exact:
+                    self._held.append(event)
+                    continue
+            elif kind is LookupAnswer:
+                event, instant = self._answer_lookup(event)
+                if self._steps_in_flight and not self._exact and not instant:
+                    self._held.append(event)
+                    continue
+            elif kind is Tick:
                 if seq in self._wakeup_seqs:
                     self._wakeup_seqs.discard(seq)
                     self._wakeup_times.discard(now)
-                    if self._tick_pending or self._steps_in_flight >= max_in_flight:
+                    if self._tick_pending or self._steps_in_flight >= self._max_in_flight:
                         continue  # a regular tick comes anyway (after the step in flight)
                 self._tick_pending = False
-            elif isinstance(event, LookupAnswer):
-                event = self._answer_lookup(event)
-            commands = engine.handle(event)
-            events += 1
-            if self.check_every is not None and events % self.check_every == 0:
-                engine.check_invariants()
-            made_plan = False
-            for command in commands:
-                if isinstance(command, StepPlan):
-                    made_plan = True
-                    self._start_step(now, command)
-                elif isinstance(command, StartLoad | StartStore):
-                    self._start_transfer(now, command)
-                elif isinstance(command, StartPrefetch):
-                    self._start_prefetch(now, command)
-                elif isinstance(command, SubmitLookup):
-                    key = (command.request_id, command.epoch)
-                    if key in self._pending_lookup:
-                        continue  # idempotent: one answer per (request, epoch)
-                    # The lookup reads the tiers when it completes (see _answer_lookup).
-                    t = now + self.config.engine.lookup_latency_ms
-                    self._pending_lookup[key] = command.block_hashes
-                    self._push(t, LookupAnswer(t, command.request_id, command.epoch, ()))
-            # Tick again after any event, unless the last tick found nothing to do and
-            # nothing has changed since (no spinning in idle time).
-            if (
-                not self._tick_pending
-                and self._steps_in_flight < max_in_flight
-                and not (isinstance(event, Tick) and not made_plan)
-                and engine.busy()
-            ):
-                self._tick_pending = True
-                self._push(now, Tick(now))
-            wake = engine.next_wakeup() if engine.prefetch_waits else None
-            if wake is not None and wake not in self._wakeup_times:
-                self._wakeup_times.add(wake)
-                self._wakeup_seqs.add(self._seq)
-                self._push(wake, Tick(wake))
-            if self.progress is not None:
-                done = engine.state_counts["finished"]
-                if done - finished_before >= 200:
-                    finished_before = done
-                    self.progress(done, len(self.workload))
+            self._feed(now, event)
         if self.progress is not None:
             self.progress(engine.state_counts["finished"], len(self.workload))
         engine.check_invariants()
-        return SimResult(engine, self.workload, now, events, engine.stranded())
+        return SimResult(engine, self.workload, now, self._events, engine.stranded(),
+                         self.critical_path_lookup_ms, self.physics)
 
-    def _start_step(self, now: float, plan: StepPlan) -> None:
-        sim = self.config.sim
-        duration = plan.sync_lookups * self.config.engine.lookup_latency_ms
-        if plan.entries:
-            duration += sim.decode_step_ms + sim.decode_per_request_ms * len(plan.entries)
-            duration += plan.prefill_tokens / sim.prefill_tokens_per_s * 1000.0
-        self._plans[plan.step_id] = plan
+    def _feed(self, now: float, event: InputEvent) -> None:
+        """Hand one input to the engine and carry out its commands."""
+        engine = self.engine
+        state = engine.state
+        commands = engine.handle(event)
+        self._events += 1
+        if self.check_every is not None and self._events % self.check_every == 0:
+            engine.check_invariants()
+        made_plan = False
+        # A tick that looked the tiers up inline hands its work over when the lookups answer:
+        # the step, and the transfers it started (vLLM's workers start them with the step).
+        ready = self._pay_sync_lookups(now) if self._sync_keys else now
+        for command in commands:
+            if isinstance(command, StepPlan):
+                made_plan = True
+                self._start_step(ready, command)
+            elif isinstance(command, StartStore | StartLoad | StartPrefetch):
+                if ready > now:
+                    self._push(ready, _Later(command))
+                else:
+                    self._start_transfer(now, command)
+            elif isinstance(command, SubmitLookup):
+                self._submit_lookup(now, command)
+        # Tick again after any event, unless the last tick found nothing to do and
+        # nothing has changed since (no spinning in idle time).
+        if (
+            not self._tick_pending
+            and self._steps_in_flight < self._max_in_flight
+            and not (type(event) is Tick and not made_plan)
+            and (state.state_counts["finished"] < len(state.requests) or state.busy())
+        ):
+            self._tick_pending = True
+            self._push(now, Tick(now))
+        wake = state.next_wakeup() if state.prefetch_waits else None
+        if wake is not None and wake not in self._wakeup_times:
+            self._wakeup_times.add(wake)
+            self._wakeup_seqs.add(self._seq)
+            self._push(wake, Tick(wake))
+        if self.progress is not None:
+            done = engine.state_counts["finished"]
+            if done - self._progress_mark >= 200:
+                self._progress_mark = done
+                self.progress(done, len(self.workload))
+
+    # ---- steps -------------------------------------------------------------------------------
+    def _pay_sync_lookups(self, now: float) -> float:
+        """Send the tick's sync lookups to the lookup service; when the last one answers."""
+        ready = now
+        submit = self.lookups.submit
+        for keys in self._sync_keys:
+            if keys:  # nothing to look up answers at once
+                ready = max(ready, submit(None, keys, now))
+        self._sync_keys.clear()
+        self.critical_path_lookup_ms += ready - now
+        return ready
+
+    def _start_step(self, start: float, plan: StepPlan) -> None:
+        """The step runs from ``start`` for the cost of its batch."""
+        # Each entry is a chunk of n new tokens on top of b cached ones (a decode: n = 1):
+        # n*b + n(n+1)/2 attention pairs, b + n KV tokens read or written.
+        entries = plan.entries
+        tokens = cached = twice_pairs = 0
+        for entry in entries:
+            n = entry.num_tokens
+            b = entry.computed_before
+            tokens += n
+            cached += b
+            twice_pairs += n * (b + b + n + 1)
+        end = start + self._cost.totals_ms(tokens, len(entries), twice_pairs * 0.5, cached + tokens)
         self._steps_in_flight += 1
-        self._push(now + duration, StepOutput(now + duration, plan.step_id))
+        self._push(end, plan)  # becomes the step's StepOutput when it pops
 
-    def _with_finishes(self, event: StepOutput) -> StepOutput:
-        plan = self._plans.pop(event.step_id)
-        finished = model_finishes(plan, self.engine, self._output_len, self.config.sim.max_output_tokens)
-        return StepOutput(event.t, event.step_id, finished)
-
-    def _start_transfer(self, now: float, command: StartLoad | StartStore) -> None:
-        self._report_after_transfer(now, command.job_id, [(m.block_hash, m.tier) for m in command.moves])
-
-    def _start_prefetch(self, now: float, command: StartPrefetch) -> None:
-        # Tier to tier: paced by the slowest source tier; failures drawn per source block.
-        self._report_after_transfer(now, command.job_id, [(m.block_hash, m.src_tier) for m in command.moves])
-
-    def _report_after_transfer(self, now: float, job_id: int, blocks: list[tuple[int, str]]) -> None:
-        """One report per rank after latency + shard bytes / bandwidth of the slowest tier
-        involved, plus that rank's jitter; each block fails with its tier's failure rate."""
-        ranks = self.config.engine.ranks
-        base = 0.0
-        for name, count in Counter(tier_name for _, tier_name in blocks).items():
-            tier = self._tiers[name]
-            shard_bytes = count * self.config.sim.block_bytes / ranks
-            base = max(base, tier.latency_ms + shard_bytes / (tier.bandwidth_gbps * 1e9) * 1000.0)
-        jitter = self.config.sim.rank_jitter_ms
-        for rank in range(ranks):
+    # ---- transfers -------------------------------------------------------------------------
+    def _start_transfer(self, now: float, command: StartLoad | StartStore | StartPrefetch) -> None:
+        """Every rank moves its share of each tier's blocks over its own link to that tier
+        (a prefetch reads from its source tiers); its report comes when all its parts have
+        drained, plus its jitter. Each block fails with its tier's failure rate."""
+        store = type(command) is StartStore
+        if isinstance(command, StartPrefetch):
+            blocks = [(m.block_hash, m.src_tier) for m in command.moves]
+        else:
+            blocks = [(m.block_hash, m.tier) for m in command.moves]
+        job_id = command.job_id
+        counts: dict[str, int] = {}
+        for _, tier_name in blocks:
+            counts[tier_name] = counts.get(tier_name, 0) + 1
+        tiers = self._tiers
+        jitter = self._jitter
+        rng = self.rng
+        share = self._rank_block_bytes
+        failing = self._failing_tiers
+        for rank in range(self._ranks):
             failed = tuple(
                 h for h, name in blocks
-                if self._tiers[name].failure_rate and self.rng.random() < self._tiers[name].failure_rate
-            )
-            t = now + base + (self.rng.uniform(0.0, jitter) if jitter else 0.0)
-            self._push(t, TransferReport(t, job_id, rank, failed))
+                if tiers[name].failure_rate and rng.random() < tiers[name].failure_rate
+            ) if failing else ()
+            delay = rng.uniform(0.0, jitter) if jitter else 0.0
+            links = self._links[rank]
+            tid = (job_id, rank)
+            for name, count in counts.items():
+                pair = links[name]
+                link = pair.store if store else pair.load
+                link.start(tid, count * share, now, write=store and pair.store_is_write)
+                self._schedule_wake(link)
+            self._rank_jobs[tid] = [len(counts), failed, delay]
 
-    def _answer_lookup(self, event: LookupAnswer) -> LookupAnswer:
+    def _schedule_wake(self, link: Link) -> None:
+        """Keep one wake-up pending at the link's next drain (earlier ones become stale)."""
+        upcoming = link.next_completion()
+        if upcoming is None:
+            self._link_due.pop(link, None)
+            return
+        t = upcoming[0]
+        if self._link_due.get(link) != t:
+            self._link_due[link] = t
+            self._push(t, self._link_wakes[link])
+
+    def _wake(self, now: float, link: Link) -> None:
+        if self._link_due.get(link) != now:
+            return  # stale: a later start moved this link's next drain
+        del self._link_due[link]
+        for done, tid in link.advance(now):
+            key = cast(tuple[int, int], tid)  # (job, rank): what _start_transfer started
+            entry = self._rank_jobs[key]
+            entry[0] -= 1
+            if entry[0] == 0:
+                del self._rank_jobs[key]
+                t = max(now, done + entry[2])
+                self._push(t, TransferReport(t, key[0], key[1], entry[1]))
+        self._schedule_wake(link)
+
+    # ---- lookups ---------------------------------------------------------------------------
+    def _submit_lookup(self, now: float, command: SubmitLookup) -> None:
+        key = (command.request_id, command.epoch)
+        if key in self._pending_lookup:
+            return  # idempotent: one answer per (request, epoch)
+        # The answer reads the tiers when the lookup is served (see _answer_lookup).
+        keys = len(command.block_hashes)
+        t = self.lookups.submit(key, keys, now) if keys else now
+        self._pending_lookup[key] = command.block_hashes
+        self._push(t, LookupAnswer(t, command.request_id, command.epoch, ()))
+
+    def _answer_lookup(self, event: LookupAnswer) -> tuple[LookupAnswer, bool]:
+        """The answer as the tiers stand when it is served; True when it had nothing to look
+        up (answered at once, never held for a step boundary)."""
         hashes = self._pending_lookup.pop((event.request_id, event.epoch), ())
-        return attrs.evolve(event, tiers=self.engine.sync_lookup(hashes))
+        answer = LookupAnswer(event.t, event.request_id, event.epoch, self._engine_lookup(hashes))
+        return answer, not hashes
+
+
+def _meter_sync_lookups(state: EngineState, sink: list[int]) -> None:
+    """Make ``state.sync_lookup`` append each lookup's key count to ``sink``.
+
+    The step plan says how many sync lookups a tick made (``StepPlan.sync_lookups``), not how
+    many keys each had, and the lookup service charges per key. The state has ``__slots__``,
+    so the method is swapped by giving this one instance a subclass of the same layout.
+    (An engine hook would be cleaner: ``StepPlan.sync_lookup_keys``.)
+    """
+
+    class Metered(EngineState):
+        __slots__ = ()
+
+        def sync_lookup(self, hashes: Sequence[int]) -> tuple[str, ...]:
+            sink.append(len(hashes))
+            return super().sync_lookup(hashes)
+
+    state.__class__ = Metered
+
+
+def _at(event: TransferReport | LookupAnswer, t: float) -> TransferReport | LookupAnswer:
+    """A held completion, delivered at the step boundary ``t``."""
+    if isinstance(event, TransferReport):
+        return TransferReport(t, event.job_id, event.rank, event.failed)
+    return LookupAnswer(t, event.request_id, event.epoch, event.tiers)
+
+
+def stop_rules(output_lengths: dict[str, int], max_output_tokens: int | None) -> dict[str, tuple[int, str]]:
+    """Per request, the output length at which it stops and why: its workload output length
+    ("stopped"), or the length limit when that is lower ("length")."""
+    if max_output_tokens is None:
+        return {rid: (n, "stopped") for rid, n in output_lengths.items()}
+    return {rid: (max_output_tokens, "length") if max_output_tokens < n else (n, "stopped")
+            for rid, n in output_lengths.items()}
+
+
+def step_finishes(plan: StepPlan, requests: dict[str, Any], stops: dict[str, tuple[int, str]]) -> tuple[
+        tuple[str, str], ...]:
+    """The model's side of a step output: which sampling requests stop, and why."""
+    finished = []
+    for entry in plan.entries:
+        if entry.samples:
+            rid = entry.request_id
+            limit, reason = stops[rid]
+            req = requests[rid]
+            if req.generated + 1 >= limit and req.state == "running":
+                finished.append((rid, reason))
+    return tuple(finished)
 
 
 def model_finishes(

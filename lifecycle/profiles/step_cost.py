@@ -218,6 +218,14 @@ class StepCostModel:
             requests += count
             pairs += context + count
             kv_tokens += context + count
+        return self.totals_ms(tokens, requests, pairs, kv_tokens)
+
+    def totals_ms(self, tokens: int, requests: int, pairs: float, kv_tokens: int) -> float:
+        """The step's time from its totals: ``tokens`` new tokens over ``requests`` requests,
+        ``pairs`` attention query-key pairs (``new x cached + new (new + 1) / 2`` per chunk, a
+        decode being a chunk of one) and ``kv_tokens`` tokens whose KV is read or written
+        (``cached + new`` per chunk). ``step_ms`` sums its arguments into these; the simulator
+        sums a step plan itself and calls this, allocating nothing."""
         if tokens == 0:
             return 0.0
         linear = max(

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import orjson
 
-from kvlife.lifecycle.config import ConfigError, RunConfig, config_from_dict
+from kvlife.lifecycle.config import RETIRED_SIM_KEYS, ConfigError, RunConfig, config_from_dict
 from kvlife.lifecycle.engine.events import BadEvent, input_from_record
 from kvlife.lifecycle.metrics import format_value
 from kvlife.lifecycle.traces.trace import TraceError, is_driver_record, parse_record, read_header, render_record
@@ -35,12 +35,16 @@ def config_from_header(header: dict[str, Any], path: str = "trace", line: int = 
     if not isinstance(engine, dict):
         raise TraceError(path, line, "field 'config.engine': must be an object")
     engine = dict(engine)
-    data: dict[str, Any] = {"engine": engine, "sim": config.get("sim", {}),
+    sim = config.get("sim", {})
+    if isinstance(sim, dict):  # a trace recorded before the step cost came from profiles
+        sim = {k: v for k, v in sim.items() if k not in RETIRED_SIM_KEYS}
+    data: dict[str, Any] = {"engine": engine, "sim": sim,
                             "policies": {"stack": list(config.get("policies", []))}}
     if "tiers" in engine:
         data["tiers"] = engine.pop("tiers")
     try:
-        return config_from_dict(data)
+        # The profiles are loaded only when a run is simulated again (what-if), not to replay.
+        return config_from_dict(data, check_profiles=False)
     except ConfigError as exc:
         raise TraceError(path, line, f"header config: {exc}") from None
 

@@ -12,7 +12,7 @@ from kvlife.lifecycle.cli.parsing import add_json_flag, add_stack_flag
 
 
 def register(sub: Any) -> None:
-    from kvlife.lifecycle.cli.run_options import add_size_flags, add_workload_flags
+    from kvlife.lifecycle.cli.run_options import add_sim_flags, add_size_flags, add_workload_flags
 
     parser = sub.add_parser(
         "compare",
@@ -25,6 +25,7 @@ def register(sub: Any) -> None:
     add_stack_flag(parser, repeated=True, required=True)
     add_workload_flags(parser)
     add_size_flags(parser)
+    add_sim_flags(parser)
     fmt = parser.add_mutually_exclusive_group()
     add_json_flag(fmt, "the rows")
     fmt.add_argument("--markdown", action="store_true", help="print a Markdown table")
@@ -34,10 +35,14 @@ def register(sub: Any) -> None:
 def handle(args: argparse.Namespace) -> int:
     from kvlife.lifecycle.cli.compare import compare_stacks, format_comparison, parse_stack, stack_label
     from kvlife.lifecycle.cli.progress import progress_bar
-    from kvlife.lifecycle.cli.run_options import apply_sizes, load_run_config, load_workload, time_scale
+    from kvlife.lifecycle.cli.run_options import apply_sim, apply_sizes, load_run_config, load_workload, time_scale
+    from kvlife.lifecycle.drivers.physics import resolve
+    from kvlife.lifecycle.metrics import setup_rows
 
     # The config's [policies] stack is not used: each --stack is a column.
-    config = apply_sizes(args, load_run_config(args, use_stack=False))
+    config = apply_sim(args, apply_sizes(args, load_run_config(args, use_stack=False)))
+    origin = "--device-blocks" if args.device_blocks is not None else None
+    setup = resolve(config)[1].summary(origin)
     scale, config = time_scale(args, config, 1.0)
     stacks = [parse_stack(s) for s in args.stack]
     workload, name = load_workload(args, config, scale)
@@ -55,9 +60,11 @@ def handle(args: argparse.Namespace) -> int:
         rows = compare_stacks(config, workload, stacks, workload_name=name, progress=per_stack)
     if args.json:
         output.emit("compare", workload={"name": name, "requests": len(workload)}, seed=config.sim.seed,
-                    time_scale=scale, stacks=[stack_label(s) for s in stacks], rows=rows)
+                    time_scale=scale, setup=setup, stacks=[stack_label(s) for s in stacks], rows=rows)
         return 0
     if not args.markdown:
         print(f"kvlife compare: {name}, {len(workload)} requests, seed {config.sim.seed}, time scale {scale:g}")
+        for label, value in setup_rows(setup):
+            print(f"{label}: {value}")
     print(format_comparison(rows, markdown=args.markdown))
     return 0

@@ -10,8 +10,11 @@ import attrs
 from kvlife.lifecycle.cli import output
 from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, non_negative_int
 from kvlife.lifecycle.cli.run_options import (
+    SIM_FLAGS,
+    add_sim_flags,
     add_size_flags,
     add_workload_flags,
+    apply_sim,
     apply_sizes,
     load_run_config,
     load_workload,
@@ -34,11 +37,13 @@ def register(sub: Any) -> None:
                     "examples:\n"
                     "  kvlife run --workload mooncake-conversation --limit 2000 --trace run.jsonl\n"
                     '  kvlife run --stack "async-lookup,shared-loads" --device-blocks 400 --tier disk=4000\n'
+                    "  kvlife run --model llama-3-70b --tp 4 --limit 200\n"
                     "  kvlife run --live --limit 50")
     add_stack_flag(parser)
     add_workload_flags(parser, time_scale_default="1, a --live run of the synthetic workload 20; "
                                                   "or sim.time_scale of --config")
     add_size_flags(parser)
+    add_sim_flags(parser)
     parser.add_argument("--trace", metavar="FILE", help="write the JSON-lines trace here (default: no trace)")
     add_json_flag(parser, "the summary")
     live = parser.add_argument_group("live runs (--live)")
@@ -62,6 +67,11 @@ def handle(args: argparse.Namespace) -> int:
         given = [flag for dest, flag in LIVE_ONLY.items() if getattr(args, dest) not in (None, False)]
         if given:
             raise UsageError(f"{given[0]} needs --live")
+    else:
+        given = [flag for dest, flag in SIM_FLAGS.items() if getattr(args, dest) is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies to simulated runs; --live moves the real bytes of its own "
+                             "small model shape ([live] in the config)")
     config = load_run_config(args)
     if args.live:
         return _run_live(args, config)
@@ -83,11 +93,13 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     from kvlife.lifecycle.drivers.runner import run_workload
     from kvlife.lifecycle.metrics import format_summary
 
-    config = apply_sizes(args, config)
+    config = apply_sim(args, apply_sizes(args, config))
     scale, config = time_scale(args, config, 1.0)
     workload, name = load_workload(args, config, scale)
+    origin = "--device-blocks" if args.device_blocks is not None else None
     with progress_bar("kvlife run", total=len(workload)) as progress:
-        outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name)
+        outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name,
+                               device_blocks_origin=origin)
     if args.json:
         output.emit("run", driver="sim", workload={"name": name, "requests": len(workload)},
                     stack=_label(config), seed=config.sim.seed, time_scale=scale,
