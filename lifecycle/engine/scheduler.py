@@ -133,20 +133,23 @@ class Scheduler:
         prefill = 0
         prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
         fills = []  # the same for the other steps that fill a block (generated tokens)
+        to_store = []
         for req, n, samples in entries:
             end = req.computed
             before = end - n
-            hashes = req.hashes
-            if end >= (len(hashes) + 1) * bt:
-                state.ensure_hashes(req, end // bt)  # the blocks this step fills get their hash
-                hashes = req.hashes
-            scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), hashes))
-            if n > 1:
-                prefill += n
             if before < req.prompt_tokens:
                 prompt_chunks.append([req.request_id, before, n])
+                if end >= (len(req.hashes) + 1) * bt:
+                    state.ensure_hashes(req, end // bt)  # a recompute past the prompt's blocks
             elif end % bt < n:  # the chunk reaches a block boundary: it fills a block
                 fills.append([req.request_id, before, n])
+                if end >= (len(req.hashes) + 1) * bt:
+                    state.ensure_hashes(req, end // bt)  # the block it fills gets its hash
+            scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
+            if n > 1:
+                prefill += n
+            if end >= (req.stored_blocks + 1) * bt:
+                to_store.append(req)
         state.steps[step_id] = [(req, req.epoch, n, samples) for req, n, samples in entries]
         if state.recorder is not None:
             record = {
@@ -163,9 +166,8 @@ class Scheduler:
             state.recorder(record)
         state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups))
         maybe_store = self.transfers.maybe_store
-        for req, _, _ in entries:
-            if req.computed >= (req.stored_blocks + 1) * bt:
-                maybe_store(req)
+        for req in to_store:
+            maybe_store(req)
 
     # ---- admission ------------------------------------------------------------------------
     def _admit(self, budget: int, entries: list[Entry]) -> tuple[int, int]:
