@@ -17,10 +17,11 @@ built-ins). A hook nobody answers falls back to ``FALLBACKS`` (only
 
 Decision points, in the order a request meets them: ``on_arrival`` (none, lookup, or
 lookup plus a lower-tier prefetch into the host tier), ``lookup_mode`` (sync or async),
-``prefetch_patience`` (ms a request may wait for its prefetch, counted from the start of
-the prefetch: 0 is best effort, ``math.inf`` waits for completion), ``admission`` (go,
-defer, join an in-flight load), ``store_limit`` (tokens whose blocks may be stored),
-``hold_at_finish`` and ``on_load_failure``.
+``lookup_reuse`` (consume an async answer at the admission it is used for, as vLLM does,
+or keep it for later admissions), ``prefetch_patience`` (ms a request may wait for its
+prefetch, counted from the start of the prefetch: 0 is best effort, ``math.inf`` waits
+for completion), ``admission`` (go, defer, join an in-flight load), ``store_limit``
+(tokens whose blocks may be stored), ``hold_at_finish`` and ``on_load_failure``.
 
 This module is the protocol only and imports no policy: ``kvlife.policies.stack`` asks
 a stack, ``kvlife.policies.loading`` loads one by name, and ``kvlife.policies.registry``
@@ -37,6 +38,7 @@ import attrs
 T = TypeVar("T")
 
 LookupMode = Literal["sync", "async"]
+LookupReuse = Literal["consume", "keep"]
 ArrivalAction = Literal["none", "lookup", "prefetch"]
 Admission = Literal["go", "defer", "join"]
 LoadFailureAction = Literal["recompute", "fail"]
@@ -44,6 +46,7 @@ LoadFailureAction = Literal["recompute", "fail"]
 HOOKS: tuple[str, ...] = (
     "on_arrival",
     "lookup_mode",
+    "lookup_reuse",
     "prefetch_patience",
     "admission",
     "store_limit",
@@ -53,6 +56,7 @@ HOOKS: tuple[str, ...] = (
 HOOK_VALUES: dict[str, tuple[Any, ...] | type] = {
     "on_arrival": ("none", "lookup", "prefetch"),
     "lookup_mode": ("sync", "async"),
+    "lookup_reuse": ("consume", "keep"),
     "prefetch_patience": float,  # ms, >= 0; ints accepted, math.inf means wait for completion
     "admission": ("go", "defer", "join"),
     "store_limit": int,
@@ -80,8 +84,10 @@ class RequestView:
     confirmed_tokens: int  # tokens whose step output has arrived
     placeholder_tokens: int
     block_tokens: int
-    block_hashes: tuple[int, ...]  # hashes of the full prompt blocks
-    stored_blocks: int  # leading prompt blocks already sent to store
+    # Hashes of the request's full blocks known so far: its prompt's, then (derived) the
+    # blocks its generated tokens filled.
+    block_hashes: tuple[int, ...]
+    stored_blocks: int  # leading blocks already sent to store
     resumable: bool
     preemptions: int
 
@@ -125,6 +131,8 @@ class Policy(Protocol):
 
     def lookup_mode(self, req: RequestView, engine: EngineView) -> Decision[LookupMode] | None: ...
 
+    def lookup_reuse(self, req: RequestView, engine: EngineView) -> Decision[LookupReuse] | None: ...
+
     def prefetch_patience(
         self, req: RequestView, prefetch: PrefetchView, engine: EngineView
     ) -> Decision[float] | None: ...
@@ -163,6 +171,7 @@ FALLBACKS: dict[str, Answer] = {
 HOOK_ARITY: dict[str, int] = {
     "on_arrival": 2,
     "lookup_mode": 2,
+    "lookup_reuse": 2,
     "prefetch_patience": 3,
     "admission": 3,
     "store_limit": 2,

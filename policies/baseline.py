@@ -1,6 +1,7 @@
 """The baseline stack: what a connector does with no cleverness.
 
-Synchronous lookup on the scheduler's critical path, no early lookup, admit everything
+Synchronous lookup on the scheduler's critical path (an async answer, with an async
+policy, is consumed by the admission it is used for), no early lookup, admit everything
 (no load sharing: two requests with the same hit both load it), store the blocks whose
 tokens are computed, hold blocks while a store still reads them, recompute after a
 failed load. It sits at the bottom of every stack and answers every hook.
@@ -16,6 +17,7 @@ from kvlife.policies.base import (
     LoadFailureAction,
     LoadView,
     LookupMode,
+    LookupReuse,
     RequestView,
 )
 
@@ -28,6 +30,9 @@ class Baseline:
 
     def lookup_mode(self, req: RequestView, engine: EngineView) -> Decision[LookupMode]:
         return Decision("sync", "synchronous lookup on the scheduler path")
+
+    def lookup_reuse(self, req: RequestView, engine: EngineView) -> Decision[LookupReuse]:
+        return Decision("consume", "answer used by this admission; a new lookup if it is not admitted (vLLM)")
 
     def admission(self, req: RequestView, load: LoadView, engine: EngineView) -> Decision[Admission]:
         if load.in_flight:

@@ -9,6 +9,7 @@ from kvlife.policies.baseline import Baseline
 from kvlife.policies.defer_while_loading import DeferWhileLoading
 from kvlife.policies.early_prefetch import EarlyLookup, EarlyPrefetch
 from kvlife.policies.hold_while_sending import HoldWhileSending
+from kvlife.policies.keep_lookup_answers import KeepLookupAnswers
 from kvlife.policies.prefetch_patience import PrefetchBestEffort, PrefetchTimeout, PrefetchWaitComplete
 from kvlife.policies.shared_loads import SharedLoads
 from kvlife.policies.stores import NaiveStoresUnsafe, PlaceholderSafeStores
@@ -18,6 +19,7 @@ BUILTIN: dict[str, Callable[[], object]] = {
     "baseline": Baseline,
     "sync-lookup": SyncLookup,
     "async-lookup": AsyncLookup,
+    "keep-lookup-answers": KeepLookupAnswers,
     "early-lookup": EarlyLookup,
     "early-prefetch": EarlyPrefetch,
     "shared-loads": SharedLoads,
@@ -34,6 +36,7 @@ DESCRIPTIONS: dict[str, str] = {
     "baseline": "sync lookup, admit all (no load sharing), store computed blocks, hold while sending",
     "sync-lookup": "lookup inline on the scheduler tick, re-paid each time a waiting request is considered",
     "async-lookup": "lookup on a background worker; request waits in lookup_pending (Mooncake, vLLM #45659)",
+    "keep-lookup-answers": "reuse an async answer until admitted instead of looking up again (staleness traced)",
     "early-lookup": "lookup at arrival, even while the token budget is saturated (skips resumable requests)",
     "early-prefetch": "early-lookup plus a pull of disk/remote hits into the host tier (LMCache on_new_request)",
     "shared-loads": "join an in-flight load of the same blocks, load only the rest: 0 redundant loads",

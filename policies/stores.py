@@ -1,12 +1,15 @@
 """Which tokens' blocks may be stored: placeholder-safe, and the naive unsafe boundary.
 
-With async scheduling the engine schedules step N+1 before step N's output arrives, so a
-request's computed-token count includes tokens of steps still in flight and the output
-placeholders they will sample (vLLM #27644, LMCache #1898, vLLM #36052). Storing up to
-that count copies KV that does not exist yet. ``placeholder-safe-stores`` stores only
-blocks whose every token a step output confirmed, and only blocks with a hash (full
-prompt blocks). ``naive-stores-unsafe`` uses the computed count: it is the bug, shipped
-by name so tests and ``kvlife compare`` can show it.
+Stores cover the whole token sequence: full blocks of the prompt and of the generated
+tokens alike, so a later turn can hit a previous turn's answer. With async scheduling the
+engine schedules step N+1 before step N's output arrives, so a request's computed-token
+count includes tokens of steps still in flight, and the decode of step N+1 runs at a
+position whose token step N has not returned yet: a placeholder (vLLM #27644, LMCache
+#1898, vLLM #36052). Storing up to that count copies KV that does not exist yet, at
+placeholder positions. ``placeholder-safe-stores`` stores only blocks whose every token a
+step output confirmed. ``naive-stores-unsafe`` uses the computed count: it is the bug,
+shipped by name so tests, ``kvlife validate``, ``kvlife check`` and ``kvlife compare``
+show it (invariant 5).
 """
 
 from __future__ import annotations
@@ -18,9 +21,8 @@ class PlaceholderSafeStores:
     name = "placeholder-safe-stores"
 
     def store_limit(self, req: RequestView, engine: EngineView) -> Decision[int]:
-        hashed = len(req.block_hashes) * req.block_tokens
         real = req.prompt_tokens + req.generated_tokens  # positions past this are placeholders
-        limit = min(req.confirmed_tokens, real, hashed)
+        limit = min(req.confirmed_tokens, real)
         return Decision(
             limit,
             f"store up to token {limit}: confirmed {req.confirmed_tokens}, "

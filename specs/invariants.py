@@ -7,11 +7,14 @@ spec. Two modes share the same code:
 
 - from a trace (``kvlife validate``, ``from_trace=True``): records only. ``job`` records
   carry their moves, ``free`` records the device blocks whose last reference went away,
-  ``step`` records the prompt chunks they compute, so 1-7 are checkable: 2 as "no block
+  ``step`` records the prompt chunks they compute (``prompt``) and the other chunks that
+  fill a block (``fills``: generated tokens), so 1-7 are checkable: 2 as "no block
   freed or loaded into while a load/store job that moves it still owes a rank report"
   (a trace has no block tables, so a step writing into a busy block is not visible), 5
   from the chunks confirmed by step outputs plus the hit length at admission, 6 when
-  ``sharing``. 8 needs the pools.
+  ``sharing``. 8 needs the pools. A store of a block past the prompt names it by the
+  derived hash (``kvlife.lifecycle.engine.blocks.derived_block_hash``); a store that
+  covers a position whose token a step in flight sampled is a store of a placeholder.
 - a run cut short by Ctrl-C or SIGTERM ends with an ``interrupted`` record: work open at
   the cut (jobs some rank has not reported, requests waiting on IO) is not held to 3 and
   7; everything before the cut is checked as usual, and nothing may follow the record.
@@ -99,19 +102,34 @@ class _Job:
 @attrs.define(slots=True, eq=False)
 class _Req:
     hashes: tuple[int, ...]
+    request_id: str = ""
+    prompt_tokens: int = 0
     state: str = "waiting"
     epoch: int = 0
     lookup_epoch: int | None = None  # epoch of the lookup in flight
     valid_tokens: int = 0  # tokens whose KV is known good (confirmed or hit)
     fresh: bool = False  # admitted; the next step entry tells the hit length
-    index: dict[int, int] | None = None  # hash -> first prompt block position (built lazily)
+    scheduled_end: int = 0  # the furthest token a step was seen to compute
+    index: dict[int, int] | None = None  # hash -> first block position (built lazily)
 
-    def position(self, block_hash: int) -> int | None:
+    def position(self, block_hash: int, block_tokens: int) -> int | None:
+        """The block ``block_hash`` names in this request: a prompt block, or a block of
+        generated tokens (derived hash) up to the furthest token a step computed."""
         if self.index is None:
             self.index = {}
             for i, h in enumerate(self.hashes):
                 self.index.setdefault(h, i)
-        return self.index.get(block_hash)
+        found = self.index.get(block_hash)
+        reach = -(-self.scheduled_end // block_tokens)
+        if found is None and reach > len(self.hashes):
+            from kvlife.lifecycle.engine.blocks import extend_hashes
+
+            start = len(self.hashes)
+            self.hashes = extend_hashes(self.hashes, self.request_id, reach)
+            for i in range(start, reach):
+                self.index.setdefault(self.hashes[i], i)
+            found = self.index.get(block_hash)
+        return found
 
     def confirm(self, end: int) -> None:
         """A step output confirmed the request's tokens up to ``end``."""
@@ -253,7 +271,8 @@ class InvariantObserver:
         if kind == "arrival":
             if event.request_id not in self.requests:
                 full = event.prompt_tokens // self.block_tokens
-                self.requests[event.request_id] = _Req(tuple(event.block_hashes[:full]))
+                self.requests[event.request_id] = _Req(tuple(event.block_hashes[:full]), event.request_id,
+                                                       event.prompt_tokens)
         elif kind == "transfer_report":
             job = self.jobs.get(event.job_id)
             if job is None or job.complete or not 0 <= event.rank < self.ranks:
@@ -428,10 +447,17 @@ class InvariantObserver:
         ):
             self._fail(0, f"step {step_id}: field 'prompt' must be a list of [request_id, computed_before, tokens]")
             return
+        fills = record.get("fills", [])
+        if not isinstance(fills, list) or not all(
+            isinstance(c, list) and len(c) == 3 and isinstance(c[0], str) and _is_int(c[1]) and _is_int(c[2])
+            for c in fills
+        ):
+            self._fail(0, f"step {step_id}: field 'fills' must be a list of [request_id, computed_before, tokens]")
+            return
         self.chunks_known = not self._chunks_missing
         entries = []
-        for rid, before, n in chunks:
-            req = self._scheduled(step_id, rid, before)
+        for rid, before, n in chunks + fills:
+            req = self._scheduled(step_id, rid, before, n)
             if req is not None:
                 entries.append((rid, req.epoch, before, n))
         self._plan_step(step_id, entries)
@@ -533,23 +559,18 @@ class InvariantObserver:
                     self._fail(4, f"load job {job.job_id} reads block {move.block_hash} from {move.tier}, "
                                   f"which failed to load in job {bad} and was never stored again (stale hit)")
             elif self.chunks_known:
-                position = req.position(move.block_hash) if req is not None else None
+                position = req.position(move.block_hash, bt) if req is not None else None
                 if position is None:
-                    self._fail(5, f"store job {job.job_id} writes block {move.block_hash}, not a prompt "
-                                  f"block of {job.request_id}")
-                else:
-                    end = (position + 1) * bt
-                    valid = req.valid_tokens if req is not None else 0
-                    if end > valid:
-                        self._fail(5, f"store job {job.job_id} of {job.request_id} covers tokens up to "
-                                      f"{end}, only {valid} are computed (the rest are placeholders or "
-                                      f"in flight)")
+                    self._fail(5, f"store job {job.job_id} writes block {move.block_hash}, not a block "
+                                  f"{job.request_id} has computed")
+                elif req is not None and (position + 1) * bt > req.valid_tokens:
+                    self._fail(5, _unconfirmed_store(job, req, (position + 1) * bt))
         for move in moves:
             self._busy_blocks.setdefault(move.device_block, []).append(job)
             if kind == "load":
                 self._loading_hashes.setdefault(move.block_hash, []).append(job)
 
-    def _scheduled(self, step_id: int, rid: str, computed_before: int) -> _Req | None:
+    def _scheduled(self, step_id: int, rid: str, computed_before: int, tokens: int) -> _Req | None:
         """The observer's record of a request a step schedules (None: it never arrived)."""
         req = self.requests.get(rid)
         if req is None:
@@ -557,6 +578,7 @@ class InvariantObserver:
             return None
         if req.state != "running":
             self._fail(1, f"step {step_id} schedules {rid} in state {req.state}")
+        req.scheduled_end = max(req.scheduled_end, computed_before + tokens)
         if req.fresh:
             # The first chunk after an admission starts where the hit (device cache or a
             # completed load) ends: those tokens are valid content.
@@ -568,7 +590,7 @@ class InvariantObserver:
         bt = self.block_tokens
         entries = []
         for entry in plan.entries:
-            req = self._scheduled(plan.step_id, entry.request_id, entry.computed_before)
+            req = self._scheduled(plan.step_id, entry.request_id, entry.computed_before, entry.num_tokens)
             if req is None:
                 continue
             first = entry.computed_before // bt
@@ -606,6 +628,19 @@ class InvariantObserver:
 
     def states(self) -> dict[str, str]:
         return {rid: req.state for rid, req in self.requests.items()}
+
+
+def _unconfirmed_store(job: _Job, req: _Req, end: int) -> str:
+    """Invariant 5's message: which of the stored positions no step output vouched for,
+    and which of them are placeholders (tokens sampled by steps whose output has not
+    arrived: their KV is being written by a step in flight, the bug of vLLM #27644)."""
+    valid = req.valid_tokens
+    message = f"store job {job.job_id} of {job.request_id} covers tokens up to {end}, only {valid} are computed"
+    first_placeholder = max(valid + 1, req.prompt_tokens)
+    if first_placeholder < end:
+        return (f"{message}: positions {first_placeholder}..{end - 1} are placeholders "
+                f"(sampled by steps whose output has not arrived)")
+    return f"{message} (the rest are in flight)"
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

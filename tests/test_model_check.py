@@ -79,4 +79,5 @@ def test_cli_check_takes_a_comma_stack_and_reports_counterexamples(capsys: pytes
     assert main(["check", "--stack", "naive-stores-unsafe"]) == 1
     out = capsys.readouterr().out
     assert "counterexample found" in out and "@reproduce_failure" in out
+    assert "invariant 5 (stores cover only computed tokens)" in out
     assert main(["check", "--stack", "async-lookup,,shared-loads"]) == 2

@@ -73,9 +73,15 @@ def test_store_limits_safe_and_naive() -> None:
     safe = load_policy("placeholder-safe-stores").store_limit(_view(), ENGINE)  # type: ignore[attr-defined]
     naive = load_policy("naive-stores-unsafe").store_limit(_view(), ENGINE)  # type: ignore[attr-defined]
     assert safe.value == 70 and naive.value == 90
-    # never past the hashed (full prompt) blocks
+    # Generated tokens are stored too, but never past the real (non-placeholder) tokens:
+    # 100 prompt + 2 generated, whatever the counts in flight claim.
     assert load_policy("placeholder-safe-stores").store_limit(  # type: ignore[attr-defined]
-        _view(confirmed_tokens=100, computed_tokens=100), ENGINE).value == 96
+        _view(confirmed_tokens=101, computed_tokens=103), ENGINE).value == 101
+    assert load_policy("placeholder-safe-stores").store_limit(  # type: ignore[attr-defined]
+        _view(confirmed_tokens=110, computed_tokens=110), ENGINE).value == 102
+    # The unsafe boundary follows the computed count into the placeholders.
+    assert load_policy("naive-stores-unsafe").store_limit(  # type: ignore[attr-defined]
+        _view(confirmed_tokens=101, computed_tokens=103), ENGINE).value == 103
 
 
 def test_prefetch_patience_values() -> None:

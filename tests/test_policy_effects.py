@@ -159,14 +159,27 @@ def test_prefetch_timeout_gives_up_at_its_deadline() -> None:
     assert result.stranded == []
     gave_up = [r for r in records if r["kind"] == "decision" and r["value"] == "compute"]
     assert gave_up and all(r["policy"] == "short-timeout" for r in gave_up)
-    # nobody waited past the cap: each give-up came at most one step after its deadline (the
-    # scheduler ticks when the step in flight ends), a step being at most the longest one run
+    # Nobody gave up before the deadline, and nobody waited past the cap unless admission
+    # could not reach it: a give-up is decided when the scheduler considers the request,
+    # and a request ahead of it in the queue that does not fit stops admission (FIFO).
+    # Then the tick that gives up also admits a request that arrived before it.
     planned = {r["step"]: r["t"] for r in records if r["kind"] == "step"}
     longest = max(r["t"] - planned[r["step_id"]] for r in records
                   if r["kind"] == "input" and r["type"] == "step_output")
     started = {r["req"]: r["t"] for r in records if r["kind"] == "job" and r["op"] == "prefetch"}
+    patience = {r["req"]: r["value"] for r in records if r["kind"] == "decision"
+                and r["point"] == "prefetch_patience" and r["value"] != "compute"}
+    order = {w.request_id: i for i, w in enumerate(workload)}
+    admitted = [(r["t"], r["req"]) for r in records if r["kind"] == "transition"
+                and r["trigger"] in ("admitted", "load_started")]
+    late = 0
     for r in gave_up:
-        assert r["t"] - started[r["req"]] <= 20.0 + longest + 1e-6
+        waited = r["t"] - started[r["req"]]
+        assert waited >= patience[r["req"]] - 1e-6
+        if waited > 20.0 + longest + 1e-6:  # past the cap by more than one step
+            late += 1
+            assert any(t == r["t"] and order[rid] < order[r["req"]] for t, rid in admitted), r
+    assert late <= len(gave_up) // 10
 
 
 # ---- shared loads --------------------------------------------------------------------
@@ -315,5 +328,9 @@ def test_hold_while_sending_finishes_only_after_every_rank(stack: list[str]) -> 
     assert engine.requests["a"].state == "sending"  # rank 1 has not reported
     assert engine.pool.free < engine.pool.capacity
     engine.handle(TransferReport(3.0, store.job_id, 1))
+    # Every rank reported; vLLM's finished_sending still needs a worker output of a later
+    # step (the worker hears of the finish from the next scheduler output): the next tick.
+    assert engine.requests["a"].state == "sending"
+    engine.handle(Tick(4.0))
     assert engine.requests["a"].state == "finished"
     assert engine.pool.free == engine.pool.capacity

@@ -125,6 +125,9 @@ def test_finish_with_a_store_in_flight_waits_in_sending() -> None:
     from kvlife.lifecycle.engine.events import TransferReport
 
     engine.handle(TransferReport(2.0, store_jobs[0].job_id, 0))
+    # Stored; the blocks go back with the next scheduler step (vLLM's finished_sending).
+    assert engine.requests["a"].state == "sending"
+    engine.handle(Tick(3.0))
     assert engine.requests["a"].state == "finished"
     assert engine.tiers["host"].lookup([10, 20, 30]) == 2
     engine.check_invariants()

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvlife.lifecycle.engine.blocks import extend_hashes
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest, load_mooncake
 from kvlife.lifecycle.workloads.synthetic import describe, synthetic_workload
 
@@ -52,7 +53,11 @@ def check_sessions_extend(
         for previous, current in itertools.pairwise(turns):
             full = previous.input_length // block_tokens
             assert current.hash_ids[:full] == previous.hash_ids[:full]
-            # Anything past the previous full blocks is new content: fresh ids only.
+            # Then the blocks the previous answer filled, named as the engine names the
+            # blocks that turn stores (so this turn can hit them), then fresh ids only.
+            context = (previous.input_length + previous.output_length) // block_tokens
+            assert current.hash_ids[:context] == extend_hashes(
+                previous.hash_ids[:full], previous.request_id, context)
             assert not set(current.hash_ids[full:]) & set(previous.hash_ids)
             assert current.input_length > previous.input_length + previous.output_length
             assert current.arrival_ms >= previous.arrival_ms + min_think_ms

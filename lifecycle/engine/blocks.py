@@ -4,16 +4,45 @@ A block is held by references: the request whose block table holds it, and every
 in-flight transfer job that reads or writes it. It returns to the free queue only when
 the last reference goes, which is how invariant 2 (never free a block under a transfer)
 holds whatever a policy decides. A free block keeps its hash and can still be hit by
-prefix caching until it is reallocated (the free queue is LRU order: oldest reused first).
+prefix caching until it is reallocated.
+
+The free queue is ordered as vLLM's ``BlockPool.free_blocks`` orders it (v1
+``block_pool.py``): a request gives its blocks back tail first; a freed block with no hash
+goes to the front of the queue (reused first, it holds nothing worth keeping), a freed
+block with a hash to the back (reused last: LRU among cached blocks). So a request's
+prefix stays cached longest, and its partial last block is recycled at once.
+
+Blocks past the prompt have no hash in the workload; ``derived_block_hash`` names them
+(output blocks, and prompt blocks a trace gave no hash for): a chained hash of the
+previous block's hash, the request id and the block index. A workload that continues a
+conversation (``kvlife.lifecycle.workloads.synthetic``) derives the same hashes for the
+previous turn's answer, so the next turn can hit the blocks that turn stored.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 BlockHash = int
 NO_HASH = -1
+
+
+def derived_block_hash(previous: BlockHash | None, request_id: str, index: int) -> BlockHash:
+    """The hash of block ``index`` of ``request_id`` when the workload gave none: chained
+    on the previous block's hash (``None`` for block 0), stable across processes, below
+    2**63 so every JSON reader takes it."""
+    key = f"{'' if previous is None else previous}/{request_id}/{index}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
+
+
+def extend_hashes(hashes: Sequence[BlockHash], request_id: str, count: int) -> tuple[BlockHash, ...]:
+    """``hashes`` extended with derived hashes up to ``count`` blocks."""
+    out = list(hashes)
+    while len(out) < count:
+        out.append(derived_block_hash(out[-1] if out else None, request_id, len(out)))
+    return tuple(out)
 
 
 class OutOfBlocks(Exception):
@@ -83,16 +112,28 @@ class DeviceBlockPool:
             refs[block] += 1
 
     def release(self, blocks: Iterable[int]) -> list[int]:
-        """Drop a reference; returns the blocks that became free."""
+        """Drop a reference; returns the blocks that became free, in the order given.
+        Give a request's blocks tail first (``reversed(block_table)``): vLLM's eviction
+        order. Freed blocks without a hash go to the front of the free queue (in that
+        order), the others to the back."""
         freed = []
+        unhashed = []
         refs = self.refs
+        free = self._free
+        hashes = self.hashes
         for block in blocks:
             if refs[block] <= 0:
                 raise AssertionError(f"double release of device block {block}")
             refs[block] -= 1
             if refs[block] == 0:
-                self._free[block] = None
+                if hashes[block] == NO_HASH:
+                    unhashed.append(block)
+                else:
+                    free[block] = None
                 freed.append(block)
+        for block in reversed(unhashed):
+            free[block] = None
+            free.move_to_end(block, last=False)
         return freed
 
     def register(self, block: int, block_hash: BlockHash) -> bool:

@@ -30,7 +30,6 @@ and move the requests that waited on them on.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -52,7 +51,7 @@ from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.ranks import RankAggregator
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.scheduler import Scheduler
-from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, Recorder, Stats, seq_key
+from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, Recorder, Stats
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import EngineView
 from kvlife.policies.stack import PolicyStack
@@ -125,6 +124,7 @@ class Engine:
             hashes=tuple(event.block_hashes[:full_blocks]),
             resumable=event.resumable,
             block_tokens=block_tokens,
+            max_tokens=event.max_tokens,
         )
         state.next_seq += 1
         state.requests[req.request_id] = req
@@ -134,12 +134,12 @@ class Engine:
         if state.blocks_for(req.prompt_tokens + 1) > state.pool.capacity:
             lifecycle.finish(req, "failed", "error", f"prompt needs more than the {state.pool.capacity} device blocks")
             return
-        bisect.insort(state.waiting, req, key=seq_key)
-        action = lifecycle.ask(req, "on_arrival") if state.tiers else "none"
+        state.waiting.append(req)
+        # No full block to hit: nothing to look up early (or ever, for this prompt).
+        action = lifecycle.ask(req, "on_arrival") if state.tiers and state.hit_candidates(req) else "none"
         if action in ("lookup", "prefetch"):
             if action == "prefetch":
                 state.wants_prefetch[req.request_id] = req.epoch
-            state.waiting.remove(req)
             lifecycle.submit_lookup(req, f"early {action} at arrival")
 
     def _on_lookup_answer(self, event: LookupAnswer) -> None:
@@ -165,8 +165,10 @@ class Engine:
         else:
             req.lookup = tuple(t for t in event.tiers if t in state.tiers)
             reason = f"lookup answered: {len(req.lookup)} blocks in tiers"
-        self.lifecycle.move(req, "lookup_answered", reason)
-        bisect.insort(state.waiting, req, key=seq_key)
+        req.lookup_async = True
+        req.lookup_answered_ms = state.now
+        req.lookup_uses = 0
+        self.lifecycle.move(req, "lookup_answered", reason)  # it kept its place in the queue
         if state.wants_prefetch.pop(req.request_id, None) == req.epoch:
             self.transfers.start_prefetch(req)
 
@@ -190,6 +192,7 @@ class Engine:
             self.lifecycle.warn("unknown_step", step=event.step_id)
             return
         now = state.now
+        bt = state.config.block_tokens
         maybe_store = self.transfers.maybe_store
         finished = dict(event.finished)
         for req, epoch, n, samples in entries:
@@ -201,20 +204,34 @@ class Engine:
                 req.generated += 1
                 if req.first_token_ms is None:
                     req.first_token_ms = now
-            if req.registered_blocks < len(req.hashes):
+            if req.confirmed >= (req.registered_blocks + 1) * bt:
                 self._register_computed(req)
-            if req.stored_blocks < len(req.hashes):
+            if req.confirmed >= (req.stored_blocks + 1) * bt:
                 maybe_store(req)  # before finishing: the last step's blocks are stored too
             reason = finished.pop(req.request_id, None)
             if reason is not None:
                 self._finish_generation(req, reason)
         for rid in finished:
             self.lifecycle.warn("finish_for_unscheduled_request", req=rid, step=event.step_id)
+        if event.step_id > state.last_output_step:
+            state.last_output_step = event.step_id
+        if state.deferred_frees:
+            for step_id in sorted(s for s in state.deferred_frees if s <= event.step_id):
+                for table in state.deferred_frees.pop(step_id):
+                    freed = state.pool.release(reversed(table))
+                    if freed:
+                        self.lifecycle.free_blocks(freed)
+        if state.sent:
+            self.transfers.release_sent()
 
     def _register_computed(self, req: Request) -> None:
-        """Publish the request's confirmed full prompt blocks in the device prefix cache."""
-        full = min(req.confirmed // self.state.config.block_tokens, len(req.hashes))
-        pool = self.state.pool
+        """Publish the request's confirmed full blocks (prompt and generated tokens) in
+        the device prefix cache."""
+        state = self.state
+        full = req.confirmed // state.config.block_tokens
+        if full > len(req.hashes):
+            state.ensure_hashes(req, full)
+        pool = state.pool
         while req.registered_blocks < full:
             i = req.registered_blocks
             pool.register(req.block_table[i], req.hashes[i])
@@ -229,6 +246,8 @@ class Engine:
         if req.store_jobs and lifecycle.ask(req, "hold_at_finish", req.store_jobs):
             req.finish_reason = reason
             req.finish_ms = state.now
+            req.sending_tick = state.stats.ticks
+            req.sending_step = state.next_step_id
             lifecycle.move(req, "send_started", f"finished ({reason}); {req.store_jobs} stores still read its blocks")
             return
         lifecycle.finish(req, "completed", reason, f"finished ({reason})")

@@ -23,6 +23,10 @@ class Arrival:
     prompt_tokens: int
     block_hashes: tuple[BlockHash, ...]
     resumable: bool = False  # streaming/resumable input: early prefetch must skip it
+    # The request's output limit (vLLM's ``max_tokens``), when known. Under async
+    # scheduling the scheduler then never schedules a step past it (vLLM does the same);
+    # a stop before it (EOS) still comes only with a step output.
+    max_tokens: int | None = None
 
 
 @attrs.frozen(slots=True)
@@ -85,6 +89,8 @@ def input_to_record(event: InputEvent) -> dict[str, Any]:
     record.update(attrs.asdict(event, recurse=False))
     if isinstance(event, StepOutput):
         record["finished"] = [list(pair) for pair in event.finished]
+    elif isinstance(event, Arrival) and event.max_tokens is None:
+        del record["max_tokens"]  # traces written before the field stay byte-identical
     return record
 
 
@@ -131,6 +137,10 @@ def _check_types(values: dict[str, Any]) -> None:
             isinstance(value, bool) or not isinstance(value, int)
         ):
             raise BadEvent(name, f"expected an integer, got {value!r}")
+        if name == "max_tokens" and value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise BadEvent(name, f"expected a positive integer or null, got {value!r}")
         if name == "request_id" and not isinstance(value, str):
             raise BadEvent(name, f"expected a string, got {value!r}")
 

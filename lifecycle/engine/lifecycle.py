@@ -93,7 +93,8 @@ class Lifecycle:
         return answer.value
 
     def submit_lookup(self, req: Request, reason: str) -> None:
-        """Ask the driver for an async tier lookup; the request waits in ``lookup_pending``.
+        """Ask the driver for an async tier lookup; the request waits in ``lookup_pending``
+        (in its place in the waiting queue: vLLM skips it until the answer comes).
         Idempotent: while one is pending for this epoch, a second is never submitted."""
         state = self.state
         if req.state == "lookup_pending":
@@ -101,6 +102,7 @@ class Lifecycle:
             return
         state.sync_lookup_version.pop(req.request_id, None)
         state.stats.async_lookups += 1
+        req.lookup = None
         state.commands.append(SubmitLookup(req.request_id, req.epoch, state.hit_candidates(req)))
         self.move(req, "lookup_submitted", reason)
 
@@ -110,8 +112,10 @@ class Lifecycle:
         state = self.state
         if req in state.running:
             state.running.remove(req)
-        if req.state == "waiting" and req in state.waiting:
+        if req.state in ("waiting", "lookup_pending") and req in state.waiting:
             state.waiting.remove(req)
+        elif req.state == "loading" and req in state.holding:
+            state.holding.remove(req)
         self.release_request_blocks(req)
         req.epoch += 1
         req.finish_reason = reason
@@ -121,11 +125,18 @@ class Lifecycle:
 
     def release_request_blocks(self, req: Request) -> None:
         """Drop the request's references on its device blocks (jobs keep their own)."""
+        state = self.state
         if req.block_table:
-            freed = self.state.pool.release(req.block_table)
+            last = state.last_step_with(req) if state.defer_frees and state.steps else None
+            if last is not None:
+                # A step in flight still writes them: given back at its output.
+                state.deferred_frees.setdefault(last, []).append(req.block_table)
+            else:
+                # Tail first, as vLLM frees a request's blocks: its prefix stays cached longest.
+                freed = state.pool.release(reversed(req.block_table))
+                if freed:
+                    self.free_blocks(freed)
             req.block_table = []
-            if freed:
-                self.free_blocks(freed)
         req.load_jobs = []
 
     def free_blocks(self, freed: list[int]) -> None:

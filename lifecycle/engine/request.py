@@ -13,9 +13,12 @@ class Request:
     seq: int  # arrival order: the FIFO key, kept across preemption
     arrival_ms: float
     prompt_tokens: int
-    hashes: tuple[int, ...]  # full prompt blocks only: a partial block has no stable hash
+    # Block hashes: the full prompt blocks' from the arrival, then derived ones
+    # (``blocks.derived_block_hash``) appended as blocks of generated tokens fill.
+    hashes: tuple[int, ...]
     resumable: bool
     block_tokens: int
+    max_tokens: int | None = None  # the request's output limit, when the arrival says
     state: str = "waiting"
     # Bumped on preemption, abort and failed load: a lookup answer for an older epoch
     # is stale and never applied (invariant 4).
@@ -26,13 +29,27 @@ class Request:
     confirmed: int = 0  # tokens whose step output arrived
     block_table: list[int] = attrs.Factory(list)
     lookup: tuple[str, ...] | None = None  # tier of each leading hit block, this epoch
-    stored_blocks: int = 0  # leading prompt blocks already handed to a store
-    registered_blocks: int = 0  # leading prompt blocks published in the device cache
+    lookup_async: bool = False  # ``lookup`` is an async answer (consumed at admission)
+    lookup_answered_ms: float = 0.0  # when that answer arrived
+    lookup_uses: int = 0  # admissions that answer has been considered for
+    stored_blocks: int = 0  # leading blocks already handed to a store
+    registered_blocks: int = 0  # leading blocks published in the device cache
+    # Known tokens when last admitted (or when its load was started): the prefill runs
+    # while ``computed`` is below it (vLLM's in-flight prefills, whose remaining blocks
+    # an async load's admission must leave free).
+    admitted_tokens: int = 0
     load_jobs: list[int] = attrs.Factory(list)  # loads this request waits for
     load_failed: list[int] = attrs.Factory(list)  # block hashes that failed in those loads
     external_hit_limit: int = 1 << 30  # lowered to the first failed block after a bad load
     hit_tokens_pending: int = 0  # tokens the pending loads will make valid
+    # Its loads landed and a tick reached it but it did not fit yet (vLLM has then moved
+    # it out of WAITING_FOR_REMOTE_KVS, to WAITING with its blocks).
+    landed_seen: bool = False
     store_jobs: int = 0  # stores still reading this request's blocks
+    # When it went to ``sending``: the tick count, and the id of the next step planned
+    # (the first whose worker output can carry vLLM's finished_sending for it).
+    sending_tick: int = 0
+    sending_step: int = 0
     finish_reason: str | None = None
     first_token_ms: float | None = None
     finish_ms: float | None = None

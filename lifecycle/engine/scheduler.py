@@ -1,21 +1,37 @@
-"""The scheduler tick: token budget, running requests first, FIFO admission, preemption.
+"""The scheduler tick: token budget, running requests first, then admission, preemption.
 
-``Scheduler.tick`` first extends the running requests (chunked prefill, then one token
-per decode step), preempting the most recently admitted request when device blocks run
-out; then admits waiting requests in arrival order: look them up in the tiers (sync on
-this path, or async through ``lookup_pending``), ask the admission policy, and either
-start a load (``loading``, through ``Transfers.start_load``) or schedule compute
-(``running``). The result is one ``StepPlan`` command for the driver to run; stores of
-the blocks the step computes start with it (``Transfers.maybe_store``).
+``Scheduler.tick`` decides as vLLM's v1 ``Scheduler.schedule`` does (vLLM 0.33,
+``v1/core/sched/scheduler.py``; ``kvlife.lifecycle.drivers.vllm.differential`` checks it
+step by step). First it extends the running requests (chunked prefill, then one token per
+decode step), preempting the most recently admitted request when device blocks run out.
+Then, unless it preempted, it admits, while the budget lasts and fewer than
+``max_running`` requests run (requests in ``loading`` do not count, as vLLM's
+``max_num_seqs`` does not count ``WAITING_FOR_REMOTE_KVS``):
 
-Like nano-vllm's scheduler owns its block manager, this one works on the state's block
-pool directly; it receives the state, the shared ``Lifecycle`` primitives and the
-``Transfers`` part it starts loads and stores with.
+1. requests whose loads all landed, in the order their loads started (vLLM drains its
+   queue of waiting requests that hold KV blocks first);
+2. waiting requests in queue order. Each is looked up in the tiers (sync on this path, or
+   async through ``lookup_pending``; a request with no full block to hit skips the
+   lookup), the admission policy is asked, and it either starts a load (``loading``,
+   through ``Transfers.start_load``) or is scheduled for compute (``running``). A
+   request whose async lookup is pending is skipped in place. An async answer is consumed
+   by the admission it is used for: if the request is not admitted, the next time it is
+   considered a new lookup goes out (vLLM asks ``get_num_new_matched_tokens`` again each
+   pass), unless the ``lookup_reuse`` policy keeps answers.
+
+An admission needs free device blocks for its whole known sequence, not just its first
+chunk (vLLM's ``scheduler_reserve_full_isl``); a load must also leave free the blocks the
+prefills in flight still need (vLLM's ``_inflight_prefill_reserved_blocks``). A request
+that does not fit stops admission (FIFO: no overtaking).
+
+The result is one ``StepPlan`` command for the driver to run; stores of the blocks the
+step computes start with it (``Transfers.maybe_store``). Like nano-vllm's scheduler owns
+its block manager, this one works on the state's block pool directly; it receives the
+state, the shared ``Lifecycle`` primitives and the ``Transfers`` part it starts loads and
+stores with.
 """
 
 from __future__ import annotations
-
-import bisect
 
 from kvlife.lifecycle.engine.events import (
     BlockMove,
@@ -24,7 +40,7 @@ from kvlife.lifecycle.engine.events import (
 )
 from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.request import Request
-from kvlife.lifecycle.engine.state import EngineState, seq_key
+from kvlife.lifecycle.engine.state import EngineState
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import LoadView
 
@@ -48,7 +64,7 @@ class Scheduler:
         self.transfers = transfers
 
     def tick(self) -> None:
-        """Build one step: extend the running requests, then admit waiting ones."""
+        """Build one step: extend the running requests, then admit (see the module docstring)."""
         state = self.state
         config = state.config
         state.stats.ticks += 1
@@ -67,29 +83,42 @@ class Scheduler:
             if want <= 0:
                 i += 1
                 continue
+            if (req.placeholders and req.max_tokens is not None
+                    and req.computed + 2 - req.placeholders >= req.prompt_tokens + req.max_tokens):
+                # Async scheduling: a step in flight already samples its last token (vLLM
+                # schedules no step past max_tokens).
+                i += 1
+                continue
             n = min(want, budget)
             need = -(-(req.computed + n) // bt) - len(req.block_table)  # state.blocks_for, inlined
-            while need > 0 and need > pool.free:
-                victim = running[-1]
-                if victim is req and len(running) == 1 and not state.jobs:
-                    self.lifecycle.finish(req, "failed", "error",
-                                          f"needs {need} more blocks and nothing else holds any")
-                    break
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
-                    break
-            if req.state != "running":
-                break
             if need > 0:
+                if need > pool.free:
+                    stuck = False
+                    while need > pool.free:
+                        victim = running[-1]
+                        if victim is req and len(running) == 1 and not state.jobs and not state.steps:
+                            self.lifecycle.finish(req, "failed", "error",
+                                                  f"needs {need} more blocks and nothing else holds any")
+                            break
+                        if state.defer_frees and state.last_step_with(victim) is not None:
+                            stuck = True  # its blocks cannot be given back yet: wait for the step
+                            break
+                        self._preempt(victim)
+                        preempted = True
+                        if victim is req:
+                            break
+                    if stuck or req.state != "running":
+                        break
                 req.block_table.extend(pool.allocate(need))
             entries.append(_schedule(req, n))
             budget -= n
             i += 1
         sync_lookups = 0
-        if not preempted:
+        if not preempted and (state.waiting or state.holding):
             budget, sync_lookups = self._admit(budget, entries)
         self._emit_plan(entries, sync_lookups)
+        if state.sent:
+            self.transfers.release_sent()
 
     def _emit_plan(self, entries: list[Entry], sync_lookups: int) -> None:
         state = self.state
@@ -99,19 +128,31 @@ class Scheduler:
         step_id = state.next_step_id
         state.next_step_id += 1
         state.stats.steps += 1
+        bt = state.config.block_tokens
         scheduled = []
         prefill = 0
         prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
+        fills = []  # the same for the other steps that fill a block (generated tokens)
+        to_store = []
         for req, n, samples in entries:
-            before = req.computed - n
+            end = req.computed
+            before = end - n
+            if before < req.prompt_tokens:
+                prompt_chunks.append([req.request_id, before, n])
+                if end >= (len(req.hashes) + 1) * bt:
+                    state.ensure_hashes(req, end // bt)  # a recompute past the prompt's blocks
+            elif end % bt < n:  # the chunk reaches a block boundary: it fills a block
+                fills.append([req.request_id, before, n])
+                if end >= (len(req.hashes) + 1) * bt:
+                    state.ensure_hashes(req, end // bt)  # the block it fills gets its hash
             scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
             if n > 1:
                 prefill += n
-            if before < req.prompt_tokens:
-                prompt_chunks.append([req.request_id, before, n])
+            if end >= (req.stored_blocks + 1) * bt:
+                to_store.append(req)
         state.steps[step_id] = [(req, req.epoch, n, samples) for req, n, samples in entries]
-        self.lifecycle.record(
-            {
+        if state.recorder is not None:
+            record = {
                 "kind": "step",
                 "t": state.now,
                 "step": step_id,
@@ -120,60 +161,145 @@ class Scheduler:
                 "sync_lookups": sync_lookups,
                 "prompt": prompt_chunks,
             }
-        )
+            if fills:
+                record["fills"] = fills
+            state.recorder(record)
         state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups))
         maybe_store = self.transfers.maybe_store
-        for req, _, _ in entries:
-            if req.stored_blocks < len(req.hashes):
-                maybe_store(req)
+        for req in to_store:
+            maybe_store(req)
 
+    # ---- admission ------------------------------------------------------------------------
     def _admit(self, budget: int, entries: list[Entry]) -> tuple[int, int]:
-        """Admit waiting requests in FIFO order while budget and ``max_running`` allow."""
+        """Take landed loads into ``running``, then admit waiting requests in queue order,
+        while budget and ``max_running`` allow. Returns (budget left, sync lookups paid)."""
         state = self.state
         lifecycle = self.lifecycle
+        max_running = state.config.max_running
+        running = state.running
+        if state.holding:
+            budget, blocked = self._take_landed(budget, entries)
+            if blocked:
+                return budget, 0
         waiting = state.waiting
         versions = state.sync_lookup_version
         sync_lookups = 0
-        active = len(state.running) + state.state_counts["loading"]
         index = 0
-        while index < len(waiting) and budget > 0 and active < state.config.max_running:
+        while index < len(waiting) and budget > 0 and len(running) < max_running:
             req = waiting[index]
+            if req.state == "lookup_pending":
+                index += 1  # vLLM: (None, False) from the connector: skipped in place
+                continue
             if req.request_id in state.prefetch_waits and self.transfers.prefetch_gate(req) == "deferred":
                 index += 1
                 continue
-            stale = versions.get(req.request_id, state.transfer_version)
-            if req.lookup is None or stale != state.transfer_version:
-                if not state.tiers:
+            candidates = state.hit_candidates(req)
+            lookup = req.lookup
+            if lookup is not None and not req.lookup_async \
+                    and versions.get(req.request_id) != state.transfer_version:
+                lookup = None  # a sync answer is re-done once the tiers may have changed
+            reuse = "consume"
+            if lookup is None:
+                if not state.tiers or not candidates:
+                    # Nothing to look up (no full block): answered at once, at no cost
+                    # (vLLM's Mooncake connector returns (0, False) without a lookup).
                     req.lookup = ()
+                    req.lookup_async = False
+                    versions[req.request_id] = state.transfer_version
                 elif lifecycle.ask(req, "lookup_mode") == "async":
-                    del waiting[index]
-                    lifecycle.submit_lookup(req, "async lookup submitted")
+                    reason = "async lookup submitted"
+                    if req.lookup_uses:
+                        reason = (f"async lookup submitted again: the answer of t={req.lookup_answered_ms:g} "
+                                  f"was consumed by the admission it was used for")
+                    lifecycle.submit_lookup(req, reason)
+                    index += 1
                     continue
                 else:
-                    req.lookup = state.sync_lookup(state.hit_candidates(req))
+                    req.lookup = state.sync_lookup(candidates)
+                    req.lookup_async = False
                     versions[req.request_id] = state.transfer_version
                     sync_lookups += 1
-            outcome = self._try_admit(req, budget, entries)
-            if outcome == "blocked":
-                break  # FIFO: no overtaking when memory or budget is short
-            if outcome == "deferred":
-                index += 1
+            elif req.lookup_async:
+                reuse = lifecycle.ask(req, "lookup_reuse")
+                if req.lookup_uses:
+                    self._record_reuse(req, candidates)
+                req.lookup_uses += 1
+            outcome = self._try_admit(req, budget, entries, candidates)
+            if outcome == "running" or outcome == "loading":
+                del waiting[index]
+                versions.pop(req.request_id, None)
+                if outcome == "running":
+                    budget -= entries[-1][1]
                 continue
-            del waiting[index]
-            versions.pop(req.request_id, None)
-            active += 1
-            if outcome == "running":
-                budget -= entries[-1][1]
+            if req.lookup_async and reuse == "consume":
+                req.lookup = None  # consumed: the next consideration looks up again
+            if outcome == "blocked":
+                break  # FIFO: no overtaking when memory is short
+            index += 1  # deferred by the admission policy
         return budget, sync_lookups
 
-    def _try_admit(self, req: Request, budget: int, entries: list[Entry]) -> str:
+    def _record_reuse(self, req: Request, candidates: tuple[int, ...]) -> None:
+        """A kept async answer is used again: trace its age and what left the tiers since."""
+        state = self.state
+        lookup = req.lookup or ()
+        gone = sum(1 for h, tier in zip(candidates, lookup, strict=False)
+                   if tier in state.tiers and not state.tiers[tier].contains(h))
+        self.lifecycle.record({"kind": "lookup_reuse", "t": state.now, "req": req.request_id,
+                               "answered": req.lookup_answered_ms, "age_ms": state.now - req.lookup_answered_ms,
+                               "uses": req.lookup_uses + 1, "blocks": len(lookup), "evicted": gone})
+
+    def _take_landed(self, budget: int, entries: list[Entry]) -> tuple[int, bool]:
+        """Requests whose loads all landed go to ``running`` with their first chunk, in the
+        order their loads started; still-loading ones are skipped. True when admission
+        must stop (budget, ``max_running`` or the device is short)."""
+        state = self.state
+        pool = state.pool
+        holding = state.holding
+        running = state.running
+        max_running = state.config.max_running
+        bt = state.config.block_tokens
+        i = 0
+        while i < len(holding):
+            if budget <= 0 or len(running) >= max_running:
+                return budget, True
+            req = holding[i]
+            if req.load_jobs:
+                i += 1
+                continue
+            known = req.known_tokens
+            if -(-known // bt) - len(req.block_table) > pool.free:
+                req.landed_seen = True
+                return budget, True  # its whole sequence must fit (scheduler_reserve_full_isl)
+            n = min(known - req.computed, budget)
+            need = -(-(req.computed + n) // bt) - len(req.block_table)
+            if need > 0:
+                req.block_table.extend(pool.allocate(need))
+            del holding[i]
+            self.lifecycle.move(req, "load_done", "every rank reported the load; taken back by the scheduler")
+            running.append(req)
+            entries.append(_schedule(req, n))
+            budget -= n
+        return budget, False
+
+    def _reserved(self) -> int:
+        """Blocks the prefills in flight still need to reach their whole known sequence
+        (vLLM's ``_inflight_prefill_reserved_blocks``): an async load must leave them free."""
+        bt = self.state.config.block_tokens
+        reserved = 0
+        for req in self.state.running:
+            if req.computed < req.admitted_tokens:
+                reserved += max(0, -(-req.admitted_tokens // bt) - len(req.block_table))
+        for req in self.state.holding:
+            reserved += max(0, -(-req.admitted_tokens // bt) - len(req.block_table))
+        return reserved
+
+    def _try_admit(self, req: Request, budget: int, entries: list[Entry], candidates: tuple[int, ...]) -> str:
         """Admit ``req`` into ``loading`` or ``running``; or "deferred" (policy), or
         "blocked" (not enough free device blocks: admission stops here)."""
         state = self.state
         pool = state.pool
         in_flight_loads = state.in_flight_loads
         bt = state.config.block_tokens
-        candidates = state.hit_candidates(req)
         device = pool.cached_prefix(candidates)
         assert req.lookup is not None
         # Re-validate the lookup: a block may have been evicted since the answer.
@@ -209,19 +335,26 @@ class Scheduler:
         hit_hashes = candidates[:hit_blocks]
         joined = {h for h, _ in in_flight} if join else set()
         own_loads = [(h, t) for h, t in to_load if h not in joined]
-        if own_loads or joined:
-            compute_tokens = 0
-            new_blocks = len(own_loads)
-        else:
-            compute_tokens = min(req.known_tokens - hit_blocks * bt, budget)
-            new_blocks = state.blocks_for(hit_blocks * bt + compute_tokens) - hit_blocks
+        known = req.known_tokens
+        # Cached hits that sit in the free queue: taking them uses up free blocks too.
         reclaim = sum(
             1
             for h in hit_hashes
             if (b := pool.block_of(h)) is not None and pool.refs[b] == 0
         )
-        if new_blocks + reclaim > pool.free:
+        # The whole known sequence must fit, not just the first chunk (vLLM's
+        # scheduler_reserve_full_isl): new blocks past the hit, the blocks to load, and
+        # the cached hits it takes out of the free queue.
+        if -(-known // bt) - hit_blocks + len(own_loads) + reclaim > pool.free:
             return "blocked"
+        loads = bool(own_loads or joined)
+        if loads:
+            compute_tokens = 0
+            if len(own_loads) + reclaim > pool.free - self._reserved():
+                return "blocked"  # would take blocks the prefills in flight still need
+        else:
+            compute_tokens = min(known - hit_blocks * bt, budget)
+        new_blocks = len(own_loads) if loads else state.blocks_for(hit_blocks * bt + compute_tokens) - hit_blocks
         # Commit: build the block table in prefix order.
         # Take the cached hits first: allocating could otherwise recycle one of them.
         table: list[int] = []
@@ -246,12 +379,13 @@ class Scheduler:
                 table[i] = next(fresh)
                 own_moves.append(BlockMove(h, table[i], tier_of[h], -1))
         req.block_table = table
+        req.admitted_tokens = known
         if req.preemptions == 0 and not req.tier_hit_blocks and not req.device_hit_blocks:
             # Hit rates describe what the request found when it first came in.
             req.device_hit_blocks = device
             for _, t in plan:
                 req.tier_hit_blocks[t] = req.tier_hit_blocks.get(t, 0) + 1
-        if own_moves or join_jobs:
+        if loads:
             req.load_jobs = list(join_jobs)
             req.load_failed = []
             req.hit_tokens_pending = hit_blocks * bt
@@ -263,6 +397,7 @@ class Scheduler:
             if own_moves:
                 self.transfers.start_load(req, own_moves)
             self.lifecycle.move(req, "load_started", reason)
+            state.holding.append(req)
             return "loading"
         req.computed = req.confirmed = hit_blocks * bt
         req.registered_blocks = hit_blocks
@@ -274,17 +409,20 @@ class Scheduler:
         return "running"
 
     def _preempt(self, req: Request) -> None:
-        """Send ``req`` back to ``waiting`` (its place by arrival kept), blocks released:
-        it recomputes, or reloads what the tiers still hold."""
+        """Send ``req`` back to the front of the waiting queue (vLLM prepends it), blocks
+        released: it recomputes, or reloads what the tiers still hold."""
         state = self.state
         state.running.remove(req)
         self.lifecycle.release_request_blocks(req)
         req.computed = req.confirmed = 0
         req.placeholders = 0
         req.registered_blocks = 0
+        req.admitted_tokens = 0
         req.epoch += 1
         req.lookup = None
+        req.lookup_async = False
+        req.lookup_uses = 0
         req.preemptions += 1
         state.stats.preemptions += 1
         self.lifecycle.move(req, "preempted", f"out of device blocks ({state.pool.free} free)")
-        bisect.insort(state.waiting, req, key=seq_key)
+        state.waiting.insert(0, req)

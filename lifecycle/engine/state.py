@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from kvlife.lifecycle.config import EngineConfig
-from kvlife.lifecycle.engine.blocks import DeviceBlockPool
+from kvlife.lifecycle.engine.blocks import DeviceBlockPool, extend_hashes
 from kvlife.lifecycle.engine.events import BlockMove, Command, TierMove
 from kvlife.lifecycle.engine.ranks import RankAggregator
 from kvlife.lifecycle.engine.request import Request
@@ -93,9 +93,10 @@ class EngineState:
 
     __slots__ = (
         "config", "tiers", "pool", "ranks", "recorder", "reference", "now",
-        "requests", "waiting", "running", "state_counts", "jobs", "in_flight_loads", "steps",
+        "requests", "waiting", "running", "holding", "sent", "state_counts", "jobs", "in_flight_loads", "steps",
         "prefetches", "prefetch_waits", "wants_prefetch", "sync_lookup_version", "transfer_version",
-        "stats", "commands", "next_job_id", "next_step_id", "next_seq",
+        "stats", "commands", "next_job_id", "next_step_id", "next_seq", "last_output_step",
+        "defer_frees", "deferred_frees",
     )
 
     def __init__(
@@ -120,8 +121,21 @@ class EngineState:
         self.now = 0.0  # virtual time of the event being handled (the core never reads a clock)
 
         self.requests: dict[str, Request] = {}
-        self.waiting: list[Request] = []  # sorted by seq: FIFO, preempted ones keep their place
+        # vLLM's waiting queue: arrivals at the back, preempted requests at the front; a
+        # request whose async lookup is pending stays in place (vLLM skips it) in state
+        # ``lookup_pending``.
+        self.waiting: list[Request] = []
         self.running: list[Request] = []  # in admission order; preemption takes the last
+        # Requests in ``loading``, in the order their loads started (vLLM's queue of
+        # waiting requests that hold KV blocks). One whose loads all landed is taken
+        # into ``running`` by the next tick, before any waiting request.
+        self.holding: list[Request] = []
+        # Requests in ``sending`` whose stores all reported, waiting for the output of the
+        # first step planned after they finished: vLLM frees a held request's blocks when
+        # a worker reports finished_sending, which it can do at the earliest in the output
+        # of the next step (the worker hears of the finish from that step's scheduler
+        # output). With no step in flight, the next tick releases them.
+        self.sent: list[Request] = []
         self.state_counts: dict[str, int] = dict.fromkeys(TABLE.states, 0)
 
         self.jobs: dict[int, Job] = {}  # device loads and stores in flight (and quarantined ones)
@@ -142,6 +156,14 @@ class EngineState:
         self.next_job_id = 0
         self.next_step_id = 0
         self.next_seq = 0
+        self.last_output_step = -1  # the latest step whose output arrived
+        # Async scheduling with a connector (tiers): a step in flight may still write a
+        # request's blocks, and a load into a reused block is not ordered against that
+        # write, so blocks are given back only after the last step in flight that
+        # scheduled them produced its output, and such a request is never preempted
+        # (vLLM's defer_block_free). step id -> block tables to release at its output.
+        self.defer_frees = config.async_scheduling and bool(self.tiers)
+        self.deferred_frees: dict[int, list[list[int]]] = {}
 
     def new_job_id(self) -> int:
         job_id = self.next_job_id
@@ -149,10 +171,36 @@ class EngineState:
         return job_id
 
     def hit_candidates(self, req: Request) -> tuple[int, ...]:
-        """The prompt blocks a prefix hit may cover. At least one prompt token is always
-        computed, to produce the first output."""
-        limit = (req.prompt_tokens - 1) // self.config.block_tokens
+        """The blocks a prefix hit may cover: the full blocks of its known tokens (the
+        prompt, and after a preemption the tokens it generated), but at least one token
+        is always computed, to produce the next output (vLLM: ``num_tokens - 1``)."""
+        limit = (req.known_tokens - 1) // self.config.block_tokens
+        if limit > len(req.hashes):
+            self.ensure_hashes(req, limit)
         return req.hashes[:limit]
+
+    def ensure_hashes(self, req: Request, blocks: int) -> None:
+        """Give ``req`` hashes for its first ``blocks`` blocks (derived past the prompt)."""
+        if blocks > len(req.hashes):
+            req.hashes = extend_hashes(req.hashes, req.request_id, blocks)
+
+    def last_step_with(self, req: Request) -> int | None:
+        """The latest step in flight that scheduled ``req`` in its current epoch."""
+        last = None
+        for step_id, entries in self.steps.items():
+            for entry in entries:
+                if entry[0] is req and entry[1] == req.epoch:
+                    last = step_id
+                    break
+        return last
+
+    def sent_released(self, req: Request) -> bool:
+        """May ``req`` (in ``sending``, stores all reported) finish now? Once the output of
+        a step planned after it finished arrived (vLLM's finished_sending comes with it),
+        or, with no step in flight, once a tick ran since."""
+        if self.last_output_step >= req.sending_step:
+            return True
+        return not self.steps and self.stats.ticks > req.sending_tick
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.config.block_tokens)
@@ -222,11 +270,6 @@ class EngineState:
                     raise AssertionError(
                         f"job {job.job_id} uses device block {move.device_block} with no reference"
                     )
-
-
-def seq_key(req: Request) -> int:
-    """The FIFO key of the waiting queue (``bisect.insort(waiting, req, key=seq_key)``)."""
-    return req.seq
 
 
 def moves_record(moves: Iterable[BlockMove]) -> list[list[int | str]]:

@@ -7,16 +7,16 @@ A job is started with the blocks it moves pinned twice over: the device blocks b
 reference in the block pool, the tier slots in the tier index. It ends only when every
 rank has reported it (``kvlife.lifecycle.engine.ranks``); then the pins go
 (``release_job``), failed blocks are discarded from their tier, and the requests waiting
-on it are told (``job_outcome``): a load's requests go to ``running``, or back to
-``waiting`` to recompute what failed; a finished request in ``sending`` finishes once its
-last store is done. A rank that stays silent past the deadline fails the job for its
-requests (``expire_jobs``), but the job's blocks stay held until the late report comes
-(invariant 2).
+on it are told (``job_outcome``): a load's requests are ready for the next tick to take
+into ``running``, or go back to ``waiting`` to recompute what failed; a finished request
+in ``sending`` finishes once its last store is done and a scheduler step has run since it
+finished (vLLM's ``finished_sending`` comes with a later step's worker output). A rank
+that stays silent past the deadline fails the job for its requests (``expire_jobs``),
+but the job's blocks stay held until the late report comes (invariant 2).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
 import attrs
@@ -32,7 +32,7 @@ from kvlife.lifecycle.engine.events import (
 from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.ranks import ReportStatus
 from kvlife.lifecycle.engine.request import Request
-from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, count_tiers, moves_record, seq_key
+from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, count_tiers, moves_record
 from kvlife.policies.base import PrefetchView
 
 
@@ -67,18 +67,19 @@ class Transfers:
         state.commands.append(StartLoad(job_id, req.request_id, tuple(placed)))
 
     def maybe_store(self, req: Request) -> None:
-        """Store the request's newly computed prompt blocks to every tier, up to what the
-        store policy allows (``store_limit``)."""
+        """Store the request's newly filled blocks (prompt and generated tokens alike) to
+        every tier, up to what the store policy allows (``store_limit``); never a block no
+        step has scheduled yet."""
         state = self.state
         bt = state.config.block_tokens
-        if not state.tiers or req.stored_blocks >= len(req.hashes):
-            return
-        if min(req.computed // bt, len(req.hashes)) <= req.stored_blocks:
+        if not state.tiers or req.computed // bt <= req.stored_blocks:
             return  # no new block boundary crossed: nothing to ask
         limit = self.lifecycle.ask(req, "store_limit")
-        upto = min(limit // bt, len(req.hashes), len(req.block_table))
+        upto = min(min(limit, req.computed) // bt, len(req.block_table))
         if upto <= req.stored_blocks:
             return
+        if upto > len(req.hashes):
+            state.ensure_hashes(req, upto)
         hashes = req.hashes[req.stored_blocks : upto]
         blocks = req.block_table[req.stored_blocks : upto]
         req.stored_blocks = upto
@@ -157,7 +158,7 @@ class Transfers:
                 tiers[name].complete_store(failed_here, ok=False)
         if bad:
             state.stats.failed_blocks += len(bad & set(hashes))
-        freed = pool.release(m.device_block for m in job.moves)
+        freed = pool.release(m.device_block for m in reversed(job.moves))
         if freed:
             self.lifecycle.free_blocks(freed)
 
@@ -169,8 +170,11 @@ class Transfers:
             owner = state.requests[job.request_id]
             owner.store_jobs -= 1
             if owner.state == "sending" and owner.store_jobs == 0:
-                self.lifecycle.finish(owner, "completed", owner.finish_reason or "stopped",
-                                      "every rank reported its stores")
+                if state.sent_released(owner):
+                    self.lifecycle.finish(owner, "completed", owner.finish_reason or "stopped",
+                                          "every rank reported its stores")
+                else:
+                    state.sent.append(owner)  # see EngineState.sent
             return
         for rid, epoch in job.waiters:
             req = state.requests[rid]
@@ -182,15 +186,30 @@ class Transfers:
             if not req.load_jobs:
                 self.load_finished(req)
 
+    def release_sent(self) -> None:
+        """Finish the requests in ``sending`` whose stores are done, once released (see
+        ``EngineState.sent``)."""
+        state = self.state
+        keep = []
+        for req in state.sent:
+            if req.state != "sending":
+                continue  # aborted meanwhile
+            if state.sent_released(req):
+                self.lifecycle.finish(req, "completed", req.finish_reason or "stopped",
+                                      "every rank reported its stores; finished_sending came with a step output")
+            else:
+                keep.append(req)
+        state.sent = keep
+
     def load_finished(self, req: Request) -> None:
         """Every load ``req`` waited for is done: run it, or recompute what failed."""
         state = self.state
         lifecycle = self.lifecycle
         if not req.load_failed:
+            # Landed: the next tick takes it into running (Scheduler._take_landed), as
+            # vLLM's next schedule() promotes a request whose finished_recving came.
             req.computed = req.confirmed = req.hit_tokens_pending
             req.registered_blocks = req.hit_tokens_pending // state.config.block_tokens
-            state.running.append(req)
-            lifecycle.move(req, "load_done", "every rank reported the load")
             return
         failed = len(req.load_failed)
         action = lifecycle.ask(req, "on_load_failure", failed)
@@ -203,9 +222,13 @@ class Transfers:
         lifecycle.release_request_blocks(req)
         req.epoch += 1
         req.lookup = None
+        req.lookup_async = False
+        req.lookup_uses = 0
         req.computed = req.confirmed = 0
+        req.admitted_tokens = 0
+        state.holding.remove(req)
         lifecycle.move(req, "load_failed", f"{failed} blocks failed to load: recompute them")
-        bisect.insort(state.waiting, req, key=seq_key)
+        state.waiting.insert(0, req)  # it held KV blocks: first in line, as in vLLM
 
     def expire_jobs(self, deadline: float) -> None:
         """Give up on jobs some rank has not reported within ``deadline`` ms: their requests

@@ -3,13 +3,18 @@
 * Shared prefixes: a few system prompts, each a fixed run of full blocks, start the
   prompts of many unrelated conversations.
 * Multi-turn sessions: turn k+1's prompt is turn k's prompt, turn k's answer and a new
-  user message, so its block hashes start with turn k's full blocks.
+  user message, so its block hashes start with turn k's full blocks, then the blocks
+  that turn k's answer filled.
 
 Block hashes follow the Mooncake rule (one per ``block_tokens`` prompt tokens, the last
 may be partial, chained: a hash names the whole prefix up to its block). Chaining comes
 for free from how ids are handed out: a prompt copies the hashes of the prefix it shares
 and takes fresh ids from a counter for everything after, so a hash is never reused
-behind a different prefix.
+behind a different prefix. The blocks of turn k's answer have no id in the workload's
+own counter: the engine names them ``derived_block_hash(previous hash, request id of
+turn k, block index)`` when turn k stores them, and turn k+1's prompt carries the same
+derived hashes, so it hits what turn k stored (the Mooncake trace cannot: its ids cover
+prompts only, see docs/policies.md).
 
 Everything random comes from one ``random.Random(seed)``, and nothing hashes strings or
 iterates unordered sets, so the same arguments give the same list in every process.
@@ -21,6 +26,7 @@ import heapq
 import math
 import random
 
+from kvlife.lifecycle.engine.blocks import extend_hashes
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest, WorkloadSummary, describe
 
 __all__ = ["WorkloadSummary", "describe", "synthetic_workload"]
@@ -144,8 +150,11 @@ def synthetic_workload(
     )
     starts_per_ms = arrival_rate_per_s / 1000.0 / mean_turns
 
-    # (arrival_ms, generation order, input_length, output_length, hash_ids, session)
-    drafts: list[tuple[float, int, int, int, tuple[int, ...], str | None]] = []
+    # (arrival_ms, generation order, input_length, output_length, own hash ids, session,
+    # previous turn's generation order or -1). A follow-up turn's hash ids are its previous
+    # turn's full prompt blocks, the blocks that turn's answer filled, then its own ids;
+    # the middle part depends on the previous turn's request id, known after sorting.
+    drafts: list[tuple[float, int, int, int, tuple[int, ...], str | None, int]] = []
     # The workload is the first num_requests arrivals of an endless stream, like a window
     # cut from a production trace: stopping at a request count instead would leave the
     # tail made only of late follow-up turns, at a fraction of the intended rate. This
@@ -170,54 +179,56 @@ def synthetic_workload(
         # block's content changes as soon as more tokens follow it.
         shared = list(rng.choice(system_prompts)) if system_prompts else []
         context_tokens = len(shared) * block_tokens
+        context_blocks = len(shared)  # blocks of the context with a hash (full ones)
         arrival_ms = start_ms
+        previous = -1  # generation order of the turn this one continues
         for _ in range(turns):
             input_length = context_tokens + rng.randint(*user_tokens)
             output_length = rng.randint(*output_tokens)
-            # Blocks holding the previous answer get fresh ids even though a real engine
-            # may have cached them: the previous turn's hashes only covered its prompt.
-            new_blocks = -(-input_length // block_tokens) - len(shared)
-            hashes = shared + fresh_hashes(new_blocks)
+            new_blocks = -(-input_length // block_tokens) - context_blocks
+            own = tuple(fresh_hashes(new_blocks))
+            if previous < 0:
+                own = tuple(shared) + own
             arrival = round(arrival_ms, 3)
-            drafts.append(
-                (
-                    arrival,
-                    len(drafts),
-                    input_length,
-                    output_length,
-                    tuple(hashes),
-                    session,
-                )
-            )
+            drafts.append((arrival, len(drafts), input_length, output_length, own, session, previous))
+            previous = len(drafts) - 1
             if len(earliest) < num_requests:
                 heapq.heappush(earliest, -arrival)
             elif arrival < -earliest[0]:
                 heapq.heapreplace(earliest, -arrival)
             arrival_ms += _estimated_service_ms(input_length, output_length)
             arrival_ms += rng.uniform(*think_time_s) * 1000.0
-            shared = hashes[: input_length // block_tokens]
             context_tokens = input_length + output_length
+            context_blocks = context_tokens // block_tokens
 
     drafts.sort(key=lambda draft: (draft[0], draft[1]))
     del drafts[num_requests:]
-    return [
-        WorkloadRequest(
-            request_id=f"req-{index}",
-            arrival_ms=arrival,
-            input_length=input_length,
-            output_length=output_length,
-            hash_ids=hash_ids,
-            session=session,
+    # Request ids follow arrival order; a follow-up turn always arrives after the turn it
+    # continues, so that turn is kept and named before it.
+    names = {draft[1]: f"req-{index}" for index, draft in enumerate(drafts)}
+    by_order = {draft[1]: draft for draft in drafts}
+    hashes_of: dict[int, tuple[int, ...]] = {}
+    out = []
+    for draft in sorted(drafts, key=lambda d: d[1]):
+        arrival, order, input_length, output_length, own, session, parent = draft
+        hash_ids = own
+        if parent >= 0:
+            turn = by_order[parent]
+            full = hashes_of[parent][: turn[2] // block_tokens]
+            context = extend_hashes(full, names[parent], (turn[2] + turn[3]) // block_tokens)
+            hash_ids = context + own
+        hashes_of[order] = hash_ids
+        out.append(
+            WorkloadRequest(
+                request_id=names[order],
+                arrival_ms=arrival,
+                input_length=input_length,
+                output_length=output_length,
+                hash_ids=hash_ids,
+                session=session,
+            )
         )
-        for index, (
-            arrival,
-            _,
-            input_length,
-            output_length,
-            hash_ids,
-            session,
-        ) in enumerate(drafts)
-    ]
+    return sorted(out, key=lambda r: int(r.request_id[4:]))
 
 
 def synthetic_burst_workload(

@@ -88,6 +88,7 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker: HostPoolWorker | None = None
         self._in_step = False
         self._worker_meta: KVLifeWorkerMetadata | None = None
+        self._vllm_requests: dict[str, Request] = {}  # whose block_hashes grow as tokens come
         if role == KVConnectorRole.SCHEDULER:
             self.lifecycle = ConnectorLifecycle(
                 self.block_size, load_stack(self.stack_names), self.host_blocks, ranks=self.ranks,
@@ -110,13 +111,21 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
             self.sched.begin_step()
 
     def on_new_request(self, request: Request) -> None:
+        self._vllm_requests[request.request_id] = request
         self.sched.arrival(request.request_id, request.num_prompt_tokens,
                            [block_hash_int(h) for h in request.block_hashes])
+
+    def _refresh_hashes(self, request_id: str) -> None:
+        request = self._vllm_requests.get(request_id)
+        known = self.sched.requests.get(request_id)
+        if request is not None and known is not None and len(request.block_hashes) > len(known.hashes):
+            self.sched.update_hashes(request_id, [block_hash_int(h) for h in request.block_hashes])
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._step()
         if request.request_id not in self.sched.requests:
             self.on_new_request(request)
+        self._refresh_hashes(request.request_id)
         return self.sched.matched(request.request_id, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -137,6 +146,8 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
             scheduled.append((rid, cached.num_computed_tokens[i], scheduler_output.num_scheduled_tokens[rid]))
             ids = cached.new_block_ids[i]
             new_blocks[rid] = (list(ids[0]) if ids is not None else [], rid in cached.resumed_req_ids)
+        for rid in scheduler_output.num_scheduled_tokens:
+            self._refresh_hashes(rid)
         jobs = self.sched.build(scheduled, new_blocks, scheduler_output.preempted_req_ids or ())
         tier = self.sched.tier.name
         return KVLifeMetadata(
@@ -158,6 +169,8 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         aborted = request.status.name == "FINISHED_ABORTED"
+        self._refresh_hashes(request.request_id)
+        self._vllm_requests.pop(request.request_id, None)
         hold = self.sched.finished(request.request_id, aborted)
         return hold, None
 

@@ -27,7 +27,6 @@ import json
 import random
 import tempfile
 from collections.abc import Callable
-from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from kvlife.lifecycle.drivers.vllm.harness import (
     offline_model_dir,
 )
 from kvlife.lifecycle.drivers.vllm.worker import OffloadingSimulatedWorker, SimulatedWorker
+from kvlife.lifecycle.engine.blocks import extend_hashes
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.events import (
     Abort,
@@ -65,6 +65,7 @@ class Item:
     prompt: tuple[int, ...]
     max_tokens: int
     abort_step: int | None = None
+    continues: str | None = None  # the request whose prompt and answer this prompt starts with
 
 
 def synthetic(seed: int = 0, requests: int = 12, block: int = 16) -> list[Item]:
@@ -91,6 +92,38 @@ def conversation(requests: int = 12, block: int = 16, max_blocks: int = 6) -> li
             ids = rec["hash_ids"][:max_blocks]
             prompt = tuple(t for h in ids for t in range(h * block % 40000 + 1, h * block % 40000 + 1 + block))
             items.append(Item(i, f"c{i:02d}", prompt + (7,), min(4, max(2, rec["output_length"] // 100))))
+    return items
+
+
+def multi_turn(seed: int = 5, conversations: int = 5, block: int = 16) -> list[Item]:
+    """Conversations of two turns: turn 2's prompt is turn 1's prompt, turn 1's answer
+    (the scripted model samples token 7) and a new message, so it can hit the blocks
+    turn 1's answer filled, on the device or, once they were evicted, in the tier."""
+    rng = random.Random(seed)
+    items = []
+    for c in range(conversations):
+        prompt = tuple(rng.randrange(1000, 20000) for _ in range(rng.randrange(block + 2, 3 * block)))
+        items.append(Item(2 * c, f"m{c}a", prompt, rng.randrange(block // 2, block + 4)))
+    for c in range(conversations):
+        first = items[c]
+        prompt = first.prompt + (7,) * first.max_tokens + tuple(
+            rng.randrange(20000, 40000) for _ in range(rng.randrange(2, block)))
+        items.append(Item(24 + 3 * c, f"m{c}b", prompt, rng.randrange(2, 5), continues=first.request_id))
+    return items
+
+
+def dedup_burst(seed: int = 4, block: int = 16, burst: int = 3) -> list[Item]:
+    """A prefix stored by a first request, evicted from the device by unrelated requests,
+    then wanted by a burst of requests one step apart while its load is in flight."""
+    rng = random.Random(seed)
+    prefix = tuple(range(5001, 5001 + 3 * block))
+
+    def tail(n: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(20000, 40000) for _ in range(n))
+
+    items = [Item(0, "w0", prefix + tail(10), 2)]
+    items += [Item(3 + 2 * i, f"f{i}", tail(4 * block - 4), 2) for i in range(5)]
+    items += [Item(16 + i, f"d{i}", prefix + tail(rng.randrange(4, block)), rng.randrange(2, 5)) for i in range(burst)]
     return items
 
 
@@ -160,6 +193,23 @@ def run_vllm(model_dir: Path, items: list[Item], setup: Setup, connector: str,
     return out
 
 
+def _item_hashes(item: Item, items: dict[str, Item], block: int) -> tuple[int, ...]:
+    """An item's block hashes as kvlife names them: content hashes, except that a turn
+    continuing another starts with that turn's prompt blocks and then the blocks its
+    answer filled, under the engine's derived names (``blocks.derived_block_hash``)."""
+    if item.continues is None:
+        return _hashes(item.prompt, block)
+    first = items[item.continues]
+    context = extend_hashes(_item_hashes(first, items, block)[: len(first.prompt) // block], first.request_id,
+                            (len(first.prompt) + first.max_tokens) // block)
+    out, prev = list(context), context[-1].to_bytes(8, "big")
+    for i in range(len(context), len(item.prompt) // block):
+        digest = hashlib.blake2b(prev + repr(item.prompt[i * block:(i + 1) * block]).encode(), digest_size=8).digest()
+        out.append(int.from_bytes(digest, "big") >> 1)
+        prev = digest
+    return tuple(out)
+
+
 def _hashes(prompt: tuple[int, ...], block: int) -> tuple[int, ...]:
     out, prev = [], b""
     for i in range(len(prompt) // block):
@@ -170,7 +220,15 @@ def _hashes(prompt: tuple[int, ...], block: int) -> tuple[int, ...]:
 
 
 def run_kvlife(items: list[Item], setup: Setup) -> list[StepObs]:
-    """kvlife's Engine in lockstep with the vLLM runs (see the module docstring)."""
+    """kvlife's Engine in lockstep with the vLLM runs (see the module docstring).
+
+    It is stepped as ``VllmDriver`` steps vLLM: tick ``k`` is schedule ``k``; the
+    simulated worker reports a job at worker step (the tick that carried the job) plus its
+    delay; the output of step ``k`` reaches the engine together with the reports of worker
+    step ``k``, right after tick ``k`` (or after tick ``k + 1`` under async scheduling, one
+    step in flight). A store the engine starts on a step output is carried by the next
+    tick, as the connector carries it in the next build. Lookup answers come
+    ``lookup_delay_steps`` ticks after the tick that submitted them."""
     from kvlife.lifecycle.drivers.vllm.connector import parse_stack
     from kvlife.policies.loading import load_stack
 
@@ -182,69 +240,80 @@ def run_kvlife(items: list[Item], setup: Setup) -> list[StepObs]:
     engine = Engine(config, load_stack(parse_stack(setup.stack)),
                     recorder=lambda r: transitions.append(r) if r["kind"] == "transition" else None)
     outputs = {it.request_id: it.max_tokens for it in items}
+    by_id = {it.request_id: it for it in items}
     pending = sorted(items, key=lambda it: it.step)
-    due: list[tuple[int, Callable[[float], Any]]] = []  # (step, event factory)
+    answers: list[tuple[int, SubmitLookup]] = []  # (tick before which it is answered, lookup)
+    reports: dict[int, list[tuple[int, int]]] = {}  # worker step -> [(job, rank)]
+    bundles: list[tuple[int, int | None]] = []  # (worker step, step id of its plan) not yet applied
+    in_flight = 1 if setup.async_scheduling else 0
     observations: list[StepObs] = []
-    generated: dict[str, int] = {}
-    step = 0
-    while step < 400:
-        t = float(step)
-        for it in [it for it in pending if it.step <= step]:
-            engine.handle(Arrival(t, it.request_id, len(it.prompt), _hashes(it.prompt, setup.block_size)))
+
+    def carry(commands: list[Any], worker_step: int) -> None:
+        for c in commands:
+            if isinstance(c, StartLoad):
+                for r in range(setup.ranks):
+                    reports.setdefault(worker_step + setup.load_delay + r, []).append((c.job_id, r))
+            elif isinstance(c, StartStore):
+                for r in range(setup.ranks):
+                    reports.setdefault(worker_step, []).append((c.job_id, r))
+            elif isinstance(c, SubmitLookup):
+                answers.append((tick + setup.lookup_delay_steps, c))
+
+    def apply(worker_step: int, step_id: int | None, t: float) -> None:
+        """One step's model output, then the workers' reports of that step."""
+        if step_id is not None:
+            finished = []
+            for req, epoch, _, samples in engine.state.steps.get(step_id, ()):
+                if samples and req.state == "running" and req.epoch == epoch \
+                        and req.generated + 1 >= outputs[req.request_id]:
+                    finished.append((req.request_id, "length"))
+            carry(engine.handle(StepOutput(t, step_id, tuple(finished))), tick + 1)
+        for job_id, rank in reports.pop(worker_step, []):
+            carry(engine.handle(TransferReport(t, job_id, rank)), tick + 1)
+
+    tick = 0
+    while tick < 400:
+        t = float(tick)
+        for it in [it for it in pending if it.step <= tick]:
+            engine.handle(Arrival(t, it.request_id, len(it.prompt), _item_hashes(it, by_id, setup.block_size),
+                                  max_tokens=it.max_tokens))
             pending.remove(it)
         for it in items:
-            if it.abort_step == step and engine.requests[it.request_id].state != "finished":
-                engine.handle(Abort(t, it.request_id))
-        for when, make in sorted([d for d in due if d[0] <= step], key=lambda d: d[0]):
-            due.remove((when, make))
-            engine.handle(make(t))
+            if it.abort_step == tick and engine.requests[it.request_id].state != "finished":
+                carry(engine.handle(Abort(t, it.request_id)), tick)
+        for when, lookup in sorted([a for a in answers if a[0] <= tick], key=lambda a: a[0]):
+            answers.remove((when, lookup))
+            carry(engine.handle(LookupAnswer(t, lookup.request_id, lookup.epoch,
+                                             engine.sync_lookup(lookup.block_hashes))), tick)
         transitions.clear()
         commands = engine.handle(Tick(t))
-        obs = StepObs(step + 1, {}, {}, 0, 0, ())
-        follow: list[Any] = []
+        obs = StepObs(tick + 1, {}, {}, 0, 0, ())
+        plan_id = None
         for c in commands:
             if isinstance(c, StepPlan):
-                finished = []
+                plan_id = c.step_id
                 for e in c.entries:
                     obs.scheduled[e.request_id] = (e.computed_before, e.num_tokens)
-                    if e.samples:
-                        generated[e.request_id] = generated.get(e.request_id, 0) + 1
-                        if generated[e.request_id] >= outputs[e.request_id]:
-                            finished.append((e.request_id, "length"))
-                follow.append(StepOutput(t, c.step_id, tuple(finished)))
             elif isinstance(c, StartLoad):
                 obs.loads_started += 1
                 hit = len(c.moves) * setup.block_size
                 obs.external_hits[c.request_id] = obs.external_hits.get(c.request_id, 0) + hit
-                for r in range(setup.ranks):
-                    due.append((step + setup.load_delay + r + 1,
-                                partial(_report, c.job_id, r)))
-            elif isinstance(c, StartStore):
-                for r in range(setup.ranks):
-                    due.append((step + 1, partial(_report, c.job_id, r)))
-            elif isinstance(c, SubmitLookup):
-                due.append((step + setup.lookup_delay_steps,
-                            partial(_answer, engine, c)))
+        carry(commands, tick)
         obs.preempted = tuple(sorted(r["req"] for r in transitions if r["trigger"] == "preempted"))
-        obs.waiting_remote = engine.state_counts["loading"]
+        # vLLM's WAITING_FOR_REMOTE_KVS ends when a schedule pass first reaches the landed
+        # request, even if it does not fit yet; kvlife's loading ends when it runs.
+        obs.waiting_remote = sum(1 for r in engine.state.holding if not r.landed_seen)
         observations.append(obs)
-        for event in follow:
-            for c in engine.handle(event):
-                if isinstance(c, StartStore):
-                    for r in range(setup.ranks):
-                        due.append((step + 1, partial(_report, c.job_id, r)))
-        step += 1
-        if not pending and not engine.busy() and not due:
+        bundles.append((tick, plan_id))
+        while len(bundles) > in_flight:
+            apply(*bundles.pop(0), t)
+        tick += 1
+        if not pending and not engine.busy() and not answers and not any(reports.values()) \
+                and all(step_id is None for _, step_id in bundles):
             break
+    for worker_step, step_id in bundles:
+        apply(worker_step, step_id, float(tick))
     return observations
-
-
-def _report(job_id: int, rank: int, t: float) -> TransferReport:
-    return TransferReport(t, job_id, rank)
-
-
-def _answer(engine: Engine, command: SubmitLookup, t: float) -> LookupAnswer:
-    return LookupAnswer(t, command.request_id, command.epoch, engine.sync_lookup(command.block_hashes))
 
 
 @attrs.frozen
@@ -274,8 +343,10 @@ SCENARIOS: dict[str, tuple[Callable[[], list[Item]], Setup]] = {
     "seed000-async-lookup": (lambda: with_abort(synthetic(0), 4, 1), Setup(stack="async-lookup", lookup_delay_steps=2)),
     "seed002-two-workers": (lambda: synthetic(2), Setup(ranks=2)),
     "seed003-async-scheduling": (lambda: synthetic(3), Setup(async_scheduling=True)),
-    "seed004-load-dedup": (lambda: synthetic(4), Setup(stack="shared-loads", load_delay=4)),
+    "seed004-load-dedup": (lambda: dedup_burst(), Setup(stack="shared-loads", load_delay=4)),
+    "seed004-defer-while-loading": (lambda: dedup_burst(), Setup(stack="defer-while-loading", load_delay=4)),
     "conversation": (lambda: conversation(), Setup()),
+    "multi-turn": (lambda: multi_turn(), Setup()),
 }
 
 

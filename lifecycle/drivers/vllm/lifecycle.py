@@ -16,6 +16,13 @@ pending or the admission policy defers), ``allocated`` (vLLM admitted it: a load
 starts on its blocks), then ``build`` (the step's load and store jobs for the workers).
 After the step: ``step_output`` (tokens confirmed: only confirmed tokens are stored,
 never async placeholders), ``report`` (one per rank per job) and ``finished``.
+
+An async answer is consumed by the ``matched`` call that returns it, as Mooncake's
+connector hands each answer out once: if vLLM then cannot admit the request, its next
+``matched`` submits a new lookup (unless the ``lookup_reuse`` policy keeps answers). A
+request with no full block to hit is answered ``(0, False)`` without a lookup. Block
+hashes follow vLLM's request (``update_hashes``): blocks of generated tokens are stored
+once confirmed, like prompt blocks, and a preempted request can hit them.
 """
 
 from __future__ import annotations
@@ -38,11 +45,13 @@ Record = dict[str, Any]
 class ConnectorRequest:
     request_id: str
     prompt_tokens: int
-    hashes: tuple[int, ...]  # full prompt blocks
+    hashes: tuple[int, ...]  # full blocks of the known tokens (vLLM's request.block_hashes)
     seq: int
     state: str = "waiting"  # waiting, lookup_pending, loading, running, sending, finished
     epoch: int = 0
-    hit_blocks: int | None = None  # leading prompt blocks the tier holds (this epoch's lookup)
+    hit_blocks: int | None = None  # leading blocks the tier holds (this epoch's lookup)
+    answered_step: int = 0  # when that async answer came
+    answer_uses: int = 0  # matched() calls that returned it
     computed: int = 0  # tokens computed or scheduled (in-flight steps included)
     confirmed: int = 0  # tokens whose step output arrived
     generated: int = 0
@@ -150,12 +159,18 @@ class ConnectorLifecycle:
         req = ConnectorRequest(request_id, prompt_tokens, tuple(hashes[:full]), self._seq)
         self._seq += 1
         self.requests[request_id] = req
-        if self._ask(req, "on_arrival") != "none":
+        if self._candidates(req) and self._ask(req, "on_arrival") != "none":
             self._submit_lookup(req)
 
+    def update_hashes(self, request_id: str, hashes: Sequence[int]) -> None:
+        """vLLM's request.block_hashes grew (generated tokens filled blocks)."""
+        req = self.requests.get(request_id)
+        if req is not None and len(hashes) > len(req.hashes):
+            req.hashes = tuple(hashes)
+
     def _candidates(self, req: ConnectorRequest) -> tuple[int, ...]:
-        # At least one prompt token is always computed, to sample the first output token.
-        return req.hashes[: (req.prompt_tokens - 1) // self.block_tokens]
+        # At least one known token is always computed, to sample the next output token.
+        return req.hashes[: (req.prompt_tokens + req.generated - 1) // self.block_tokens]
 
     def _submit_lookup(self, req: ConnectorRequest) -> None:
         if req.state == "lookup_pending":
@@ -188,6 +203,8 @@ class ConnectorLifecycle:
             else:
                 hit = self.tier.lookup(self._candidates(req))
             req.hit_blocks = hit or 0
+            req.answered_step = self.step
+            req.answer_uses = 0
             req.state = "waiting"  # the answer is consumed when vLLM next asks (matched)
 
     def pending_reason(self, request_id: str) -> str | None:
@@ -203,17 +220,27 @@ class ConnectorLifecycle:
         if req.state == "lookup_pending":
             req.pending_reason = "lookup"
             return None, False
+        candidates = self._candidates(req)
+        if not candidates:
+            return 0, False  # nothing to look up (Mooncake's connector answers at once)
         if req.hit_blocks is None:
             if self._ask(req, "lookup_mode") == "async":
                 self._submit_lookup(req)
                 req.pending_reason = "lookup"
                 return None, False
-            req.hit_blocks = self.tier.lookup(self._candidates(req))
-            hit_blocks = req.hit_blocks
-            req.hit_blocks = None  # a sync lookup is re-done each time vLLM asks (as vLLM's is)
+            # A sync lookup is re-done each time vLLM asks (as vLLM's is).
+            hit_blocks = self.tier.lookup(candidates)
         else:
             hit_blocks = req.hit_blocks
-        candidates = self._candidates(req)
+            if self._ask(req, "lookup_reuse") == "consume":
+                req.hit_blocks = None  # handed out once: a new lookup if vLLM does not admit it
+            elif req.answer_uses:
+                gone = sum(1 for h in candidates[:hit_blocks] if not self.tier.contains(h))
+                self._records.append({"kind": "lookup_reuse", "t": float(self.step), "req": request_id,
+                                      "answered": float(req.answered_step),
+                                      "age_ms": float(self.step - req.answered_step),
+                                      "uses": req.answer_uses + 1, "blocks": hit_blocks, "evicted": gone})
+            req.answer_uses += 1
         start = num_computed_tokens // bt
         end = min(hit_blocks, len(candidates))
         # Re-validate: a block may have been evicted since the answer.

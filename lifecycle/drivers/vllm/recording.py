@@ -28,6 +28,14 @@ which turns what vLLM and the connector say into kvlife records that ``kvlife va
   ``finished_sending``;
 - ``request_finished`` -> ``abort`` input and ``aborted``, or a finish in the next step output.
 
+Block names: a prompt block is named by vLLM's block hash (``block_hash_int``); a block that
+generated tokens filled is named as kvlife's engine names it
+(``kvlife.lifecycle.engine.blocks.derived_block_hash``: chained on the previous block, the
+request id and the index), so ``kvlife validate`` places its stores, and a later prompt that
+contains those tokens (the next turn of a conversation) is recorded with the same names.
+Step records list, besides prompt chunks, the chunks that fill a block of generated tokens
+(``fills``).
+
 Blocks: the recorder counts, per device block, the requests whose block tables hold it
 (vLLM's reference count) and writes ``free`` when vLLM lets the last one go: at once,
 after ``finished_recving`` for a request aborted while loading (vLLM delays it), or after
@@ -58,6 +66,7 @@ from vllm.v1.outputs import KVConnectorOutput
 
 from kvlife.lifecycle.config import EngineConfig, RunConfig, TierConfig
 from kvlife.lifecycle.drivers.vllm.connector import block_hash_int
+from kvlife.lifecycle.engine.blocks import derived_block_hash
 from kvlife.lifecycle.traces.trace import TraceWriter
 
 if TYPE_CHECKING:
@@ -73,6 +82,8 @@ _EPOCH_BUMPS = frozenset({"preempted", "load_failed", "completed", "aborted", "f
 class _Req:
     hashes: tuple[int, ...]
     prompt_tokens: int
+    vllm: Any = None  # vLLM's Request: its block_hashes grow as tokens are generated
+    names: list[int] = attrs.Factory(list)  # kvlife's name of each block, as far as named
     state: str = "waiting"
     epoch: int = 0
     blocks: list[int] = attrs.Factory(list)
@@ -134,6 +145,7 @@ class TraceRecorder:
         self.finishes: list[tuple[str, str, bool]] = []  # (request, reason, held) since the last output
         self.next_step = 0
         self.lines_written = 0
+        self.renamed: dict[int, int] = {}  # vLLM hash of a generated block -> kvlife's name of it
 
     # ---- writing -----------------------------------------------------------------------
     def _write(self, record: dict[str, Any]) -> None:
@@ -189,9 +201,11 @@ class TraceRecorder:
     def arrival(self, request: Request) -> None:
         if request.request_id in self.requests:
             return
-        hashes = tuple(block_hash_int(h) for h in request.block_hashes)
+        renamed = self.renamed
+        hashes = tuple(renamed.get(h, h) for h in (block_hash_int(h) for h in request.block_hashes))
         full = request.num_prompt_tokens // self.block_tokens
-        self.requests[request.request_id] = _Req(hashes[:full], request.num_prompt_tokens)
+        self.requests[request.request_id] = _Req(hashes[:full], request.num_prompt_tokens, request,
+                                                 list(hashes[:full]))
         self._input("arrival", request_id=request.request_id, prompt_tokens=request.num_prompt_tokens,
                     block_hashes=list(hashes), resumable=False)
 
@@ -221,6 +235,17 @@ class TraceRecorder:
             self._move(rid, "admitted", "running",
                        f"admitted with {num_external_tokens} external tokens" if num_external_tokens else "admitted")
 
+    def _name(self, rid: str, req: _Req, index: int) -> int:
+        """kvlife's name of block ``index`` of ``rid`` (derived past the prompt's blocks)."""
+        names = req.names
+        vllm_hashes = getattr(req.vllm, "block_hashes", ())
+        while len(names) <= index:
+            j = len(names)
+            names.append(derived_block_hash(names[-1] if names else None, rid, j))
+            if j < len(vllm_hashes):
+                self.renamed[block_hash_int(vllm_hashes[j])] = names[-1]
+        return names[index]
+
     def build(self, out: SchedulerOutput, meta: Any) -> None:
         self.tick()
         self.in_step = False
@@ -230,16 +255,24 @@ class TraceRecorder:
                 self._move(rid, "preempted", "waiting", "vLLM preempted it (out of blocks)")
                 self._release(req)
         chunks: list[list[Any]] = []
+        fills: list[list[Any]] = []  # chunks past the prompt that fill a block
         entries = 0
         prefill = 0
+        bt = self.block_tokens
+
+        def chunk(rid: str, req: _Req, before: int, n: int) -> None:
+            if before < req.prompt_tokens:
+                chunks.append([rid, before, n])
+            elif (before + n) % bt < n:
+                fills.append([rid, before, n])
+
         for new in out.scheduled_new_reqs:
             req = self.requests[new.req_id]
             self._hold(req, new.block_ids[0])
             n = out.num_scheduled_tokens[new.req_id]
             entries += 1
             prefill += n if n > 1 else 0
-            if new.num_computed_tokens < req.prompt_tokens:
-                chunks.append([new.req_id, new.num_computed_tokens, n])
+            chunk(new.req_id, req, new.num_computed_tokens, n)
         cached = out.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             req = self.requests[rid]
@@ -249,13 +282,15 @@ class TraceRecorder:
             n = out.num_scheduled_tokens[rid]
             entries += 1
             prefill += n if n > 1 else 0
-            if cached.num_computed_tokens[i] < req.prompt_tokens:
-                chunks.append([rid, cached.num_computed_tokens[i], n])
+            chunk(rid, req, cached.num_computed_tokens[i], n)
         step = self.next_step
         self.next_step += 1
         if entries:
-            self._write({"kind": "step", "t": self.t, "step": step, "requests": entries, "prefill_tokens": prefill,
-                         "sync_lookups": 0, "prompt": chunks})
+            record: dict[str, Any] = {"kind": "step", "t": self.t, "step": step, "requests": entries,
+                                      "prefill_tokens": prefill, "sync_lookups": 0, "prompt": chunks}
+            if fills:
+                record["fills"] = fills
+            self._write(record)
         flush = sorted(getattr(meta, "jobs_to_flush", None) or ())
         if flush:
             self._write({"kind": "warning", "t": self.t, "what": "flush", "jobs": flush,
@@ -275,11 +310,20 @@ class TraceRecorder:
         blocks = _job_blocks(job)
         if req is None or blocks is None:
             return None
-        hashes = getattr(job, "block_hashes", None)
-        if hashes is None:
-            position = {b: i for i, b in enumerate(req.blocks)}
-            hashes = [req.hashes[position[b]] if position.get(b, len(req.hashes)) < len(req.hashes) else -1
-                      for b in blocks]
+        given = getattr(job, "block_hashes", None)
+        position = {b: i for i, b in enumerate(req.blocks)}
+        hashes = []
+        for k, b in enumerate(blocks):
+            i = position.get(b)
+            if i is not None and i < len(req.hashes):
+                hashes.append(req.hashes[i])
+            elif i is not None:
+                hashes.append(self._name(job.req_id, req, i))  # a block generated tokens filled
+            elif given is not None:
+                h = int(given[k])
+                hashes.append(self.renamed.get(h, h))
+            else:
+                hashes.append(-1)
         return [(int(h), b, self.tier) for h, b in zip(hashes, blocks, strict=True)]
 
     def _start_job(self, job_id: int, kind: str, job: Any, moves: list[tuple[int, int, str]] | None = None) -> None:
@@ -319,6 +363,11 @@ class TraceRecorder:
         step, stores = self.steps.popleft() if self.steps else (-1, [])
         finishes, self.finishes = self.finishes, []
         self._input("step_output", step_id=step, finished=[[rid, why] for rid, why, _ in finishes])
+        # The worker started this step's stores after its forward pass, before the scheduler
+        # saw the output: a request finishing now had its last blocks stored by then.
+        for job_id in stores:
+            rid, moves = self.pending_stores.pop(job_id)
+            self._start_job(job_id, "store", attrs.make_class("J", ["req_id"])(rid), moves)
         for rid, why, held in finishes:
             req = self.requests[rid]
             if req.state != "running":
@@ -329,9 +378,6 @@ class TraceRecorder:
             else:
                 self._move(rid, "completed", "finished", f"finished ({why})")
                 self._release(req)
-        for job_id in stores:
-            rid, moves = self.pending_stores.pop(job_id)
-            self._start_job(job_id, "store", attrs.make_class("J", ["req_id"])(rid), moves)
         for job_id, rank, failed in self._reports(output):
             self._report(job_id, rank, failed)
         for rid in sorted(output.finished_recving or ()):
