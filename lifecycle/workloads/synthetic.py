@@ -41,6 +41,25 @@ def _estimated_service_ms(input_length: int, output_length: int) -> float:
     return input_length / _PREFILL_TOKENS_PER_MS + output_length * _DECODE_MS_PER_TOKEN
 
 
+
+def _check_stream(seed: object, num_requests: object, block_tokens: object, arrival_rate_per_s: object) -> None:
+    """The arguments every generator takes. ValueError, not TypeError, so that callers
+    catch one type for any bad argument."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed: expected an integer, got {seed!r}")  # noqa: TRY004
+    _check_int("num_requests", num_requests, 0)
+    _check_int("block_tokens", block_tokens, 1)
+    if (
+        isinstance(arrival_rate_per_s, bool)
+        or not isinstance(arrival_rate_per_s, int | float)
+        or not math.isfinite(arrival_rate_per_s)
+        or arrival_rate_per_s <= 0
+    ):
+        raise ValueError(
+            f"arrival_rate_per_s: expected a finite number > 0, got {arrival_rate_per_s!r}"
+        )
+
+
 def _check_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
@@ -101,20 +120,7 @@ def synthetic_workload(
     plus a think time. The result is the first ``num_requests`` arrivals of that stream,
     so sessions still running at the end of the window are cut short.
     """
-    # ValueError, not TypeError, so that callers catch one type for any bad argument.
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed: expected an integer, got {seed!r}")  # noqa: TRY004
-    _check_int("num_requests", num_requests, 0)
-    _check_int("block_tokens", block_tokens, 1)
-    if (
-        isinstance(arrival_rate_per_s, bool)
-        or not isinstance(arrival_rate_per_s, int | float)
-        or not math.isfinite(arrival_rate_per_s)
-        or arrival_rate_per_s <= 0
-    ):
-        raise ValueError(
-            f"arrival_rate_per_s: expected a finite number > 0, got {arrival_rate_per_s!r}"
-        )
+    _check_stream(seed, num_requests, block_tokens, arrival_rate_per_s)
     _check_int("num_system_prompts", num_system_prompts, 0)
     _check_int_range("system_prompt_blocks", system_prompt_blocks, 1)
     if (
@@ -267,19 +273,7 @@ def synthetic_burst_workload(
     the arrival rate. Ranges are inclusive and drawn uniformly from one
     ``random.Random(seed)``; ids are ``req-{index}`` in arrival order, ``session`` is None.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed: expected an integer, got {seed!r}")  # noqa: TRY004
-    _check_int("num_requests", num_requests, 0)
-    _check_int("block_tokens", block_tokens, 1)
-    if (
-        isinstance(arrival_rate_per_s, bool)
-        or not isinstance(arrival_rate_per_s, int | float)
-        or not math.isfinite(arrival_rate_per_s)
-        or arrival_rate_per_s <= 0
-    ):
-        raise ValueError(
-            f"arrival_rate_per_s: expected a finite number > 0, got {arrival_rate_per_s!r}"
-        )
+    _check_stream(seed, num_requests, block_tokens, arrival_rate_per_s)
     _check_int_range("prefix_blocks", prefix_blocks, 1)
     _check_int_range("burst_size", burst_size, 1)
     _check_int_range("own_tokens", own_tokens, 1)
