@@ -216,7 +216,7 @@ class Scheduled:
     computed_before: int  # tokens already computed (or in flight) before this step
     samples: bool  # the step reaches the end of the known tokens: a token is sampled
     block_table: tuple[int, ...]
-    block_hashes: tuple[BlockHash, ...]  # hashes of the prompt blocks (for KV content)
+    block_hashes: tuple[BlockHash, ...]  # hashes of its blocks so far: prompt, then generated (KV content)
 
 
 @attrs.frozen(slots=True)
