@@ -164,7 +164,7 @@ def test_a_lookup_burst_queues_behind_the_lookup_workers(workers: int) -> None:
     answers = [a["t"] for a in inputs(records, "lookup_answer")]
     one = 2.0 + 0.01 * 10  # ten full blocks looked up each
     expected = [one * (k // workers + 1) for k in range(6)]
-    assert answers == pytest.approx(expected, rel=1e-9)
+    assert answers[:6] == pytest.approx(expected, rel=1e-9)  # the burst (later ones: re-lookups)
 
 
 def test_sync_lookups_delay_the_step_by_their_queueing() -> None:

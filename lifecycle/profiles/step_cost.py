@@ -84,7 +84,7 @@ class StepCostModel:
     """Step times for one (model, hardware, tp) pair. Built once; ``step_ms`` is pure arithmetic,
     O(requests in the step), deterministic.
 
-    The simulator calls ``step_ms(prefills, decode_contexts)`` for each step it starts:
+    ``step_ms(prefills, decode_contexts)`` prices a step:
     ``prefills`` holds ``(new_tokens, cached_tokens)`` per prefill chunk (``cached_tokens`` =
     tokens of that request already in the KV cache before this step: prefix hits and earlier
     chunks), ``decode_contexts`` the context length of each decoding request before this step.
@@ -194,8 +194,9 @@ class StepCostModel:
         )
 
     def step_ms(self, prefills: Iterable[tuple[int, int]] = (), decode_contexts: Sequence[int] = ()) -> float:
-        """The step's time in milliseconds (see the module docstring for the formula). The fast
-        path the simulator calls once per step: same result as ``cost(...).total_ms``."""
+        """The step's time in milliseconds (see the module docstring for the formula): the same
+        result as ``cost(...).total_ms``, without building the parts (``totals_ms`` does the
+        arithmetic; the simulator calls it directly)."""
         tokens = 0
         requests = 0
         pairs = 0.0
