@@ -189,7 +189,7 @@ def _turns(fillers: int) -> list[WorkloadRequest]:
 def test_a_second_turn_hits_the_first_turns_output_blocks() -> None:
     config = RunConfig(engine=EngineConfig(block_tokens=16, device_blocks=12, max_batched_tokens=512,
                                            tiers=(TierConfig("host", capacity_blocks=200),)),
-                       sim=SimConfig(block_bytes=1 << 20))
+                       sim=SimConfig())
     # Device cache still warm: turn 2 hits 4 blocks on the device, 2 of them turn 1's answer.
     outcome = run_workload(config, _turns(0))
     t2 = outcome.result.engine.requests["t2"]
