@@ -49,7 +49,8 @@ def with_engine(config: RunConfig, **changes: Any) -> RunConfig:
 def device_blocks(config: RunConfig, summary: Mapping[str, Any]) -> int | None:
     """The device capacity a run used: the summary's own figure when it reports one, else the
     config's."""
-    reported = summary.get("device_blocks")
+    setup = summary.get("setup")
+    reported = setup.get("device_blocks") if isinstance(setup, Mapping) else summary.get("device_blocks")
     if isinstance(reported, Mapping):
         reported = reported.get("blocks")
     if isinstance(reported, int) and not isinstance(reported, bool):
