@@ -234,6 +234,7 @@ class EngineConfig:
 
 
 COMPLETIONS = ("step_boundary", "exact")
+ARRIVALS = ("recorded", "spread")  # sim.arrivals: kvlife.lifecycle.workloads.arrivals
 
 
 @attrs.frozen
@@ -276,6 +277,9 @@ class SimConfig:
     max_output_tokens: int | None = attrs.field(default=None, validator=_optional(_positive_int))
     # Arrival rate multiplier applied when a workload is read (--time-scale).
     time_scale: float = attrs.field(default=1.0, validator=_positive)
+    # How recorded arrival times are replayed: "recorded", or "spread": requests sharing a
+    # timestamp arrive evenly up to the next one (``kvlife.lifecycle.workloads.arrivals``).
+    arrivals: str = attrs.field(default="recorded", validator=_choice(*ARRIVALS))
 
 
 # [sim] keys of the old linear cost model, and what replaced them (a config naming one gets

@@ -55,12 +55,13 @@ def add_size_flags(parser: argparse.ArgumentParser) -> None:
 
 # Flags of the simulated physics, and the [sim] key each mirrors.
 SIM_FLAGS = {"hardware": "--hardware", "model": "--model", "tp": "--tp", "efficiency": "--efficiency",
-             "completions": "--completions"}
+             "completions": "--completions", "arrivals": "--arrivals"}
 
 
 def add_sim_flags(parser: argparse.ArgumentParser) -> None:
-    """--hardware, --model, --tp, --efficiency, --completions: what the simulator times."""
-    from kvlife.lifecycle.config import COMPLETIONS
+    """--hardware, --model, --tp, --efficiency, --completions, --arrivals: what the simulator
+    times, and how it replays recorded arrivals."""
+    from kvlife.lifecycle.config import ARRIVALS, COMPLETIONS
     from kvlife.lifecycle.profiles import list_profiles
 
     known = list_profiles()
@@ -80,6 +81,10 @@ def add_sim_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--completions", choices=COMPLETIONS,
                        help="when a finished transfer or lookup reaches the scheduler: with the next step output, "
                             "as in vLLM, or at its exact time (config: sim.completions; default step_boundary)")
+    group.add_argument("--arrivals", choices=ARRIVALS,
+                       help="replay arrival times as recorded, or spread requests that share a timestamp evenly "
+                            "up to the next one (Mooncake traces round timestamps to seconds; config: "
+                            "sim.arrivals; default recorded)")
 
 
 def apply_sim(args: argparse.Namespace, config: RunConfig) -> RunConfig:
@@ -189,12 +194,13 @@ def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
     from kvlife.lifecycle.workloads.synthetic import SYNTHETIC_NAMES, named_synthetic_workload
 
     if args.workload and args.workload not in SYNTHETIC_NAMES:
+        from kvlife.lifecycle.workloads.arrivals import apply_arrivals
         from kvlife.lifecycle.workloads.bundled import resolve_workload
         from kvlife.lifecycle.workloads.mooncake import load_mooncake
 
         workload = load_mooncake(resolve_workload(args.workload), limit=args.limit,
                                  block_tokens=config.engine.block_tokens, time_scale=scale)
-        return workload, workload_name(args)
+        return apply_arrivals(workload, config.sim.arrivals), workload_name(args)
     try:
         workload = named_synthetic_workload(
             workload_name(args),

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
 import attrs
@@ -47,7 +47,7 @@ from kvlife.lifecycle.drivers import interrupts
 from kvlife.lifecycle.drivers.links import Link
 from kvlife.lifecycle.drivers.lookup_service import LookupService
 from kvlife.lifecycle.drivers.physics import Physics, rank_links, resolve
-from kvlife.lifecycle.engine.core import Engine, EngineState, Recorder
+from kvlife.lifecycle.engine.core import Engine, Recorder
 from kvlife.lifecycle.engine.events import (
     Arrival,
     InputEvent,
@@ -148,10 +148,7 @@ class Simulator:
         self.critical_path_lookup_ms = 0.0
         self._exact = config.sim.completions == "exact"
         self._held: list[TransferReport | LookupAnswer] = []  # completions waiting for a step output
-        # Keys of the sync lookups the scheduler makes during a tick (paid on the step it plans).
-        self._sync_keys: list[int] = []
-        self._engine_lookup = self.engine.state.sync_lookup  # the tiers' answer, unmetered
-        _meter_sync_lookups(self.engine.state, self._sync_keys)
+        self._engine_lookup = self.engine.state.sync_lookup  # the tiers' answer
 
     def _push(self, t: float, event: Any) -> None:
         heapq.heappush(self._queue, (t, self._seq, event))
@@ -227,7 +224,10 @@ class Simulator:
         made_plan = False
         # A tick that looked the tiers up inline hands its work over when the lookups answer:
         # the step, and the transfers it started (vLLM's workers start them with the step).
-        ready = self._pay_sync_lookups(now) if self._sync_keys else now
+        ready = now
+        for command in commands:
+            if type(command) is StepPlan and command.sync_lookup_keys:
+                ready = self._pay_sync_lookups(now, command.sync_lookup_keys)
         for command in commands:
             if isinstance(command, StepPlan):
                 made_plan = True
@@ -261,14 +261,13 @@ class Simulator:
                 self.progress(done, len(self.workload))
 
     # ---- steps -------------------------------------------------------------------------------
-    def _pay_sync_lookups(self, now: float) -> float:
+    def _pay_sync_lookups(self, now: float, key_counts: tuple[int, ...]) -> float:
         """Send the tick's sync lookups to the lookup service; when the last one answers."""
         ready = now
         submit = self.lookups.submit
-        for keys in self._sync_keys:
+        for keys in key_counts:
             if keys:  # nothing to look up answers at once
                 ready = max(ready, submit(None, keys, now))
-        self._sync_keys.clear()
         self.critical_path_lookup_ms += ready - now
         return ready
 
@@ -364,25 +363,6 @@ class Simulator:
         hashes = self._pending_lookup.pop((event.request_id, event.epoch), ())
         answer = LookupAnswer(event.t, event.request_id, event.epoch, self._engine_lookup(hashes))
         return answer, not hashes
-
-
-def _meter_sync_lookups(state: EngineState, sink: list[int]) -> None:
-    """Make ``state.sync_lookup`` append each lookup's key count to ``sink``.
-
-    The step plan says how many sync lookups a tick made (``StepPlan.sync_lookups``), not how
-    many keys each had, and the lookup service charges per key. The state has ``__slots__``,
-    so the method is swapped by giving this one instance a subclass of the same layout.
-    (An engine hook would be cleaner: ``StepPlan.sync_lookup_keys``.)
-    """
-
-    class Metered(EngineState):
-        __slots__ = ()
-
-        def sync_lookup(self, hashes: Sequence[int]) -> tuple[str, ...]:
-            sink.append(len(hashes))
-            return super().sync_lookup(hashes)
-
-    state.__class__ = Metered
 
 
 def _at(event: TransferReport | LookupAnswer, t: float) -> TransferReport | LookupAnswer:

@@ -7,7 +7,7 @@ replay, so they are the whole truth about a run.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import attrs
 
@@ -209,8 +209,11 @@ class FreeBlocks:
     device_blocks: tuple[int, ...]
 
 
-@attrs.frozen(slots=True)
-class Scheduled:
+class Scheduled(NamedTuple):
+    """One request's share of a step. A named tuple, not an attrs class: the scheduler
+    builds one per running request per step (millions per run), and this is the cheapest
+    immutable record Python builds."""
+
     request_id: str
     num_tokens: int
     computed_before: int  # tokens already computed (or in flight) before this step
@@ -224,6 +227,9 @@ class StepPlan:
     step_id: int
     entries: tuple[Scheduled, ...]
     sync_lookups: int  # lookups paid on the scheduler's critical path this tick
+    # Blocks each of those lookups asked about, in the order made (a lookup service that
+    # charges per key, as the simulator's does, needs them).
+    sync_lookup_keys: tuple[int, ...] = ()
 
     @property
     def prefill_tokens(self) -> int:

@@ -79,7 +79,8 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            want = req.known_tokens - req.computed
+            known = req.prompt_tokens + req.generated + req.placeholders  # req.known_tokens, inlined
+            want = known - req.computed
             if want <= 0:
                 i += 1
                 continue
@@ -110,18 +111,25 @@ class Scheduler:
                     if stuck or req.state != "running":
                         break
                 req.block_table.extend(pool.allocate(need))
-            entries.append(_schedule(req, n))
+            # _schedule(req, n), inlined (the hot loop: every running request, every step)
+            computed = req.computed + n
+            req.computed = computed
+            samples = computed >= known
+            if samples:
+                req.placeholders += 1
+            entries.append((req, n, samples))
             budget -= n
             i += 1
-        sync_lookups = 0
+        sync_keys: list[int] = []
         if not preempted and (state.waiting or state.holding):
-            budget, sync_lookups = self._admit(budget, entries)
-        self._emit_plan(entries, sync_lookups)
+            budget = self._admit(budget, entries, sync_keys)
+        self._emit_plan(entries, sync_keys)
         if state.sent:
             self.transfers.release_sent()
 
-    def _emit_plan(self, entries: list[Entry], sync_lookups: int) -> None:
+    def _emit_plan(self, entries: list[Entry], sync_keys: list[int]) -> None:
         state = self.state
+        sync_lookups = len(sync_keys)
         state.stats.sync_lookups += sync_lookups
         if not entries and not sync_lookups:
             return
@@ -164,15 +172,16 @@ class Scheduler:
             if fills:
                 record["fills"] = fills
             state.recorder(record)
-        state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups))
+        state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
         maybe_store = self.transfers.maybe_store
         for req in to_store:
             maybe_store(req)
 
     # ---- admission ------------------------------------------------------------------------
-    def _admit(self, budget: int, entries: list[Entry]) -> tuple[int, int]:
+    def _admit(self, budget: int, entries: list[Entry], sync_keys: list[int]) -> int:
         """Take landed loads into ``running``, then admit waiting requests in queue order,
-        while budget and ``max_running`` allow. Returns (budget left, sync lookups paid)."""
+        while budget and ``max_running`` allow. Returns the budget left; each sync lookup
+        paid appends its number of blocks to ``sync_keys``."""
         state = self.state
         lifecycle = self.lifecycle
         max_running = state.config.max_running
@@ -180,10 +189,9 @@ class Scheduler:
         if state.holding:
             budget, blocked = self._take_landed(budget, entries)
             if blocked:
-                return budget, 0
+                return budget
         waiting = state.waiting
         versions = state.sync_lookup_version
-        sync_lookups = 0
         index = 0
         while index < len(waiting) and budget > 0 and len(running) < max_running:
             req = waiting[index]
@@ -218,7 +226,7 @@ class Scheduler:
                     req.lookup = state.sync_lookup(candidates)
                     req.lookup_async = False
                     versions[req.request_id] = state.transfer_version
-                    sync_lookups += 1
+                    sync_keys.append(len(candidates))
             elif req.lookup_async:
                 reuse = lifecycle.ask(req, "lookup_reuse")
                 if req.lookup_uses:
@@ -236,7 +244,7 @@ class Scheduler:
             if outcome == "blocked":
                 break  # FIFO: no overtaking when memory is short
             index += 1  # deferred by the admission policy
-        return budget, sync_lookups
+        return budget
 
     def _record_reuse(self, req: Request, candidates: tuple[int, ...]) -> None:
         """A kept async answer is used again: trace its age and what left the tiers since."""

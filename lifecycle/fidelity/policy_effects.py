@@ -10,7 +10,9 @@ group's own counters, and a verdict that says when an effect is small or goes th
 Groups (``GROUPS``):
 
 - ``lookup``: sync (baseline) against ``async-lookup`` with 1.5, 5 and 10 ms lookups, on the
-  conversation trace.
+  conversation trace. The conversation groups replay it with ``sim.arrivals = "spread"``: its
+  timestamps are rounded to ~3 s, so as recorded ~10 requests land in one instant at any load
+  and no time scale keeps TTFT p50 under 2 s (``workloads.arrivals``).
 - ``prefetch``: baseline against ``early-prefetch`` on the conversation trace with a small host
   tier in front of a large disk tier, so that hits come from disk.
 - ``burst``: ``shared-loads`` and ``defer-while-loading`` against the baseline on
@@ -73,9 +75,12 @@ class Group:
     tiers: tuple[tuple[str, int], ...] = ()  # --tier name=blocks over the default config
     engine: tuple[tuple[str, Any], ...] = ()
     trace: bool = False  # run the rows with a trace, for kvlife validate
+    sim: tuple[tuple[str, Any], ...] = ()  # sim config keys over the default config
 
     def config(self, base: RunConfig, variant: Variant) -> RunConfig:
         config = with_tiers(base, dict(self.tiers)) if self.tiers else base
+        if self.sim:
+            config = attrs.evolve(config, sim=attrs.evolve(config.sim, **dict(self.sim)))
         config = with_engine(config, **{**dict(self.engine), **dict(variant.engine)})
         return attrs.evolve(config, policies=variant.stack)
 
@@ -125,6 +130,7 @@ GROUPS: tuple[Group, ...] = (
         comparisons=tuple(Comparison(_lookup_variant(ms, False), _lookup_variant(ms, True), "lower")
                           for ms in (1.5, 5.0, 10.0)),
         columns=(Column("critical-path lookup", _lookup_seconds),),
+        sim=(("arrivals", "spread"),),
     ),
     Group(
         "prefetch", "Early prefetch with a disk tier", "mooncake-conversation",
@@ -133,6 +139,7 @@ GROUPS: tuple[Group, ...] = (
         columns=(Column("hits host / disk", _hits("host", "disk")),
                  Column("blocks prefetched", _counter("blocks_prefetched"))),
         tiers=(("host", 2000), ("disk", 100_000)),
+        sim=(("arrivals", "spread"),),
     ),
     Group(
         "burst", "Shared loads and defer-while-loading on bursts", "synthetic:burst",
@@ -221,7 +228,7 @@ class GroupResult:
         return {
             "group": self.group.key, "title": self.group.title, "workload": self.group.workload,
             "requests": self.requests, "operating_point": self.point.to_dict(),
-            "tiers": dict(self.group.tiers), "engine": dict(self.group.engine),
+            "tiers": dict(self.group.tiers), "engine": dict(self.group.engine), "sim": dict(self.group.sim),
             "rows": [{"variant": r.variant.label, "stack": r.variant.stack_text,
                       "engine": dict(r.variant.engine),
                       "reference": r.comparison.reference.label if r.comparison else None,
@@ -238,6 +245,8 @@ class GroupResult:
             setup.append("tiers " + ", ".join(f"{n}={b:,} blocks" for n, b in g.tiers))
         if g.engine:
             setup.append(", ".join(f"engine.{k} = {str(v).lower()}" for k, v in g.engine))
+        if g.sim:
+            setup.append(", ".join(f"sim.{k} = {v}" for k, v in g.sim))
         if not point.found:
             found = " No time scale tried was stable: the lowest tried is used."
         elif not point.bracketed:
