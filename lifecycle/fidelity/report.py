@@ -162,6 +162,13 @@ the same slice at that point. "p50 change" and "p99 change" are against the row'
 reference (the row above it in its pair); an effect under 5 % is called small, and a policy
 meant to lower TTFT that raises it is flagged.
 
+The conversation groups replay the trace with `sim.arrivals = "spread"`: its timestamps are
+rounded to ~3 s with about 10 requests on each, and replayed as recorded those land in one
+instant at any arrival rate, so TTFT p50 never drops under 2 s (2,052 ms at 0.001x on the
+first 2,000 requests: the group's own prefill, not a queue). Spreading each group evenly up to
+the next timestamp keeps the order, prompts and mean rate
+([`fidelity-model.md`](fidelity-model.md#arrivals-workloadsarrivalspy)).
+
 <!-- generated:policy-effects -->
 <!-- /generated -->
 """
