@@ -44,6 +44,8 @@ def summarize(result: SimResult, wall_s: float, block_bytes: int) -> dict[str, A
         "requests": len(requests),
         "finished": reasons,
         "stranded": len(result.stranded),
+        # Requests that never finished once nothing was left to happen ("id:state").
+        "stranded_requests": list(result.stranded),
         # jobs given up after the rank deadline whose late reports never came: their
         # blocks are held for good rather than risk reuse under a live copy
         "quarantined_jobs": sum(1 for job in engine.jobs.values() if job.timed_out),
@@ -108,13 +110,22 @@ def setup_rows(setup: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
+def _named(stranded: list[str], shown: int = 5) -> str:
+    """`` (r1:waiting, r2:running, +3 more)``: which requests never finished."""
+    if not stranded:
+        return ""
+    more = f", +{len(stranded) - shown} more" if len(stranded) > shown else ""
+    return f" ({', '.join(stranded[:shown])}{more})"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     hit = ", ".join(f"{k} {v:.1%}" for k, v in summary["prefix_hit_rate"].items())
     rows = setup_rows(summary["setup"]) if "setup" in summary else []
     rows += [
         ("requests", format_value(summary["requests"])),
         ("finished", format_value(summary["finished"])),
-        ("stranded / quarantined jobs", f"{summary['stranded']} / {summary['quarantined_jobs']}"),
+        ("stranded / quarantined jobs", f"{summary['stranded']} / {summary['quarantined_jobs']}"
+                                        + _named(summary.get("stranded_requests", []))),
         ("TTFT p50 / p90 / p99 (ms)", " / ".join(format_value(summary["ttft_ms"][q]) for q in ("p50", "p90", "p99"))),
         ("TPOT p50 / p90 / p99 (ms)", " / ".join(format_value(summary["tpot_ms"][q]) for q in ("p50", "p90", "p99"))),
         ("throughput (output tok/s)", format_value(summary["throughput_tokens_per_s"])),

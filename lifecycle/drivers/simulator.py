@@ -210,7 +210,14 @@ class Simulator:
         if self.progress is not None:
             self.progress(engine.state_counts["finished"], len(self.workload))
         engine.check_invariants()
-        return SimResult(engine, self.workload, now, self._events, engine.stranded(),
+        stranded = engine.stranded()
+        if stranded and engine.recorder is not None:
+            # Nothing is left to happen: say in the trace which requests never finished.
+            for entry in stranded:
+                rid, _, state = entry.rpartition(":")
+                engine.recorder({"kind": "warning", "t": now, "what": "stranded", "origin": "driver",
+                                 "req": rid, "state": state})
+        return SimResult(engine, self.workload, now, self._events, stranded,
                          self.critical_path_lookup_ms, self.physics)
 
     def _feed(self, now: float, event: InputEvent) -> None:

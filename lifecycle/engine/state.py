@@ -252,12 +252,11 @@ class EngineState:
         return soonest
 
     def stranded(self) -> list[str]:
-        """Invariant 7 after inputs stop: requests stuck in a state that waits on IO."""
-        return [
-            f"{r.request_id}:{r.state}"
-            for r in self.requests.values()
-            if r.state in ("lookup_pending", "loading", "sending")
-        ]
+        """Invariant 7 once inputs have stopped: every request not finished, as
+        ``"id:state"``, in arrival order. Waiting and running count as much as the states
+        that wait on IO: a request parked behind a head that never fits, or deferred forever
+        by a policy, never finishes either."""
+        return [f"{r.request_id}:{r.state}" for r in self.requests.values() if r.state != "finished"]
 
     def check_invariants(self) -> None:
         """Invariants 2 and 8 on current state (cheap enough for tests, not per tick)."""

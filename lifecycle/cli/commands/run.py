@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 import attrs
@@ -105,11 +106,21 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
                     stack=_label(config), seed=config.sim.seed, time_scale=scale,
                     trace={"path": args.trace, "lines": outcome.trace_lines} if args.trace else None,
                     summary=outcome.summary)
-        return 0
+        return _stranded_exit(outcome.summary)
     print(f"kvlife run: {name}, {len(workload)} requests, stack {_names(config)}, time scale {scale:g}")
     print(format_summary(outcome.summary))
     if args.trace:
         print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
+    return _stranded_exit(outcome.summary)
+
+
+def _stranded_exit(summary: dict[str, Any]) -> int:
+    """1 when some request never finished (named in the summary and the trace), else 0."""
+    stranded = summary["stranded"]
+    if stranded:
+        print(f"kvlife run: {stranded} request(s) never finished (stranded); see the summary and the trace",
+              file=sys.stderr)
+        return 1
     return 0
 
 
