@@ -74,9 +74,10 @@ def build_config(model_dir: Path, spec: SchedulerSpec) -> tuple[Any, Any]:
                             max_model_len=2048, enable_chunked_prefill=True, is_encoder_decoder=False,
                             async_scheduling=spec.async_scheduling)
     cache = CacheConfig(block_size=spec.block_size, enable_prefix_caching=True)
-    failure = {} if spec.kv_load_failure_policy is None else {"kv_load_failure_policy": spec.kv_load_failure_policy}
+    failure: Any = spec.kv_load_failure_policy or "fail"  # vLLM's default
     transfer = KVTransferConfig(kv_connector=spec.connector, kv_connector_module_path=spec.module_path,
-                                kv_role="kv_both", kv_connector_extra_config=dict(spec.extra), **failure)
+                                kv_role="kv_both", kv_connector_extra_config=dict(spec.extra),
+                                kv_load_failure_policy=failure)
     config = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                         kv_transfer_config=transfer, device_config=DeviceConfig("cpu"))
     kv_cache = KVCacheConfig(num_blocks=spec.num_blocks, kv_cache_tensors=[], kv_cache_groups=[
@@ -284,13 +285,14 @@ class VllmDriver:
         from vllm.v1.outputs import ModelRunnerOutput
 
         req_ids = list(out.num_scheduled_tokens)
-        runner_outputs = []
+        runner_outputs: list[ModelRunnerOutput | None] = []
         for kv_output in outputs:
             runner_outputs.append(ModelRunnerOutput(
                 req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
                 sampled_token_ids=[[7] if r in samplers else [] for r in req_ids],
                 kv_connector_output=kv_output))
         merged = self.aggregator.aggregate(runner_outputs, 0)
+        assert merged is not None
         kv_output = merged.kv_connector_output
         if self.empty_outputs_as_none and (kv_output is None or kv_output.is_empty()):
             merged.kv_connector_output = None

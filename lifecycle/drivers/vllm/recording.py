@@ -515,7 +515,7 @@ class RecordingConnector(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(inner, str):
             raise ValueError("RecordingConnector: kv_connector_extra_config.record.inner must name the wrapped "
                              "connector (a registered name like 'OffloadingConnector', or 'pkg.mod:Class')")
-        self.inner: KVConnectorBase_V1 = _connector_class(inner)(vllm_config, role, kv_cache_config)
+        self.inner: KVConnectorBase_V1 = _connector_class(inner)(vllm_config, role, kv_cache_config)  # type: ignore[arg-type,unused-ignore]
         self.recorder: TraceRecorder | None = None
         trace = record.get("trace")
         if role == KVConnectorRole.SCHEDULER and trace:
