@@ -25,8 +25,15 @@ which turns what vLLM and the connector say into kvlife records that ``kvlife va
   one ``transfer_report`` input per rank per job (job reports come from the connector's
   worker metadata: kvlife's per-rank reports, or OffloadingConnector's per-step counts),
   ``job_done`` once every rank reported, ``load_done``, ``completed`` after
-  ``finished_sending``;
-- ``request_finished`` -> ``abort`` input and ``aborted``, or a finish in the next step output.
+  ``finished_sending``. A step whose model runner output carries no connector output never
+  reaches ``update_connector_output``; ``take_events``, which vLLM calls at the end of every
+  ``update_from_output``, records its ``step_output`` then;
+- a job whose reports name failed blocks -> ``job_done`` with the count and a
+  ``load_failed`` / ``store_failed`` warning naming them; a failed load moves its request
+  ``load_failed`` (vLLM recomputes it; if nothing before the failed block is left, vLLM
+  frees its blocks), or ``failed`` when vLLM's ``kv_load_failure_policy`` is "fail";
+- ``request_finished`` -> ``abort`` input and ``aborted``, or a finish in the next step output
+  (``failed`` for vLLM's ``FINISHED_ERROR``).
 
 Block names: a prompt block is named by vLLM's block hash (``block_hash_int``); a block that
 generated tokens filled is named as kvlife's engine names it
