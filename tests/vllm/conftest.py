@@ -1,6 +1,6 @@
 """vLLM tests: run them in the vLLM virtualenv (scripts/install-vllm.sh)::
 
-    bash scripts/install-vllm.sh            # once: .venv-vllm, about 2 GB
+    bash scripts/install-vllm.sh            # once: .venv-vllm, about 2.3 GB, 3-4 min cold
     .venv-vllm/bin/python -m pytest tests/vllm
 
 Without vLLM the tests skip with that hint; under CI=true a missing vLLM fails the run.

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 
 try:
@@ -15,53 +13,20 @@ except importlib.metadata.PackageNotFoundError:
     pytest.skip("vLLM is not installed: `bash scripts/install-vllm.sh`, then "
                 "`.venv-vllm/bin/python -m pytest tests/vllm`", allow_module_level=True)
 
+from vllm_scenarios import (  # noqa: E402
+    BS,
+    PREFIX,
+    finish,
+    kvlife_spec,
+    records,
+    run_until,
+    transitions,
+    warm_tier,
+)
+
 from kvlife.lifecycle.drivers.vllm.harness import SchedulerSpec, VllmDriver, build_scheduler  # noqa: E402
 from kvlife.lifecycle.drivers.vllm.worker import OffloadingSimulatedWorker, SimulatedWorker  # noqa: E402
 from kvlife.lifecycle.traces.validate import validate  # noqa: E402
-
-BS = 16
-PREFIX = list(range(1, 65))  # four full blocks shared by the requests below
-
-
-def kvlife_spec(trace: Path, stack: str = "async-lookup", **kw: Any) -> SchedulerSpec:
-    extra = {"record": {"inner": "kvlife.vllm:KVLifeConnector", "trace": str(trace), "ranks": kw.pop("ranks", 1)},
-             "stack": stack, "host_blocks": 64, "lookup_delay_steps": kw.pop("lookup_delay_steps", 1),
-             "ranks": kw.pop("worker_ranks", 1)}
-    return SchedulerSpec(block_size=BS, num_blocks=kw.pop("num_blocks", 10), connector="RecordingConnector",
-                         extra=extra, **kw)
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
-
-
-def transitions(path: Path, rid: str) -> list[str]:
-    return [r["trigger"] for r in records(path) if r["kind"] == "transition" and r["req"] == rid]
-
-
-def run_until(driver: VllmDriver, done: Any, limit: int = 60) -> None:
-    for _ in range(limit):
-        if done():
-            return
-        driver.step()
-    raise AssertionError("did not happen within the step limit")
-
-
-def warm_tier(driver: VllmDriver) -> None:
-    """r0 computes the prefix (its blocks are stored in the host tier), then a filler
-    request evicts them from vLLM's device cache: the next request hits only the tier."""
-    driver.add("r0", PREFIX + [100, 101, 102], 2)
-    run_until(driver, lambda: driver.status("r0") is None)
-    driver.add("filler", list(range(1000, 1130)), 2)
-    run_until(driver, lambda: driver.status("filler") is None)
-
-
-def finish(driver: VllmDriver, trace: Path) -> None:
-    run_until(driver, driver.idle)
-    driver.drain()
-    driver.scheduler.connector.recorder.close()
-    report = validate(trace)
-    assert report.ok, report.format()
 
 
 def test_async_lookup_defers_until_answered_then_loads_the_hit(model_dir: Path, tmp_path: Path) -> None:

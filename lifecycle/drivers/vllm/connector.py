@@ -10,7 +10,9 @@ Enable it in ``vllm serve`` (see docs/vllm.md)::
 Extra config keys: ``stack`` (one comma-separated policy stack, the CLI's names and
 ``pkg.mod:Class`` / ``file.py:Class`` specs), ``host_blocks`` (host tier capacity in vLLM
 blocks), ``lookup_delay_steps`` (steps before an async lookup answers, default 1),
-``ranks`` (workers that report each job; default: tensor-parallel size).
+``ranks`` (workers that report each job; default: tensor-parallel size),
+``store_timeout_steps`` (give up on a store some rank has not reported after this many
+steps; default: never).
 
 Hook mapping (scheduler side, ``lifecycle.ConnectorLifecycle``):
 ``on_new_request`` -> arrival (early lookup if a policy asks); ``get_num_new_matched_tokens``
@@ -19,8 +21,21 @@ admission policy defers or joins an in-flight load; ``update_state_after_alloc``
 job on the blocks vLLM allocated (``loading``) or ``running``; ``build_connector_meta`` ->
 the step's load and store jobs (stores cover confirmed tokens only) plus stores to flush
 for preempted requests; ``update_connector_output`` -> step output, then one
-``TransferReport`` per rank per job; ``request_finished`` -> hold the blocks while stores
-run (``hold_at_finish``) and report them in ``finished_sending``; ``take_events`` -> none.
+``TransferReport`` per rank per job (a job whose reports name failed blocks is a failed
+load or store: see below); ``request_finished`` -> hold the blocks while stores run
+(``hold_at_finish``) and report them in ``finished_sending``; ``take_events`` -> none, but
+it closes the step's output: vLLM calls it at the end of every ``update_from_output``,
+while ``update_connector_output`` is skipped when a step has no connector output.
+
+Failures. A worker reports a load's failed blocks twice: as vLLM device blocks through
+``get_block_ids_with_load_errors`` (vLLM's ``invalid_block_ids``: with
+``kv_load_failure_policy`` "recompute" vLLM cuts the request's computed tokens at the
+first failed block and recomputes from there, with "fail" it finishes the request with an
+error), and as block hashes in its per-rank report, which the scheduler side turns into
+kvlife's failed-load input (the blocks are discarded from the tier, nothing is published
+from them, the request leaves ``loading`` for ``waiting`` and is admitted again). A store's
+failed blocks are never made readable in the tier; the request finishes and its held blocks
+are released as usual.
 """
 
 from __future__ import annotations
@@ -84,15 +99,19 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
         self.stack_names = parse_stack(extra.get("stack"))
         self.host_blocks = int(extra.get("host_blocks", 4096))
         self.ranks = int(extra.get("ranks", vllm_config.parallel_config.world_size))
+        timeout = extra.get("store_timeout_steps")
+        self.store_timeout_steps = None if timeout is None else int(timeout)
         self.lifecycle: ConnectorLifecycle | None = None
         self.worker: HostPoolWorker | None = None
         self._in_step = False
+        self._output_seen = False  # update_connector_output came for the step output in progress
         self._worker_meta: KVLifeWorkerMetadata | None = None
         self._vllm_requests: dict[str, Request] = {}  # whose block_hashes grow as tokens come
         if role == KVConnectorRole.SCHEDULER:
             self.lifecycle = ConnectorLifecycle(
                 self.block_size, load_stack(self.stack_names), self.host_blocks, ranks=self.ranks,
                 lookup_delay_steps=int(extra.get("lookup_delay_steps", 1)),
+                store_timeout_steps=self.store_timeout_steps,
             )
         else:
             num_blocks = kv_cache_config.num_blocks if kv_cache_config is not None else 0
@@ -155,10 +174,12 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
             store_jobs={j.job_id: _job_spec(j, tier) for j in jobs.stores},
             jobs_to_flush=set(jobs.flush),
             hold_finished=list(jobs.hold_finished),
+            jobs_to_abandon=set(jobs.abandon),
         )
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         sched = self.sched
+        self._output_seen = True
         sched.step_output()
         meta = connector_output.kv_connector_worker_meta
         if isinstance(meta, KVLifeWorkerMetadata):
@@ -180,6 +201,14 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
         return self.request_finished(request, block_ids[0])
 
     def take_events(self) -> Iterable[Any]:
+        # The last connector call of every update_from_output. A step whose model runner
+        # output carries no connector output (vLLM's runner sends none for a step with
+        # nothing to report) never reached update_connector_output: its output still
+        # confirms the step's tokens.
+        if self.lifecycle is not None:
+            if not self._output_seen:
+                self.lifecycle.step_output()
+            self._output_seen = False
         return ()
 
     # For RecordingConnector: why a None answer, and the decisions / stale answers to trace.
@@ -193,6 +222,12 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self.worker is not None
         self.worker.register(kv_caches)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        # Called before the forward pass (start_load_kv may come after it): stores of
+        # preempted requests end before this step's compute reuses their blocks.
+        if self.worker is not None and isinstance(kv_connector_metadata, KVLifeMetadata):
+            self.worker.flush(kv_connector_metadata)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -215,6 +250,11 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
             return None, None
         sending, recving, self._worker_meta = self.worker.take_output()
         return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        # Asked after get_finished in the same pass: a failed load's device blocks come
+        # no later than its finished_recving, as vLLM requires.
+        return self.worker.take_invalid_blocks() if self.worker is not None else set()
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         meta, self._worker_meta = self._worker_meta, None

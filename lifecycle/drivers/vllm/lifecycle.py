@@ -85,6 +85,8 @@ class ConnectorJob:
     request_id: str
     moves: tuple[tuple[int, int, int], ...]  # (block hash, device block, tier slot)
     failed: set[int] = attrs.Factory(set)
+    started_step: int = 0
+    abandoned: bool = False  # a store given up on after ``store_timeout_steps``
 
 
 @attrs.frozen
@@ -95,6 +97,7 @@ class StepJobs:
     stores: tuple[ConnectorJob, ...]
     flush: tuple[int, ...]  # store jobs to finish before this step's compute (preempted owners)
     hold_finished: tuple[str, ...]  # requests to report in finished_sending once their stores end
+    abandon: tuple[int, ...] = ()  # store jobs given up on: workers still owing them report them failed
 
 
 class ConnectorLifecycle:
@@ -109,7 +112,10 @@ class ConnectorLifecycle:
         lookup_delay_steps: int = 1,
         tier: str = "host",
         lookup_answer: Callable[[str, int, int], int | None] | None = None,
+        store_timeout_steps: int | None = None,
     ) -> None:
+        if store_timeout_steps is not None and store_timeout_steps < 1:
+            raise ValueError(f"store_timeout_steps must be >= 1, got {store_timeout_steps}")
         self.block_tokens = block_tokens
         self.stack = stack
         self.tier = TierIndex(tier, host_blocks)
@@ -118,6 +124,10 @@ class ConnectorLifecycle:
         # Optional override of an async lookup's answer: (request, epoch, step) -> hit blocks
         # or None (a failed lookup: a miss). Default: what the tier holds when it answers.
         self.lookup_answer = lookup_answer
+        # A store that some rank has not reported this many steps after it started is
+        # given up on (``StepJobs.abandon``); None: wait for it forever (vLLM keeps a held
+        # request's blocks until finished_sending, so a store that never ends leaks them).
+        self.store_timeout_steps = store_timeout_steps
         self.requests: dict[str, ConnectorRequest] = {}
         self.jobs: dict[int, ConnectorJob] = {}
         self.in_flight_loads: dict[int, tuple[int, str]] = {}  # hash -> (job, request)
@@ -131,7 +141,8 @@ class ConnectorLifecycle:
         self._hold_finished: list[str] = []
         self._records: list[Record] = []
         self.stats: dict[str, int] = {"stale_lookup_answers": 0, "async_lookups": 0, "loads": 0, "stores": 0,
-                                      "deferrals": 0, "blocks_loaded": 0, "blocks_stored": 0}
+                                      "deferrals": 0, "blocks_loaded": 0, "blocks_stored": 0,
+                                      "failed_loads": 0, "failed_stores": 0, "abandoned_stores": 0}
 
     # ---- trace records the recorder picks up (decisions, stale answers) ---------------
     def take_records(self) -> list[Record]:
@@ -284,7 +295,8 @@ class ConnectorLifecycle:
         hashes = self._candidates(req)[first:first + count]
         devices = req.block_ids[first:first + count]
         slots = self.tier.prepare_load(hashes)
-        job = ConnectorJob(self._new_job(), "load", request_id, tuple(zip(hashes, devices, slots, strict=True)))
+        job = ConnectorJob(self._new_job(), "load", request_id, tuple(zip(hashes, devices, slots, strict=True)),
+                           started_step=self.step)
         self.jobs[job.job_id] = job
         self.ranks.open(job.job_id)
         for h in hashes:
@@ -336,9 +348,33 @@ class ConnectorLifecycle:
                 job = self._maybe_store(req)
                 if job is not None:
                     stores.append(job)
-        out = StepJobs(tuple(self._loads), tuple(stores), tuple(self._flush), tuple(self._hold_finished))
+        out = StepJobs(tuple(self._loads), tuple(stores), tuple(self._flush), tuple(self._hold_finished),
+                       self._expire_stores())
         self._loads, self._flush, self._hold_finished = [], [], []
         return out
+
+    def _expire_stores(self) -> tuple[int, ...]:
+        """Store jobs open for ``store_timeout_steps``: the workers that still owe them
+        report them failed (their blocks never enter the tier) and release the held
+        request. Loads are never given up on: a late copy would land in device blocks
+        vLLM may have handed to a recompute."""
+        timeout = self.store_timeout_steps
+        if timeout is None:
+            return ()
+        out = []
+        for job in sorted(self.jobs.values(), key=lambda j: j.job_id):
+            if job.kind != "store" or job.abandoned or self.step - job.started_step < timeout:
+                continue
+            job.abandoned = True
+            out.append(job.job_id)
+            self.stats["abandoned_stores"] += 1
+            self._records.append({"kind": "warning", "t": float(self.step), "what": "store_abandoned",
+                                  "job": job.job_id, "req": job.request_id,
+                                  "ranks": list(self.ranks.missing_ranks(job.job_id)),
+                                  "note": f"store open for {self.step - job.started_step} steps "
+                                          f"(store_timeout_steps {timeout}): the ranks that owe it report it "
+                                          "failed"})
+        return tuple(out)
 
     def _maybe_store(self, req: ConnectorRequest) -> ConnectorJob | None:
         bt = self.block_tokens
@@ -356,7 +392,7 @@ class ConnectorLifecycle:
             return None
         device_of = dict(zip(hashes, devices, strict=True))
         job = ConnectorJob(self._new_job(), "store", req.request_id,
-                           tuple((h, device_of[h], slot) for h, slot in plan.accepted))
+                           tuple((h, device_of[h], slot) for h, slot in plan.accepted), started_step=self.step)
         self.jobs[job.job_id] = job
         self.ranks.open(job.job_id)
         req.store_jobs.add(job.job_id)
@@ -429,8 +465,12 @@ class ConnectorLifecycle:
         job.failed = set(outcome.failed)
         hashes = [m[0] for m in job.moves]
         req = self.requests.get(job.request_id)
+        if job.failed:
+            self._record_failure(job)
         if job.kind == "load":
             self.tier.complete_load(hashes)
+            # A block that failed to load is bad in the tier: it is never handed out
+            # again until a store rewrites it (invariant 4's stale-hit check).
             self.tier.discard([h for h in hashes if h in job.failed])
             for h in hashes:
                 if self.in_flight_loads.get(h, (None,))[0] == job_id:
@@ -440,14 +480,25 @@ class ConnectorLifecycle:
                 if req.state == "loading" and not req.load_jobs:
                     req.state = "running" if not job.failed else "waiting"
                     if job.failed:
+                        # vLLM (kv_load_failure_policy "recompute") cut the request's
+                        # computed tokens at the first failed block: it is admitted again
+                        # (update_state_after_alloc with no external tokens, or a new
+                        # lookup when nothing before the failed block is left) and
+                        # recomputes from there.
                         req.epoch += 1
                         req.computed = req.confirmed = 0
+                        req.hit_blocks = None
         else:
+            # A failed store publishes nothing: its blocks never become readable.
             self.tier.complete_store([h for h in hashes if h not in job.failed], ok=True)
             self.tier.complete_store([h for h in hashes if h in job.failed], ok=False)
             if req is not None:
-                req.store_jobs.discard(job_id)
+                req.store_jobs.discard(job_id)  # not retried, as kvlife's engine does not
         return job
+
+    def _record_failure(self, job: ConnectorJob) -> None:
+        # The trace's failure records come from the recorder, which sees every rank's report.
+        self.stats["failed_loads" if job.kind == "load" else "failed_stores"] += 1
 
     def sent(self, request_id: str) -> None:
         """vLLM freed a held request's blocks (finished_sending): it is finished."""

@@ -30,6 +30,9 @@ class KVLifeMetadata(KVConnectorMetadata):
     jobs_to_flush: set[int] = field(default_factory=set)
     # Requests whose blocks vLLM holds until they appear in finished_sending.
     hold_finished: list[str] = field(default_factory=list)
+    # Store jobs the scheduler side gave up on (``store_timeout_steps``): a worker that has
+    # not finished one reports it failed, so its request's held blocks are released.
+    jobs_to_abandon: set[int] = field(default_factory=set)
 
 
 @dataclass

@@ -25,8 +25,15 @@ which turns what vLLM and the connector say into kvlife records that ``kvlife va
   one ``transfer_report`` input per rank per job (job reports come from the connector's
   worker metadata: kvlife's per-rank reports, or OffloadingConnector's per-step counts),
   ``job_done`` once every rank reported, ``load_done``, ``completed`` after
-  ``finished_sending``;
-- ``request_finished`` -> ``abort`` input and ``aborted``, or a finish in the next step output.
+  ``finished_sending``. A step whose model runner output carries no connector output never
+  reaches ``update_connector_output``; ``take_events``, which vLLM calls at the end of every
+  ``update_from_output``, records its ``step_output`` then;
+- a job whose reports name failed blocks -> ``job_done`` with the count and a
+  ``load_failed`` / ``store_failed`` warning naming them; a failed load moves its request
+  ``load_failed`` (vLLM recomputes it; if nothing before the failed block is left, vLLM
+  frees its blocks), or ``failed`` when vLLM's ``kv_load_failure_policy`` is "fail";
+- ``request_finished`` -> ``abort`` input and ``aborted``, or a finish in the next step output
+  (``failed`` for vLLM's ``FINISHED_ERROR``).
 
 Block names: a prompt block is named by vLLM's block hash (``block_hash_int``); a block that
 generated tokens filled is named as kvlife's engine names it
@@ -90,6 +97,7 @@ class _Req:
     load_async: bool = False
     load_jobs: set[int] = attrs.Factory(set)
     free_on: str | None = None  # "recving" / "sending": vLLM frees its blocks on that report
+    error: bool = False  # vLLM finished it with an error while it was loading
 
 
 @attrs.define(slots=True, eq=False)
@@ -119,8 +127,9 @@ class TraceRecorder:
     def __init__(self, path: str | Path, block_tokens: int, ranks: int = 1, tier: str = "host",
                  tier_blocks: int = 1, device_blocks: int = 1, max_batched_tokens: int = 1, max_running: int = 1,
                  async_scheduling: bool = False, policies: Iterable[str] = (), fenced_stores: bool = True,
-                 source: str = "vllm") -> None:
+                 source: str = "vllm", load_failure_policy: str = "fail") -> None:
         self.block_tokens = block_tokens
+        self.load_failure_policy = load_failure_policy
         self.ranks = ranks
         self.tier = tier
         self.fenced_stores = fenced_stores
@@ -143,6 +152,7 @@ class TraceRecorder:
         self.steps: deque[tuple[int, list[int]]] = deque()  # (step id, store jobs to start at its output)
         self.pending_stores: dict[int, tuple[str, list[tuple[int, int, str]]]] = {}
         self.finishes: list[tuple[str, str, bool]] = []  # (request, reason, held) since the last output
+        self.outputs = 0  # step outputs recorded
         self.next_step = 0
         self.lines_written = 0
         self.renamed: dict[int, int] = {}  # vLLM hash of a generated block -> kvlife's name of it
@@ -357,9 +367,15 @@ class TraceRecorder:
             else:
                 self._release(req)
             return
-        self.finishes.append((rid, "length" if status == "FINISHED_LENGTH_CAPPED" else "stopped", held))
+        why = {"FINISHED_LENGTH_CAPPED": "length", "FINISHED_ERROR": "error"}.get(status, "stopped")
+        self.finishes.append((rid, why, held))
 
-    def output(self, output: KVConnectorOutput) -> None:
+    def output(self, output: KVConnectorOutput | None) -> None:
+        """One step output (the oldest step in flight). ``None``: the step's model runner
+        output carried no connector output (vLLM then skips update_connector_output; the
+        connector learns of the output from take_events)."""
+        output = output if output is not None else KVConnectorOutput()
+        self.outputs += 1
         step, stores = self.steps.popleft() if self.steps else (-1, [])
         finishes, self.finishes = self.finishes, []
         self._input("step_output", step_id=step, finished=[[rid, why] for rid, why, _ in finishes])
@@ -368,11 +384,24 @@ class TraceRecorder:
         for job_id in stores:
             rid, moves = self.pending_stores.pop(job_id)
             self._start_job(job_id, "store", attrs.make_class("J", ["req_id"])(rid), moves)
+        errored = []
         for rid, why, held in finishes:
             req = self.requests[rid]
+            if req.state == "loading" and why == "error":
+                # vLLM failed it (kv_load_failure_policy "fail") on the report that comes
+                # below: moved once that report is recorded.
+                req.error = True
+                errored.append(rid)
+                continue
             if req.state != "running":
                 continue
-            if held:
+            if why == "error":
+                if held:
+                    req.free_on = "sending"
+                self._move(rid, "failed", "finished", "vLLM finished it with an error")
+                if not held:
+                    self._release(req)
+            elif held:
                 req.free_on = "sending"
                 self._move(rid, "send_started", "sending", f"finished ({why}); the connector holds its blocks")
             else:
@@ -380,6 +409,13 @@ class TraceRecorder:
                 self._release(req)
         for job_id, rank, failed in self._reports(output):
             self._report(job_id, rank, failed)
+        for rid in errored:
+            req = self.requests[rid]
+            if req.state == "loading":
+                # vLLM keeps a loading request's blocks until its finished_recving.
+                req.free_on = "recving"
+                self._move(rid, "failed", "finished",
+                           "its load failed and vLLM's kv_load_failure_policy is 'fail'")
         for rid in sorted(output.finished_recving or ()):
             got = self.requests.get(rid)
             if got is None:
@@ -424,6 +460,8 @@ class TraceRecorder:
         del self.jobs[job_id]
         self._write({"kind": "job_done", "t": self.t, "job": job_id, "op": job.kind, "failed": len(job.failed),
                      "late": False})
+        if job.failed:
+            self._failure_warning(job_id, job)
         req = self.requests.get(job.request_id)
         if job.kind == "store":
             freed = []
@@ -442,8 +480,24 @@ class TraceRecorder:
         if req is None:
             return
         req.load_jobs.discard(job_id)
-        if req.state == "loading" and not req.load_jobs and job.failed:
-            self._move(job.request_id, "load_failed", "waiting", f"{len(job.failed)} blocks failed to load")
+        if req.state == "loading" and not req.load_jobs and job.failed and not req.error:
+            self._move(job.request_id, "load_failed", "waiting",
+                       f"{len(job.failed)} blocks failed to load: vLLM recomputes from the first")
+            if getattr(req.vllm, "num_computed_tokens", 1) == 0:
+                # Nothing before the first failed block: vLLM frees the request's blocks
+                # (at its next schedule, before any reuse) and looks it up again.
+                self._release(req)
+
+    def _failure_warning(self, job_id: int, job: _Job) -> None:
+        blocks = [h for h, _, _ in job.moves if h in job.failed]
+        if job.kind == "load":
+            note = (f"vLLM's kv_load_failure_policy {self.load_failure_policy!r}: "
+                    + ("the request recomputes from its first failed block"
+                       if self.load_failure_policy == "recompute" else "the request fails"))
+        else:
+            note = "the failed blocks are not kept in the tier; the request's blocks are released as usual"
+        self._write({"kind": "warning", "t": self.t, "what": f"{job.kind}_failed", "job": job_id,
+                     "req": job.request_id, "blocks": blocks, "note": note})
 
 
 def _connector_class(spec: str) -> type[KVConnectorBase_V1]:
@@ -468,7 +522,7 @@ class RecordingConnector(KVConnectorBase_V1, SupportsHMA):
         if not isinstance(inner, str):
             raise ValueError("RecordingConnector: kv_connector_extra_config.record.inner must name the wrapped "
                              "connector (a registered name like 'OffloadingConnector', or 'pkg.mod:Class')")
-        self.inner: KVConnectorBase_V1 = _connector_class(inner)(vllm_config, role, kv_cache_config)
+        self.inner: KVConnectorBase_V1 = _connector_class(inner)(vllm_config, role, kv_cache_config)  # type: ignore[arg-type,unused-ignore]
         self.recorder: TraceRecorder | None = None
         trace = record.get("trace")
         if role == KVConnectorRole.SCHEDULER and trace:
@@ -483,7 +537,9 @@ class RecordingConnector(KVConnectorBase_V1, SupportsHMA):
                 max_running=sched.max_num_seqs, async_scheduling=bool(sched.async_scheduling),
                 policies=list(getattr(self.inner, "stack_names", [])) or [inner_cls],
                 source=f"vllm:{inner_cls}",
+                load_failure_policy=str(getattr(self._kv_transfer_config, "kv_load_failure_policy", "fail")),
             )
+        self._output_seen = False  # update_connector_output came for the step output in progress
 
     def _extra(self) -> None:
         take = getattr(self.inner, "kvlife_take_records", None)
@@ -527,6 +583,7 @@ class RecordingConnector(KVConnectorBase_V1, SupportsHMA):
         return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self._output_seen = True
         self.inner.update_connector_output(connector_output)
         if self.recorder is not None:
             self._extra()
@@ -548,7 +605,15 @@ class RecordingConnector(KVConnectorBase_V1, SupportsHMA):
         return held, params
 
     def take_events(self) -> Iterable[Any]:
-        return self.inner.take_events()
+        # vLLM calls this at the end of every update_from_output, and update_connector_output
+        # only when the step's model runner output carries a connector output: a step
+        # without one is recorded here, as an output with nothing to report.
+        events = self.inner.take_events()
+        if self.recorder is not None and not self._output_seen:
+            self._extra()
+            self.recorder.output(None)
+        self._output_seen = False
+        return events
 
     # ---- worker side: forwarded unchanged -------------------------------------------------
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

@@ -4,10 +4,13 @@ Two workers speak the same protocol (``KVLifeMetadata`` in, ``KVLifeWorkerMetada
 ``finished_recving`` / ``finished_sending`` out):
 
 - ``HostPoolWorker``: real bytes. It copies blocks between vLLM's paged KV tensors and a
-  kvlife ``HostPool`` (pinned on CUDA), loads before the step's forward pass
-  (``start_load_kv``) and stores after it (``wait_for_save``). On CUDA the copies run on a
-  side stream that waits for the compute stream, one event per job, polled with
-  ``event.query()``; on CPU they are synchronous and report in the same step.
+  kvlife ``HostPool`` (pinned on CUDA): loads in ``start_load_kv`` (vLLM calls it after
+  launching the forward pass when the step has no sync loads; every KVLifeConnector load
+  is async, into blocks of a request the step does not compute), stores in
+  ``wait_for_save`` after the forward pass, and the stores of preempted requests are
+  finished in ``handle_preemptions``, before the forward pass reuses their blocks. On CUDA
+  the copies run on a side stream that waits for the compute stream, one event per job,
+  polled with ``event.query()``; on CPU they are synchronous and report in the same step.
 - ``SimulatedWorker``: no bytes; each job completes after a scripted number of steps, so
   tests drive vLLM's real scheduler on a CPU-only machine. Several simulated workers
   report separately, as tensor-parallel ranks do, and vLLM's ``KVOutputAggregator``
@@ -16,7 +19,7 @@ Two workers speak the same protocol (``KVLifeMetadata`` in, ``KVLifeWorkerMetada
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -26,8 +29,11 @@ from kvlife.lifecycle.drivers.vllm.metadata import KVLifeJob, KVLifeMetadata, KV
 from kvlife.transfer.host_pool import HostPool
 from kvlife.transfer.layout import BlockGeometry, ModelShape
 
-# (job id, kind, request id) -> steps until the job reports (0: in this step's output).
-DelayFn = Callable[[int, str, str], int]
+# (job id, kind, request id) -> steps until the job reports (0: in this step's output;
+# None: never, a transfer that hangs).
+DelayFn = Callable[[int, str, str], int | None]
+# (rank, job) -> the block hashes of the job that fail on that rank (empty: none).
+FailFn = Callable[[int, KVLifeJob], Sequence[int]]
 
 
 class _JobBook:
@@ -59,43 +65,63 @@ class _JobBook:
         return out
 
 
-class SimulatedWorker:
-    """One simulated rank: jobs complete after scripted delays (in steps)."""
+def _failed_devices(job: KVLifeJob, failed: tuple[int, ...]) -> set[int]:
+    """vLLM's invalid_block_ids for a load: the device blocks of its failed hashes."""
+    bad = set(failed)
+    return {d for h, d in zip(job.block_hashes, job.device_blocks, strict=True) if h in bad}
 
-    def __init__(self, rank: int = 0, load_delay: int | DelayFn = 1, store_delay: int | DelayFn = 0,
-                 fail: Callable[[int, KVLifeJob], list[int]] | None = None) -> None:
+
+class SimulatedWorker:
+    """One simulated rank: jobs complete after scripted delays (in steps), and ``fail``
+    scripts which blocks of a job fail. A load's failed blocks come back twice, as vLLM's
+    runner sends them: device blocks in ``invalid_block_ids`` and hashes in the rank's
+    report, in the same output as the request's ``finished_recving``. A delay of None is a
+    transfer that never ends; a store the scheduler side abandons
+    (``KVLifeMetadata.jobs_to_abandon``) is then reported failed, every block."""
+
+    def __init__(self, rank: int = 0, load_delay: int | DelayFn | None = 1,
+                 store_delay: int | DelayFn | None = 0, fail: FailFn | None = None) -> None:
         self.rank = rank
         self._load_delay = load_delay
         self._store_delay = store_delay
         self.fail = fail
         self.step = 0
-        self._due: dict[int, tuple[int, KVLifeJob]] = {}  # job -> (due step, job)
+        self._due: dict[int, tuple[int | None, KVLifeJob]] = {}  # job -> (due step or never, job)
         self._book = _JobBook()
 
-    def _delay(self, job_id: int, job: KVLifeJob) -> int:
+    def _delay(self, job_id: int, job: KVLifeJob) -> int | None:
         delay = self._load_delay if job.kind == "load" else self._store_delay
         return delay(job_id, job.kind, job.req_id) if callable(delay) else delay
 
-    def run_step(self, meta: Any) -> KVConnectorOutput:
-        """Execute one step's metadata; return this rank's connector output for the step."""
+    def run_step(self, meta: Any, out: Any = None) -> KVConnectorOutput:
+        """Execute one step's metadata; return this rank's connector output for the step
+        (``out``, the scheduler output, is not needed: no bytes move)."""
         self.step += 1
+        abandoned: set[int] = set()
         if isinstance(meta, KVLifeMetadata):
             for job_id, job in sorted({**meta.load_jobs, **meta.store_jobs}.items()):
-                self._due[job_id] = (self.step + self._delay(job_id, job), job)
+                delay = self._delay(job_id, job)
+                self._due[job_id] = (None if delay is None else self.step + delay, job)
                 self._book.add(job_id, job)
             for job_id in meta.jobs_to_flush:
                 if job_id in self._due:
                     self._due[job_id] = (self.step, self._due[job_id][1])
+            abandoned = {j for j in meta.jobs_to_abandon if j in self._due}
+            for job_id in abandoned:
+                self._due[job_id] = (self.step, self._due[job_id][1])
             self._book.holds.update(meta.hold_finished)
         reports: list[tuple[int, int, tuple[int, ...]]] = []
         recving: set[str] = set()
         invalid: set[int] = set()
-        for job_id in sorted(j for j, (due, _) in self._due.items() if due <= self.step):
+        for job_id in sorted(j for j, (due, _) in self._due.items() if due is not None and due <= self.step):
             _, job = self._due.pop(job_id)
-            failed = tuple(self.fail(self.rank, job)) if self.fail is not None else ()
+            if job_id in abandoned:
+                failed = tuple(job.block_hashes)
+            else:
+                failed = tuple(self.fail(self.rank, job)) if self.fail is not None else ()
             reports.append((job_id, self.rank, failed))
             if job.kind == "load":
-                invalid.update(d for h, d in zip(job.block_hashes, job.device_blocks, strict=True) if h in failed)
+                invalid |= _failed_devices(job, failed)
             self._book.done(job_id, job, recving)
         return KVConnectorOutput(
             finished_recving=recving or None,
@@ -118,22 +144,37 @@ def _host_geometry(block_bytes: int, block_tokens: int) -> BlockGeometry:
                                     block_tokens=block_tokens))
 
 
-class HostPoolWorker:
-    """Real copies between vLLM's paged KV tensors and a kvlife HostPool (one rank)."""
+# What a copy between vLLM's KV tensors and the host pool raises when it cannot be done
+# (a slot out of range, a shape that does not fit, a device error).
+_COPY_ERRORS = (RuntimeError, IndexError, ValueError)
 
-    def __init__(self, rank: int, host_blocks: int, block_tokens: int, num_device_blocks: int) -> None:
+
+class HostPoolWorker:
+    """Real copies between vLLM's paged KV tensors and a kvlife HostPool (one rank).
+
+    A copy that raises fails the whole job (every block); ``fail`` scripts failures as the
+    simulated worker's does (the failed blocks are not copied). A load's failed device
+    blocks are handed to vLLM by ``take_invalid_blocks`` (the connector's
+    ``get_block_ids_with_load_errors``), in the same pass as its ``finished_recving``."""
+
+    def __init__(self, rank: int, host_blocks: int, block_tokens: int, num_device_blocks: int,
+                 fail: FailFn | None = None) -> None:
         self.rank = rank
         self.host_blocks = host_blocks
         self.block_tokens = block_tokens
         self.num_device_blocks = num_device_blocks
+        self.fail = fail
         self.layers: list[tuple[torch.Tensor, int]] = []  # (tensor, block dim)
         self.pool: HostPool | None = None
         self._cuda = False
         self._side: Any = None
-        self._inflight: list[tuple[int, KVLifeJob, Any]] = []  # (job, job spec, event)
+        # (job, job spec, event, failed hashes); reported once the event is done.
+        self._inflight: list[tuple[int, KVLifeJob, Any, tuple[int, ...]]] = []
         self._reports: list[tuple[int, int, tuple[int, ...]]] = []
         self._recving: set[str] = set()
+        self._invalid: set[int] = set()
         self._book = _JobBook()
+        self.copy_errors = 0
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         block_bytes = 0
@@ -168,33 +209,53 @@ class HostPoolWorker:
             t.index_copy_(dim, idx, part.reshape(len(blocks), *shape).movedim(0, dim))
             offset += width
 
-    def _run(self, job_id: int, job: KVLifeJob) -> None:
+    def _copy(self, job: KVLifeJob, keep: list[int]) -> None:
+        """Copy the moves at positions ``keep`` of ``job``."""
         assert self.pool is not None
+        if not keep:
+            return
+        slots = [job.slots[i] for i in keep]
+        devices = [job.device_blocks[i] for i in keep]
+        if job.kind == "load":
+            rows = torch.empty((len(slots), self.pool.block_bytes), dtype=torch.uint8)
+            self.pool.read_many(slots, rows)
+            self._scatter(devices, rows.to(self.layers[0][0].device, non_blocking=True))
+        else:
+            self.pool.write_many(slots, self._gather(devices).cpu())
+
+    def _run(self, job_id: int, job: KVLifeJob) -> None:
         self._book.add(job_id, job)
+        failed = tuple(self.fail(self.rank, job)) if self.fail is not None else ()
+        bad = set(failed)
+        keep = [i for i, h in enumerate(job.block_hashes) if h not in bad]
         stream = torch.cuda.stream(self._side) if self._cuda else None
         if stream is not None:
             self._side.wait_stream(torch.cuda.current_stream())
             stream.__enter__()
+        event = None
         try:
-            if job.kind == "load":
-                rows = torch.empty((len(job.slots), self.pool.block_bytes), dtype=torch.uint8)
-                self.pool.read_many(job.slots, rows)
-                self._scatter(job.device_blocks, rows.to(self.layers[0][0].device, non_blocking=True))
-            else:
-                self.pool.write_many(job.slots, self._gather(job.device_blocks).cpu())
-            event = None
+            try:
+                self._copy(job, keep)
+            except _COPY_ERRORS:
+                self.copy_errors += 1
+                failed = tuple(job.block_hashes)  # the job failed as a whole
             if self._cuda:
                 event = torch.cuda.Event()
                 event.record(self._side)
         finally:
             if stream is not None:
                 stream.__exit__(None, None, None)
-        self._inflight.append((job_id, job, event))
+        self._inflight.append((job_id, job, event, failed))
 
-    def start_load(self, meta: KVLifeMetadata) -> None:
+    def flush(self, meta: KVLifeMetadata) -> None:
+        """Before the forward pass: end the stores of preempted requests (their blocks are
+        reused by this step) and learn which finished requests are held."""
         self._book.holds.update(meta.hold_finished)
         for job_id in sorted(meta.jobs_to_flush):
             self._poll(wait=True, only=job_id)
+
+    def start_load(self, meta: KVLifeMetadata) -> None:
+        self.flush(meta)
         for job_id, job in sorted(meta.load_jobs.items()):
             self._run(job_id, job)
         if self._cuda:
@@ -203,20 +264,39 @@ class HostPoolWorker:
     def save(self, meta: KVLifeMetadata) -> None:
         for job_id, job in sorted(meta.store_jobs.items()):
             self._run(job_id, job)
+        if meta.jobs_to_abandon:
+            self._abandon(meta.jobs_to_abandon)
+
+    def _abandon(self, jobs: set[int]) -> None:
+        """Stores the scheduler side gave up on: report the ones still copying as failed.
+        Their copies stay queued on the side stream, ahead of every later copy, so a host
+        slot handed out again is written after them."""
+        keep = []
+        for job_id, job, event, failed in self._inflight:
+            if job_id in jobs and job.kind == "store":
+                self._report(job_id, job, tuple(job.block_hashes))
+            else:
+                keep.append((job_id, job, event, failed))
+        self._inflight = keep
+
+    def _report(self, job_id: int, job: KVLifeJob, failed: tuple[int, ...]) -> None:
+        self._reports.append((job_id, self.rank, failed))
+        if job.kind == "load":
+            self._invalid |= _failed_devices(job, failed)
+        self._book.done(job_id, job, self._recving)
 
     def _poll(self, wait: bool = False, only: int | None = None) -> None:
         keep = []
-        for job_id, job, event in self._inflight:
+        for job_id, job, event, failed in self._inflight:
             if only is not None and job_id != only:
-                keep.append((job_id, job, event))
+                keep.append((job_id, job, event, failed))
                 continue
             if event is not None and not event.query():
                 if not wait:
-                    keep.append((job_id, job, event))
+                    keep.append((job_id, job, event, failed))
                     continue
                 event.synchronize()
-            self._reports.append((job_id, self.rank, ()))
-            self._book.done(job_id, job, self._recving)
+            self._report(job_id, job, failed)
         self._inflight = keep
 
     def take_output(self) -> tuple[set[str], set[str], KVLifeWorkerMetadata | None]:
@@ -225,6 +305,15 @@ class HostPoolWorker:
         reports, self._reports = self._reports, []
         recving, self._recving = self._recving, set()
         return self._book.sent(), recving, KVLifeWorkerMetadata(reports) if reports else None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._inflight or self._reports)
+
+    def take_invalid_blocks(self) -> set[int]:
+        """Device blocks of failed loads reported since the last call (vLLM's invalid_block_ids)."""
+        out, self._invalid = self._invalid, set()
+        return out
 
 
 class OffloadingSimulatedWorker:
@@ -240,7 +329,7 @@ class OffloadingSimulatedWorker:
         self._due: dict[int, tuple[int, str, str]] = {}  # job -> (due step, kind, request)
         self._loads_of: dict[str, set[int]] = {}
 
-    def run_step(self, meta: Any) -> KVConnectorOutput:
+    def run_step(self, meta: Any, out: Any = None) -> KVConnectorOutput:
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 
         self.step += 1
