@@ -22,7 +22,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -116,22 +115,29 @@ def _set(document: Any, path: tuple[Any, ...], value: Any, delete: bool) -> None
 
 
 @st.composite
-def value_mutation(draw: st.DrawFn, header: bool) -> tuple[list[bytes], int]:
-    """A real trace with one value of one line replaced, deleted or added: (lines, line index)."""
+def value_mutation(draw: st.DrawFn, header: bool) -> list[bytes]:
+    """A real trace with values replaced, deleted or added: in the header, or in one to
+    three records."""
     lines = list(draw(st.sampled_from(base_traces())))
-    index = 0 if header else draw(st.integers(1, len(lines) - 1))
-    document = orjson.loads(lines[index])
-    places = [p for p in _paths(document) if not (header and p == ("kind",))]
-    how = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
-    if how == "add":
-        parents = [p for p in [(), *places] if isinstance(_get(document, p), dict)]
-        where = draw(st.sampled_from(parents))
-        _set(document, (*where, draw(st.sampled_from(["zz", "kind", "t", "extra"]))), draw(NASTY), delete=False)
-    else:
-        where = draw(st.sampled_from(places))
-        _set(document, where, draw(NASTY), delete=how == "delete")
-    lines[index] = _dumps(document)
-    return lines, index
+    for _ in range(1 if header else draw(st.integers(1, 3))):
+        index = 0 if header else draw(st.integers(1, len(lines) - 1))
+        try:
+            document = json.loads(lines[index])
+        except ValueError:
+            continue
+        places = [p for p in _paths(document) if not (header and p == ("kind",))]
+        how = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+        if how == "add" or not places:
+            parents = [p for p in [(), *places] if isinstance(_get(document, p), dict)]
+            if not parents:
+                continue
+            where = draw(st.sampled_from(parents))
+            _set(document, (*where, draw(st.sampled_from(["zz", "kind", "t", "extra"]))), draw(NASTY), delete=False)
+        else:
+            where = draw(st.sampled_from(places))
+            _set(document, where, draw(NASTY), delete=how == "delete")
+        lines[index] = _dumps(document)
+    return lines
 
 
 def _get(document: Any, path: tuple[Any, ...]) -> Any:
@@ -231,14 +237,14 @@ def check_all_commands(lines: list[bytes]) -> None:
 
 @FUZZ
 @given(value_mutation(header=True))
-def test_mutated_header_values(mutated: tuple[list[bytes], int]) -> None:
-    check_all_commands(mutated[0])
+def test_mutated_header_values(lines: list[bytes]) -> None:
+    check_all_commands(lines)
 
 
 @FUZZ
 @given(value_mutation(header=False))
-def test_mutated_record_values(mutated: tuple[list[bytes], int]) -> None:
-    check_all_commands(mutated[0])
+def test_mutated_record_values(lines: list[bytes]) -> None:
+    check_all_commands(lines)
 
 
 @FUZZ
@@ -252,3 +258,43 @@ def test_garbled_lines(lines: list[bytes]) -> None:
 def test_degenerate_files(content: bytes, tmp_path: Path) -> None:
     lines = content.split(b"\n") if content else []
     check_all_commands([line for line in lines if line] if content.strip() else lines)
+
+
+def _edit(lines: list[bytes], index: int, **values: Any) -> None:
+    lines[index] = json.dumps({**json.loads(lines[index]), **values}, separators=(",", ":")).encode()
+
+
+def test_a_chunk_past_the_device_is_a_finding_not_a_hang() -> None:
+    """Two crafted values together: a prompt chunk of 10**15 tokens and a store of a block the
+    request never had. Followed, the validator would derive block names up to that token."""
+    lines = list(base_traces()[0])
+    records = [json.loads(raw) for raw in lines]
+    step = next(i for i, r in enumerate(records) if r["kind"] == "step" and r["prompt"])
+    chunk = records[step]["prompt"][0]
+    _edit(lines, step, prompt=[[chunk[0], 0, 10**15]])
+    store = next(i for i, r in enumerate(records) if i > step and r["kind"] == "job" and r["req"] == chunk[0])
+    moves = records[store]["moves"]
+    _edit(lines, store, moves=[[123456789, *moves[0][1:]], *moves[1:]])
+    check_all_commands(lines)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + b"\n")
+        code, out, _err = run(["validate", str(trace)])
+    assert code == 1
+    assert f"line {step + 1}: invariant 0 (well-formed trace): step " in out and "field 'prompt'" in out
+
+
+@pytest.mark.parametrize(("field", "value"), [("block_hashes", [[], 2]), ("block_hashes", ["x"]),
+                                              ("prompt_tokens", -5)])
+def test_arrival_values_the_engine_trusts_are_checked(field: str, value: Any) -> None:
+    lines = list(base_traces()[0])
+    _edit(lines, 1, **{field: value})
+    assert b'"type":"arrival"' in lines[1]
+    check_all_commands(lines)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + b"\n")
+        code, _out, err = run(["replay", str(trace)])
+        assert code == 2 and err.startswith(f"kvlife: error: {trace}:2: field '{field}': "), err
+        code, out, _err = run(["validate", str(trace)])
+        assert code == 1 and f"line 2: invariant 0 (well-formed trace): bad input record: field '{field}'" in out

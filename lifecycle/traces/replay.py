@@ -111,8 +111,9 @@ def replay(path: str | Path, stop_at_divergence: bool = True, *, allow_code: boo
                 inputs += 1
                 try:
                     engine.handle(event)
-                except ValueError as exc:
-                    raise TraceError(p, number, f"field 't': {exc}") from None
+                except ValueError as exc:  # the engine refuses time going backwards
+                    field = "field 't': " if str(exc).startswith("time went backwards") else ""
+                    raise TraceError(p, number, f"{field}{exc}") from None
                 if isinstance(event, StepOutput) and (last_output is None or event.step_id > last_output[0]):
                     last_output = (event.step_id, number)
         got = produced.popleft() if produced else None
