@@ -93,13 +93,15 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _integer(minimum: int | None) -> Validator:
+def _integer(minimum: int | None, maximum: int | None = None, why: str = "") -> Validator:
     want = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(
         minimum, f"an integer >= {minimum}")
 
     def check(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         if not _is_int(value) or (minimum is not None and value < minimum):
             raise ConfigError(attribute.name, f"must be {want}, got {describe(value)}")
+        if maximum is not None and value > maximum:
+            raise ConfigError(attribute.name, f"must be at most {maximum:,} ({why}), got {value:,}")
 
     return check
 
@@ -157,6 +159,19 @@ def _redis_url(instance: object, attribute: attrs.Attribute[Any], value: Any) ->
 
 _positive_int = _integer(1)
 _non_negative_int = _integer(0)
+
+# Upper bounds on the sizes the engine allocates bookkeeping for up front (a list entry per
+# device block and per tier slot, a flag per rank per job): a value past them exhausts
+# memory or hangs instead of running. Device pool: ~140 bytes per block, so the bound is
+# ~0.6 GB; tier index: ~40 bytes per slot, ~0.7 GB.
+MAX_BLOCK_TOKENS = 1 << 20  # tokens per block: past any model's context window
+MAX_DEVICE_BLOCKS = 1 << 22
+MAX_TIER_BLOCKS = 1 << 24
+MAX_RANKS = 1 << 10
+_block_tokens = _integer(1, MAX_BLOCK_TOKENS, "longer than any context window")
+_device_blocks = _integer(1, MAX_DEVICE_BLOCKS, "the device pool keeps ~140 bytes per block")
+_tier_blocks = _integer(1, MAX_TIER_BLOCKS, "a tier index keeps ~40 bytes per slot")
+_ranks = _integer(1, MAX_RANKS, "one report flag per rank per transfer job")
 _positive = _number(0.0, strict=True)
 _non_negative = _number(0.0, strict=False)
 
@@ -183,7 +198,7 @@ def is_derived(value: int) -> bool:
 @attrs.frozen
 class TierConfig:
     name: str = attrs.field(validator=_choice("host", "disk", "remote"))
-    capacity_blocks: int = attrs.field(validator=_positive_int)
+    capacity_blocks: int = attrs.field(validator=_tier_blocks)
     eviction: str = attrs.field(default="lru", validator=_choice("lru", "arc"))
     # Cost model (simulator); the live runtime measures the real thing. None: the tier's link
     # in the hardware profile (host: the host link per direction; disk: the NVMe drive; remote:
@@ -210,14 +225,14 @@ def tier_order_problem(names: list[str]) -> tuple[int, str] | None:
 
 @attrs.frozen
 class EngineConfig:
-    block_tokens: int = attrs.field(default=512, validator=_positive_int)
+    block_tokens: int = attrs.field(default=512, validator=_block_tokens)
     # Derived by the simulator from the profiles unless set (the int is what code without
     # profiles uses: a bare Engine, the live runtime).
-    device_blocks: int = attrs.field(default=Derived(2000), validator=_positive_int)
+    device_blocks: int = attrs.field(default=Derived(2000), validator=_device_blocks)
     max_batched_tokens: int = attrs.field(default=8192, validator=_positive_int)
     max_running: int = attrs.field(default=128, validator=_positive_int)
     # = sim.tp in a simulated run unless set.
-    ranks: int = attrs.field(default=Derived(1), validator=_positive_int)
+    ranks: int = attrs.field(default=Derived(1), validator=_ranks)
     async_scheduling: bool = attrs.field(default=False, validator=_boolean)
     # A rank that has not reported a job this long after it started is declared failed
     # for that job (its blocks stay quarantined until the report does come).

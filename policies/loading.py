@@ -24,8 +24,8 @@ from kvlife.policies.stack import PolicyStack, policy_name
 
 ENTRY_POINT_GROUP = "kvlife.policies"
 
-__all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "entry_point_policies", "load_policy",
-           "load_stack", "policy_name"]
+__all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "entry_point_policies", "is_builtin",
+           "load_builtin_stack", "load_policy", "load_stack", "policy_name"]
 
 
 def entry_point_policies() -> dict[str, str]:
@@ -124,3 +124,18 @@ def _import_policy_module(spec: str, module_part: str) -> Any:
 
 def load_stack(specs: Sequence[str]) -> PolicyStack:
     return PolicyStack([load_policy(s) for s in specs])
+
+
+def is_builtin(spec: object) -> bool:
+    """A built-in policy name: loading it runs only kvlife's own code."""
+    return isinstance(spec, str) and spec in BUILTIN
+
+
+def load_builtin_stack(specs: Sequence[str]) -> PolicyStack:
+    """A stack of built-in names, resolved from the registry only: no entry point is
+    looked up and no module imported, whatever ``specs`` holds (a trace header's stack is
+    data; see ``kvlife.lifecycle.traces.header``). Anything else is a PolicyError."""
+    for spec in specs:
+        if not is_builtin(spec):
+            raise PolicyError(f"policy {spec!r} is not a built-in (built-ins: {', '.join(sorted(BUILTIN))})")
+    return PolicyStack([BUILTIN[s]() for s in specs])

@@ -5,8 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from kvlife.lifecycle.workloads.bundled import resolve_workload
+
+# Hypothesis profiles: "default" keeps the suite's budget (tests that fuzz set their own small
+# max_examples from it, see tests/test_trace_fuzz.py); `pytest --hypothesis-profile=deep` runs
+# many more examples, for occasional long runs.
+settings.register_profile("default", settings.get_profile("default"))
+settings.register_profile("deep", max_examples=2000, deadline=None)
 
 # Mooncake's conversation trace (12,031 requests), gzip-compressed in the package's data/.
 CONVERSATION_TRACE = resolve_workload("mooncake-conversation")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -62,10 +63,93 @@ def test_first_divergence_names_line_expected_and_got(trace: Path, tmp_path: Pat
 def test_missing_records_at_the_end_diverge(trace: Path, tmp_path: Path) -> None:
     lines = _lines(trace)
     last_input = max(i for i, raw in enumerate(lines) if b'"kind":"input"' in raw)
+    assert len(lines) > last_input + 1  # the last request's finish follows the last step output
     cut = _write(tmp_path / "cut.jsonl", lines[: last_input + 1])
     result = replay(cut)
-    if len(lines) > last_input + 1:
-        assert result.divergence is not None and result.divergence.expected == "<end of trace>"
+    assert result.divergence is not None and result.divergence.expected == "<end of trace>"
+    assert result.divergence.line == last_input + 2
+    assert b'"to":"finished"' in result.divergence.got.encode() or b'"kind":"free"' in result.divergence.got.encode()
+
+
+def test_a_trace_ending_on_an_input_mid_run_diverges_at_its_end(trace: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Cut right after an input whose handling records nothing: every line matches, but a
+    run without an interrupted record ended with its whole workload arrived."""
+    lines = _lines(trace)
+    index = next(i for i, raw in enumerate(lines)
+                 if i > 20 and raw.startswith(b'{"kind":"input","type":"step_output"')
+                 and i + 1 < len(lines) and lines[i + 1].startswith(b'{"kind":"input"'))
+    cut = _write(tmp_path / "cut.jsonl", lines[: index + 1])
+    arrived = sum(1 for raw in lines[: index + 1] if b'"type":"arrival"' in raw)
+    assert 0 < arrived < 60
+    result = replay(cut)
+    d = result.divergence
+    assert d is not None and d.end and d.line == index + 2
+    assert d.expected.startswith("60 requests arrived (the header's workload.requests")
+    assert d.got.startswith(f"{arrived} arrived")
+    assert main(["replay", str(cut)]) == 1
+    assert capsys.readouterr().out.startswith(f"diverged at the end of the trace (after line {index + 1})")
+
+
+def _silent_step_outputs(lines: list[bytes]) -> list[int]:
+    """Indexes of step outputs whose handling recorded nothing (the next line is an input)."""
+    return [i for i, raw in enumerate(lines[:-1]) if raw.startswith(b'{"kind":"input","type":"step_output"')
+            and lines[i + 1].startswith(b'{"kind":"input"')]
+
+
+def test_a_dropped_step_output_is_a_divergence(trace: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's case: a step output that finishes nobody and stores nothing leaves no line
+    behind; dropping it used to replay as identical, with a step left in flight."""
+    lines = _lines(trace)
+    assert main(["replay", str(trace)]) == 0
+    assert capsys.readouterr().out.startswith("identical")
+    found = None
+    for index in reversed(_silent_step_outputs(lines)):
+        dropped = _write(tmp_path / "dropped.jsonl", lines[:index] + lines[index + 1:])
+        result = replay(dropped)
+        assert result.divergence is not None, f"dropping line {index + 1} went unnoticed"
+        if result.divergence.end:  # every line matched: only the end check sees it
+            found = (index, result)
+            break
+    assert found is not None, "no step output whose loss only the end check sees"
+    index, result = found
+    step = orjson.loads(lines[index])["step_id"]
+    d = result.divergence
+    assert d is not None
+    assert d.expected.startswith(f"step {step} ended: the trace has the output of step ")
+    assert d.got.startswith(f"the engine ends with step {step} in flight, no step_output for it: req-")
+    assert "1 sampled token(s) never generated" in d.got
+    assert main(["replay", str(dropped), "--json"]) == 1
+    verdict = orjson.loads(capsys.readouterr().out)
+    assert verdict["identical"] is False and verdict["divergence"]["end"] is True
+    assert verdict["divergence"]["line"] == len(lines)  # one past the last of its len(lines) - 1 lines
+
+
+@pytest.mark.parametrize("which", ["first", "middle", "last"])
+def test_dropping_any_step_output_diverges(trace: Path, tmp_path: Path, which: str) -> None:
+    lines = _lines(trace)
+    outputs = [i for i, raw in enumerate(lines) if raw.startswith(b'{"kind":"input","type":"step_output"')]
+    index = {"first": outputs[0], "middle": outputs[len(outputs) // 2], "last": outputs[-1]}[which]
+    result = replay(_write(tmp_path / "d.jsonl", lines[:index] + lines[index + 1:]))
+    assert result.divergence is not None
+
+
+@pytest.mark.parametrize(("kind", "edit"), [
+    ("arrival", lambda r: r.update(prompt_tokens=r["prompt_tokens"] + 1)),
+    ("step_output", lambda r: r.update(step_id=r["step_id"] + 1)),
+    ("tick", lambda r: r.update(t=r["t"] + 0.5)),
+])
+def test_editing_one_input_diverges(trace: Path, tmp_path: Path, kind: str, edit: Callable[[dict], None],
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    lines = _lines(trace)
+    index = next(i for i, raw in enumerate(lines) if i > 40 and f'"type":"{kind}"'.encode() in raw
+                 and i + 1 < len(lines) and not lines[i + 1].startswith(b'{"kind":"input"'))
+    record = orjson.loads(lines[index])
+    edit(record)
+    lines[index] = orjson.dumps(record)
+    assert main(["replay", str(_write(tmp_path / "e.jsonl", lines))]) == 1
+    assert capsys.readouterr().out.startswith("diverged at")
 
 
 @pytest.mark.parametrize(
@@ -145,3 +229,60 @@ def test_what_if_takes_a_comma_stack(trace: Path, capsys: pytest.CaptureFixture[
     assert "what-if: kvlife.specs.model_check:AsyncLookups, shared-loads" in capsys.readouterr().out
     assert main(["replay", str(trace), "--stack", "baseline"]) == 0
     assert "what-if: baseline" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def cut_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run cut short by SIGTERM while a step is in flight: it ends with an interrupted record."""
+    import os
+    import signal
+
+    from kvlife.lifecycle.drivers import interrupts
+    from kvlife.lifecycle.drivers.runner import recording
+    from kvlife.lifecycle.drivers.simulator import Simulator
+    from kvlife.policies.loading import load_stack
+
+    config = RunConfig()
+    workload = synthetic_workload(seed=4, num_requests=80, arrival_rate_per_s=20.0)
+    stack = load_stack(config.policies)
+    trace = tmp_path_factory.mktemp("cut") / "cut.jsonl"
+    previous = signal.getsignal(signal.SIGTERM)
+    interrupts.install_sigterm_handler()
+    try:
+        with recording(trace, config, stack, workload={"name": "synthetic", "requests": len(workload)}) as writer:
+            steps = []
+
+            def record(entry: dict[str, object]) -> None:
+                writer.record(entry)
+                if entry["kind"] == "step":
+                    steps.append(entry["step"])
+                    if len(steps) == 40:
+                        os.kill(os.getpid(), signal.SIGTERM)
+
+            with pytest.raises(interrupts.Terminated):
+                Simulator(config, workload, stack, record).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return trace
+
+
+def test_an_interrupted_trace_replays_and_its_counts_are_checked(cut_trace: Path, tmp_path: Path) -> None:
+    lines = _lines(cut_trace)
+    last = orjson.loads(lines[-1])
+    assert last["kind"] == "interrupted" and last["clean"] is True and last["steps"] == 1 and last["not_arrived"] > 0
+    assert replay(cut_trace).identical  # open work at the cut is what the cut record says
+    for key, value in (("finished", last["finished"] + 1), ("steps", 0), ("not_arrived", 0),
+                       ("requests", {"waiting": 1})):
+        tampered = _write(tmp_path / "t.jsonl", lines[:-1] + [orjson.dumps({**last, key: value})])
+        d = replay(tampered).divergence
+        assert d is not None and d.end, key
+        assert d.expected.startswith(f"{key} ") and f"(the interrupted record, line {len(lines)})" in d.expected
+        assert d.got.startswith(f"the engine ends with {key} ")
+
+
+def test_an_interrupted_trace_without_its_cut_record_diverges(cut_trace: Path, tmp_path: Path) -> None:
+    """Without the record the trace claims a finished run, but a step is still in flight."""
+    d = replay(_write(tmp_path / "uncut.jsonl", _lines(cut_trace)[:-1])).divergence
+    assert d is not None and d.end
+    assert d.expected.startswith("no step in flight: the trace has no interrupted record")
+    assert d.got.startswith("the engine ends with step ")

@@ -23,7 +23,8 @@ def _detail(record: dict[str, Any]) -> str | None:
         return (f"decision {record.get('point')}: {record.get('value')!r} by {record.get('policy')} "
                 f"- {record.get('reason')}")
     if kind == "job":
-        tiers = ", ".join(f"{k} {v}" for k, v in (record.get("tiers") or {}).items())
+        tiers_field = record.get("tiers")
+        tiers = ", ".join(f"{k} {v}" for k, v in tiers_field.items()) if isinstance(tiers_field, dict) else ""
         return f"{record.get('op')} job {record.get('job')} started: {record.get('blocks')} blocks ({tiers})"
     if kind == "stale_lookup":
         return (f"stale lookup answer (epoch {record.get('epoch')}, current {record.get('current_epoch')}) "
@@ -35,12 +36,13 @@ def _detail(record: dict[str, Any]) -> str | None:
         typ = record.get("type")
         if typ == "lookup_answer":
             found = record.get("tiers")
-            answer = "failed" if found is None else f"{len(found)} blocks in tiers"
+            answer = "failed" if not isinstance(found, list) else f"{len(found)} blocks in tiers"
             return f"lookup answer for epoch {record.get('epoch')}: {answer}"
         if typ == "abort":
             return "client abort"
         if typ == "transfer_report":
-            failed = record.get("failed") or []
+            failed = record.get("failed")
+            failed = failed if isinstance(failed, list) else []
             return (f"rank {record.get('rank')} reported job {record.get('job_id')}"
                     f"{f': {len(failed)} failed blocks' if failed else ''}")
         if typ == "step_output":
@@ -48,13 +50,14 @@ def _detail(record: dict[str, Any]) -> str | None:
     return None
 
 
-def explain_lines(timeline: Timeline, request_id: str) -> list[str]:
+def explain_lines(timeline: Timeline, request_id: str, path: str = "trace") -> list[str]:
     segments = timeline.segments.get(request_id)
     if segments is None:
         known = ", ".join(list(timeline.segments)[:5])
-        raise TraceError("trace", None, f"request {request_id!r} is not in the trace (e.g. {known})")
+        raise TraceError(path, None, f"request {request_id!r} is not in the trace (e.g. {known})")
     arrival = timeline.arrivals.get(request_id, {})
-    bt = timeline.header.get("config", {}).get("engine", {}).get("block_tokens")
+    config = timeline.header.get("config") or {}  # checked by read_timeline: a dict, when there is one
+    bt = (config.get("engine") or {}).get("block_tokens")
     tokens = arrival.get("prompt_tokens")
     blocks = f", {tokens // bt} full blocks" if isinstance(tokens, int) and isinstance(bt, int) else ""
     start = segments[0].start
@@ -89,4 +92,4 @@ def explain_lines(timeline: Timeline, request_id: str) -> list[str]:
 
 
 def explain(trace: str | Path, request_id: str) -> list[str]:
-    return explain_lines(read_timeline(trace), request_id)
+    return explain_lines(read_timeline(trace), request_id, str(trace))

@@ -14,6 +14,7 @@ from typing import Any
 import attrs
 import orjson
 
+from kvlife.lifecycle.traces.header import header_config
 from kvlife.lifecycle.traces.trace import TraceError, parse_record, read_header
 
 
@@ -48,9 +49,17 @@ class Timeline:
     records: dict[str, list[tuple[int, dict[str, Any]]]]  # request -> (line, record) about it
 
 
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def read_timeline(path: str | Path) -> Timeline:
+    """Fold a trace into its timeline. The header's config, when there is one, is checked
+    as a config file is; a record whose fields have the wrong types is a TraceError naming
+    its line and field, never a traceback."""
     p = str(path)
-    header, _header_line, lines = read_header(path)
+    header, header_line, lines = read_header(path)
+    header_config(header, p, header_line, required=False)
     segments: dict[str, list[Segment]] = {}
     arrivals: dict[str, dict[str, Any]] = {}
     records: dict[str, list[tuple[int, dict[str, Any]]]] = {}
@@ -65,7 +74,8 @@ def read_timeline(path: str | Path) -> Timeline:
         t = record.get("t")
         if not isinstance(t, (int, float)) or isinstance(t, bool):
             raise TraceError(p, number, f"field 't': expected a number, got {t!r}")
-        end_t = max(end_t, float(t))
+        t = float(t)
+        end_t = max(end_t, t)
         rid = record.get("req")
         if kind == "input":
             typ = record.get("type")
@@ -76,43 +86,53 @@ def read_timeline(path: str | Path) -> Timeline:
             elif typ == "tick":
                 ticks.append(t)
             elif typ == "step_output":
-                span = steps.get(record.get("step", record.get("step_id", -1)))
+                step = _int(record.get("step", record.get("step_id")))
+                span = steps.get(step) if step is not None else None
                 if span is not None and span.end is None:
                     span.end = t
-                for pair in record.get("finished") or ():
+                finished = record.get("finished")
+                if finished is not None and not isinstance(finished, list):
+                    raise TraceError(p, number, "field 'finished': expected a list of [request_id, reason] pairs")
+                for pair in finished or ():
                     if isinstance(pair, list) and pair and isinstance(pair[0], str):
                         records.setdefault(pair[0], []).append((number, record))
             elif typ == "transfer_report":
-                owner = job_owner.get(record.get("job_id", -1))
+                job_id = _int(record.get("job_id"))
+                owner = job_owner.get(job_id) if job_id is not None else None
                 if owner is not None:
                     records.setdefault(owner, []).append((number, record))
         elif kind == "transition" and isinstance(rid, str):
             segs = segments.setdefault(rid, [Segment(str(record.get("from")), t, start_line=number)])
             segs[-1].end = t
             segs[-1].end_line = number
-            segs[-1].left_by = record.get("trigger")
-            segs[-1].reason = record.get("reason")
+            segs[-1].left_by = _text(record.get("trigger"))
+            segs[-1].reason = _text(record.get("reason"))
             segs.append(Segment(str(record.get("to")), t, start_line=number))
         elif kind == "step":
-            step = record.get("step")
-            if isinstance(step, int):
+            step = _int(record.get("step"))
+            if step is not None:
                 steps[step] = Span(f"step {step}", t, None, {k: record.get(k) for k in
                                                               ("requests", "prefill_tokens", "sync_lookups")})
         elif kind == "job":
-            job = record.get("job")
-            if isinstance(job, int):
+            job = _int(record.get("job"))
+            if job is not None:
                 jobs[job] = Span(f"{record.get('op')} {job}", t, None,
                                  {"req": rid, "blocks": record.get("blocks"), "tiers": record.get("tiers")})
                 if isinstance(rid, str):
                     job_owner[job] = rid
         elif kind == "job_done":
-            span = jobs.get(record.get("job", -1))
+            job = _int(record.get("job"))
+            span = jobs.get(job) if job is not None else None
             if span is not None:
                 span.end = t
                 span.args.update(failed=record.get("failed"), late=record.get("late"))
         if isinstance(rid, str):
             records.setdefault(rid, []).append((number, record))
     return Timeline(header, end_t, segments, arrivals, list(steps.values()), list(jobs.values()), ticks, records)
+
+
+def _text(value: Any) -> str | None:
+    return value if value is None or isinstance(value, str) else str(value)
 
 
 def _us(t_ms: float) -> float:

@@ -8,6 +8,7 @@ only, with a note in the other two.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,10 @@ def image_format(out: str | Path) -> str:
     return fmt
 
 
-def plot(trace: str | Path, out: str | Path) -> None:
+def plot(trace: str | Path, out: str | Path, *, allow_code: bool = False,
+         stack: Sequence[str] | None = None) -> None:
+    """``allow_code``/``stack``: how the replay behind the TTFT and hit-rate panels may load
+    policies (``kvlife.lifecycle.traces.replay.replay``)."""
     fmt = image_format(out)
     import matplotlib
 
@@ -64,7 +68,7 @@ def plot(trace: str | Path, out: str | Path) -> None:
     from kvlife.lifecycle.traces.replay import replay
 
     timeline = read_timeline(trace)
-    result = replay(trace)
+    result = replay(trace, allow_code=allow_code, stack=stack)
     fig, axes = plt.subplots(3, 1, figsize=(10, 11))
     times, counts = state_counts(timeline.segments)
     ax = axes[0]

@@ -9,6 +9,9 @@ in the order the engine produced them. Same inputs and config give the same byte
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import IO, Any
@@ -21,9 +24,16 @@ from kvlife.lifecycle.workloads.bundled import READ_ERRORS, open_binary, read_er
 SCHEMA_VERSION = 1
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 class TraceError(Exception):
+    """Bad trace input: ``FILE:LINE: message``, always one line (control characters a
+    crafted trace put in a field name or value are shown escaped)."""
+
     def __init__(self, path: str, line: int | None, message: str) -> None:
         where = f"{path}:{line}" if line is not None else path
+        message = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", message)
         super().__init__(f"{where}: {message}")
         self.path = path
         self.line = line
@@ -123,11 +133,47 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
         raise TraceError(str(p), where, f"cannot read trace: {read_error_message(exc)}") from None
 
 
+_NOT_A_NUMBER = object()  # what json's parse_constant makes of NaN, Infinity, -Infinity
+
+
+def unrepresentable_field(raw: bytes) -> tuple[str, str] | None:
+    """(dotted field, message) for the first value JSON cannot carry but Python's json
+    module reads anyway: NaN, infinities (also 1e999) and integers past 64 bits. None when
+    the line has none (or is not JSON even to Python)."""
+    try:
+        value = json.loads(raw, parse_constant=lambda _name: _NOT_A_NUMBER)
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        if item is _NOT_A_NUMBER or (isinstance(item, float) and not math.isfinite(item)):
+            return where or "(the line)", "must be a finite number (JSON has no NaN or infinity)"
+        if isinstance(item, int) and not isinstance(item, bool) and not -(1 << 63) <= item < (1 << 64):
+            return where or "(the line)", "integer out of range (more than 64 bits)"
+        if isinstance(item, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in reversed(list(item.items())))
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return None
+
+
+def not_json(path: str, number: int, raw: bytes, exc: orjson.JSONDecodeError, what: str = "not JSON") -> TraceError:
+    """The error for a line orjson refused: the field when it is a value JSON cannot hold."""
+    found = unrepresentable_field(raw)
+    if found is not None:
+        return TraceError(path, number, f"field '{found[0]}': {found[1]}")
+    return TraceError(path, number, f"{what}: {exc}")
+
+
 def parse_header(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
     """The header record, checked: a clear TraceError otherwise."""
     try:
         record = orjson.loads(raw)
     except orjson.JSONDecodeError:
+        found = unrepresentable_field(raw)
+        if found is not None:
+            raise TraceError(str(path), number, f"field '{found[0]}': {found[1]}") from None
         raise TraceError(str(path), number, "missing header: the first line is not JSON") from None
     if not isinstance(record, dict) or record.get("kind") != "header":
         raise TraceError(str(path), number, "missing header: the first record must have kind 'header'")
@@ -145,9 +191,9 @@ def parse_record(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
     try:
         record = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise TraceError(str(path), number, f"not JSON: {exc}") from None
+        raise not_json(str(path), number, raw, exc) from None
     kind = record.get("kind") if isinstance(record, dict) else None
-    if kind not in KNOWN_KINDS:
+    if not isinstance(kind, str) or kind not in KNOWN_KINDS:
         raise TraceError(str(path), number, f"field 'kind': unknown record kind {kind!r}")
     parsed: dict[str, Any] = record
     return parsed
@@ -169,7 +215,7 @@ def read_trace(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
             record = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise TraceError(str(p), number, f"not JSON: {exc}") from None
+            raise not_json(str(p), number, raw, exc) from None
         if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
             raise TraceError(str(p), number, "field 'kind': missing (not a trace record)")
         yield number, record

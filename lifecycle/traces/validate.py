@@ -21,7 +21,9 @@ import attrs
 import orjson
 
 from kvlife.lifecycle.config import EngineConfig
-from kvlife.lifecycle.traces.replay import config_from_header
+from kvlife.lifecycle.engine.events import BadEvent, input_from_record
+from kvlife.lifecycle.traces.header import header_config
+from kvlife.lifecycle.traces.inputs import check_input_values
 from kvlife.lifecycle.traces.trace import KNOWN_KINDS, TraceError, iter_lines, parse_header
 from kvlife.lifecycle.workloads.bundled import open_binary
 from kvlife.specs.invariants import INVARIANTS, InvariantObserver, Violation
@@ -110,19 +112,30 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     if not lines:
         raise TraceError(p, truncated, "missing header: the only line is truncated")
     number, raw = lines[0]
+    header: dict[str, Any] | None
     try:
         header = parse_header(p, number, raw)
-        config = config_from_header(header, p, number).engine
-        body = lines[1:]
-        if sharing is None:
-            sharing = sharing_from_header(header)
     except TraceError as exc:
-        if "newer" in str(exc):
-            raise  # another schema: nothing below can be interpreted
+        if "missing header" not in str(exc):
+            raise  # a header that is wrong (another schema, a value JSON cannot hold): bad input
         findings.append(Violation(0, str(exc).split(": ", 1)[-1], number))
+        header = None
+    # A header's config is checked as a config file is (bad values are bad input, exit 2);
+    # a trace from another tool may have none.
+    run_config = header_config(header, p, number, required=False) if header is not None else None
+    if header is not None and run_config is not None:
+        config = run_config.engine
+        body = lines[1:]
+    else:
+        if header is not None:
+            findings.append(Violation(0, "field 'config': missing from the header", number))
+            body = lines[1:]
+        else:
+            body = lines
         config = EngineConfig()
         notes.append(f"no usable header: assuming {config.ranks} rank(s) and {config.block_tokens}-token blocks")
-        body = lines
+    if sharing is None:
+        sharing = sharing_from_header(header) if header is not None else False
     sharing = bool(sharing)
     observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing, from_trace=True)
     last_t = float("-inf")
@@ -133,17 +146,26 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
             findings.append(Violation(0, f"not JSON: {exc}", number))
             continue
         kind = record.get("kind") if isinstance(record, dict) else None
-        if kind not in KNOWN_KINDS or kind == "header":
+        if not isinstance(kind, str) or kind not in KNOWN_KINDS or kind == "header":
             what = "a second header" if kind == "header" else f"unknown record kind {kind!r}"
             findings.append(Violation(0, what, number))
             continue
         assert isinstance(record, dict)
         if kind == "input":
+            problem = _input_problem(record)
+            if problem is not None:
+                findings.append(Violation(0, f"bad input record: {problem}", number))
+                continue
             t = record.get("t")
             if isinstance(t, (int, float)) and not isinstance(t, bool):
                 if t < last_t:
                     findings.append(Violation(0, f"time went backwards: {t} after {last_t}", number))
                 last_t = max(last_t, float(t))
+        if kind == "step":
+            problem = _chunk_problem(record, config)
+            if problem is not None:
+                findings.append(Violation(0, problem, number))
+                continue
         before = len(observer.violations)
         observer.feed_record(record, number)
         findings.extend(observer.violations[before:])
@@ -157,6 +179,42 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     notes += observer.unchecked
     return ValidationReport(p, body[-1][0] if body else 1, tuple(findings), truncated, tuple(notes), sharing,
                             tuple(sorted(observer.skipped)))
+
+
+def _input_problem(record: dict[str, Any]) -> str | None:
+    """A value check the observer does not make (``kvlife.lifecycle.traces.inputs``); a
+    record whose fields or types are wrong is left to the observer, which says so."""
+    try:
+        event = input_from_record(record)
+    except BadEvent:
+        return None
+    try:
+        check_input_values(event)
+    except BadEvent as exc:
+        return str(exc)
+    return None
+
+
+def _chunk_problem(record: dict[str, Any], config: EngineConfig) -> str | None:
+    """A step's chunk (``[request, computed_before, tokens]`` in ``prompt`` and ``fills``) that
+    no engine could have scheduled: negative, or reaching past what the device holds (a
+    request's KV fits the device). The observer would otherwise follow it, naming the
+    blocks up to that token one by one."""
+    limit = config.device_blocks * config.block_tokens
+    for field in ("prompt", "fills"):
+        chunks = record.get(field)
+        if not isinstance(chunks, list):
+            continue
+        for chunk in chunks:
+            if not (isinstance(chunk, list) and len(chunk) == 3):
+                continue  # the observer reports the shape
+            before, tokens = chunk[1], chunk[2]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (before, tokens)):
+                continue
+            if before < 0 or tokens < 0 or before + tokens > limit:
+                return (f"step {record.get('step')}: field '{field}': chunk {chunk} is outside 0..{limit:,} tokens "
+                        f"(the device's {config.device_blocks:,} blocks x {config.block_tokens:,} tokens)")
+    return None
 
 
 def _ends_without_newline(path: str) -> bool:

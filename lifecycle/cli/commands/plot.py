@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import add_json_flag
+from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag
 
 
 def register(sub: Any) -> None:
@@ -14,6 +14,12 @@ def register(sub: Any) -> None:
                                          "(needs kvlife[plot])")
     parser.add_argument("trace", help="JSON-lines trace")
     parser.add_argument("out", help="image file (png, svg, pdf)")
+    add_stack_flag(parser, help_text="replay under this stack instead of the header's (the TTFT and hit-rate "
+                                     "panels come from an exact replay); " + STACK_HELP,
+                   default_text="the header's stack, built-in policies only unless --allow-code")
+    parser.add_argument("--allow-code", action="store_true",
+                        help="trust the trace: import the policy code its header names (pkg.mod:Class, file.py:Class, "
+                             "an installed entry point); without it only built-in policies load")
     add_json_flag(parser, "what was written")
     parser.set_defaults(func=handle)
 
@@ -22,9 +28,11 @@ def handle(args: argparse.Namespace) -> int:
     from kvlife.lifecycle.cli.extras import require
 
     require("matplotlib", "plot", "kvlife plot")
+    from kvlife.lifecycle.cli.compare import parse_stack
     from kvlife.lifecycle.traces.plot import plot
 
-    plot(args.trace, args.out)
+    stack = list(parse_stack(args.stack)) if args.stack is not None else None
+    plot(args.trace, args.out, allow_code=args.allow_code, stack=stack)
     if args.json:
         output.emit("plot", trace=args.trace, out=args.out)
         return 0

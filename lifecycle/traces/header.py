@@ -1,0 +1,135 @@
+"""A trace header is data: its config is checked as a config file is, and its stack names no code to run.
+
+Every command that reads a trace (``replay``, ``plot``, ``explain``, ``export``,
+``validate``) goes through here before it allocates anything:
+
+* ``header_config``: the header's ``config`` (``RunConfig.to_dict()``) rebuilt through
+  ``kvlife.lifecycle.config.config_from_dict``, the validator a config file goes through:
+  types, NaN and infinities, unknown keys and the size bounds (``engine.device_blocks``,
+  ``engine.block_tokens``, ``engine.ranks``, a tier's ``capacity_blocks``). A bad value is
+  one ``TraceError`` naming the file, the header's line and the header field:
+  ``t.jsonl:1: field 'config.engine.device_blocks': must be at most 4,194,304 (...)``.
+* ``trace_stack``: the header's policy stack as a ``PolicyStack``. Built-in names come
+  from the registry (``kvlife.policies.loading.load_builtin_stack``, which imports
+  nothing). A ``pkg.mod:Class``, a ``file.py:Class`` or an installed entry-point name
+  would run code the trace's author chose: it is refused unless the user said so on the
+  command line, with ``--allow-code`` or by naming that policy in ``--stack``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from kvlife.lifecycle.config import RETIRED_SIM_KEYS, ConfigError, RunConfig, config_from_dict
+from kvlife.lifecycle.traces.trace import TraceError
+from kvlife.policies.base import PolicyError
+from kvlife.policies.loading import entry_point_policies, is_builtin, load_builtin_stack, load_stack
+from kvlife.policies.stack import PolicyStack
+
+# The header's config sections (RunConfig.to_dict()); tiers sit inside ``engine``.
+_SECTIONS = ("engine", "sim", "live", "policies")
+STACK_FIELD = "config.policies"
+
+
+def header_field(config_field: str | None) -> str:
+    """A config-file field (what ``ConfigError`` names) as the header spells it:
+    ``tiers[0].name`` -> ``config.engine.tiers[0].name``, ``policies.stack`` -> ``config.policies``."""
+    if not config_field:
+        return "config"
+    if config_field == "tiers" or config_field.startswith("tiers["):
+        return f"config.engine.{config_field}"
+    if config_field == "policies" or config_field.startswith("policies."):
+        return STACK_FIELD
+    return f"config.{config_field}"
+
+
+def header_config(header: dict[str, Any], path: str = "trace", line: int = 1,
+                  required: bool = True) -> RunConfig | None:
+    """The RunConfig a trace was recorded with, checked by the config-file rules; None
+    when the header has no ``config`` and ``required`` is False (another tool's trace)."""
+    config = header.get("config")
+    if config is None and not required:
+        return None
+    if not isinstance(config, dict):
+        what = "missing from the header" if config is None else f"must be an object, got {_describe(config)}"
+        raise TraceError(path, line, f"field 'config': {what}")
+    for key in config:
+        if key not in _SECTIONS:
+            raise TraceError(path, line, f"field 'config.{key}': unknown section (known: {', '.join(_SECTIONS)})")
+    data: dict[str, Any] = {}
+    engine = config.get("engine", {})
+    if isinstance(engine, dict):
+        engine = dict(engine)
+        if "tiers" in engine:
+            data["tiers"] = engine.pop("tiers")
+    data["engine"] = engine
+    sim = config.get("sim", {})
+    if isinstance(sim, dict):  # a trace recorded before the step cost came from profiles
+        sim = {k: v for k, v in sim.items() if k not in RETIRED_SIM_KEYS}
+    data["sim"] = sim
+    if "live" in config:
+        data["live"] = config["live"]
+    data["policies"] = {"stack": config.get("policies", [])}
+    try:
+        # The profiles are loaded only when a run is simulated again (what-if), not to replay.
+        return config_from_dict(data, check_profiles=False)
+    except ConfigError as exc:
+        raise TraceError(path, line, f"field '{header_field(exc.field)}': {exc.message}") from None
+
+
+def workload_size(header: dict[str, Any], path: str = "trace", line: int = 1) -> int | None:
+    """``workload.requests`` of the header (the drivers write how many requests they were
+    given), None when the header does not say."""
+    workload = header.get("workload")
+    if workload is None:
+        return None
+    requests = workload.get("requests") if isinstance(workload, dict) else None
+    if not isinstance(requests, int) or isinstance(requests, bool) or requests < 0:
+        shown = _describe(requests) if isinstance(workload, dict) else _describe(workload)
+        field = "workload.requests" if isinstance(workload, dict) else "workload"
+        raise TraceError(path, line, f"field '{field}': must hold a non-negative integer 'requests', got {shown}")
+    return requests
+
+
+def code_specs(specs: Sequence[str]) -> list[str]:
+    """The entries of a stack that are not built-in names: loading them runs code."""
+    return [s for s in specs if not is_builtin(s)]
+
+
+def trace_stack(specs: Sequence[str], path: str, line: int, *, allow_code: bool = False,
+                named: Collection[str] = ()) -> PolicyStack:
+    """The recorded stack as policies, importing no code unless the user allowed it:
+    ``allow_code`` (``--allow-code``) or the policy named on the command line (``named``)."""
+    installed: dict[str, str] | None = None
+    for spec in code_specs(specs):
+        if allow_code or spec in named:
+            continue
+        if ":" not in spec:
+            installed = entry_point_policies() if installed is None else installed  # metadata only
+            if spec not in installed:
+                raise TraceError(path, line, f"field '{STACK_FIELD}': unknown policy {spec!r} "
+                                             f"(built-ins: see kvlife policies)")
+            raise TraceError(path, line, f"field '{STACK_FIELD}': trace names policy {spec!r} of an installed "
+                                         f"package ({installed[spec]}); pass --allow-code to import it")
+        raise TraceError(path, line, f"field '{STACK_FIELD}': trace names code {spec!r}; "
+                                     f"pass --allow-code to import it")
+    try:
+        return load_builtin_stack(specs) if not code_specs(specs) else load_stack(specs)
+    except PolicyError as exc:
+        raise TraceError(path, line, f"field '{STACK_FIELD}': {exc}") from None
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    text = _SPACE.sub(" ", repr(value))
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,300 @@
+"""Fuzz the trace-file surface: mutated and garbled traces given to validate, replay, explain and export.
+
+The invariant, whatever the file holds: the command returns (within a time bound) with exit
+code 0, 1 or 2, never a traceback; an exit 2 is one line, ``kvlife: error: FILE:LINE: ...``,
+that names the trace file and, when the problem is a value, its line and field.
+
+The default suite runs a few dozen examples per test (a few seconds in all);
+``pytest tests/test_trace_fuzz.py --hypothesis-profile=deep`` runs the deep profile's count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import re
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvlife.lifecycle.cli.main import main
+from kvlife.lifecycle.config import EngineConfig, RunConfig, TierConfig
+from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+
+COMMAND_SECONDS = 20  # a command on a few-hundred-line trace takes milliseconds: past this it hangs
+# Problems with a whole line (or file) rather than one of its values: no field to name.
+WHOLE_LINE = ("not JSON", "missing header", "empty trace", "cannot read trace", "request ")
+
+
+def _examples(default: int) -> int:
+    """``default`` in the default profile; the loaded profile's count when it asks for more (deep)."""
+    return max(default, settings.default.max_examples) if settings.default.max_examples > 100 else default
+
+
+FUZZ = settings(max_examples=_examples(30), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@functools.cache
+def base_traces() -> tuple[tuple[bytes, ...], ...]:
+    """Three small real traces: the default stack; async lookups with a host tier, two ranks
+    and async scheduling (lookup answers, transfer reports, jobs); early prefetch into a
+    small host tier from disk with a tight device and a transfer deadline (loads, prefetches)."""
+    out = []
+    configs = [
+        RunConfig(),
+        RunConfig(engine=EngineConfig(device_blocks=60, ranks=2, async_scheduling=True,
+                                      tiers=(TierConfig("host", 200),)),
+                  policies=("async-lookup", "shared-loads")),
+        RunConfig(engine=EngineConfig(device_blocks=5, transfer_deadline_ms=3.0,
+                                      tiers=(TierConfig("host", 4), TierConfig("disk", 100))),
+                  policies=("early-prefetch",)),
+    ]
+    workloads = [
+        [WorkloadRequest(f"req-{n}", 5.0 * n, 1100 + 300 * (n % 3), 3 + n % 4, (1, 2, 10 + n % 2)) for n in range(6)],
+        # A prefix evicted from the 5-block device between its uses: the next use loads it.
+        [WorkloadRequest(f"req-{n}", 300.0 * n, 1700, 3, (1, 2, 3) if n % 2 == 0 else (100 + n, 200 + n, 300 + n))
+         for n in range(6)],
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, config in enumerate(configs):
+            path = Path(tmp) / f"base{i}.jsonl"
+            workload = workloads[i // 2]
+            run_workload(config, workload, trace_path=path)
+            out.append(tuple(path.read_bytes().splitlines()))
+    return tuple(out)
+
+
+# ---- values a crafted or broken trace may hold -----------------------------------------------
+NASTY: st.SearchStrategy[Any] = st.one_of(
+    st.sampled_from([0, -1, 1, 2, 10**8, 10**9, 2**63, -(2**63), 2**64 + 1, 10**30,
+                     0.5, -0.0, 1e308, float("nan"), float("inf"), float("-inf"),
+                     True, False, None, "", "x", "evil.py:P", "os:system", "/dev/zero", "line\nbreak", "\x1b[31m",
+                     [], [1], [[1, 2]], ["a", "b"], {}, {"a": 1}]),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+)
+
+
+def _dumps(value: Any) -> bytes:
+    """JSON as a careless writer makes it: NaN and Infinity literals, big integers, any text."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=True).encode()
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every place in a JSON value: dict keys and list indexes, depth first."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield (*prefix, key)
+            yield from _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield (*prefix, index)
+            yield from _paths(item, (*prefix, index))
+
+
+def _set(document: Any, path: tuple[Any, ...], value: Any, delete: bool) -> None:
+    parent = document
+    for part in path[:-1]:
+        parent = parent[part]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+
+
+@st.composite
+def value_mutation(draw: st.DrawFn, header: bool) -> list[bytes]:
+    """A real trace with values replaced, deleted or added: in the header, or in one to
+    three records."""
+    lines = list(draw(st.sampled_from(base_traces())))
+    for _ in range(1 if header else draw(st.integers(1, 3))):
+        index = 0 if header else draw(st.integers(1, len(lines) - 1))
+        try:
+            document = json.loads(lines[index])
+        except ValueError:
+            continue
+        places = [p for p in _paths(document) if not (header and p == ("kind",))]
+        how = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
+        if how == "add" or not places:
+            parents = [p for p in [(), *places] if isinstance(_get(document, p), dict)]
+            if not parents:
+                continue
+            where = draw(st.sampled_from(parents))
+            _set(document, (*where, draw(st.sampled_from(["zz", "kind", "t", "extra"]))), draw(NASTY), delete=False)
+        else:
+            where = draw(st.sampled_from(places))
+            _set(document, where, draw(NASTY), delete=how == "delete")
+        lines[index] = _dumps(document)
+    return lines
+
+
+def _get(document: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        document = document[part]
+    return document
+
+
+@st.composite
+def garbled(draw: st.DrawFn) -> list[bytes]:
+    """A real trace with lines deleted, duplicated, swapped, cut or overwritten with bytes."""
+    lines = list(draw(st.sampled_from(base_traces())))
+    for _ in range(draw(st.integers(1, 3))):
+        if not lines:
+            break
+        i = draw(st.integers(0, len(lines) - 1))
+        op = draw(st.sampled_from(["delete", "duplicate", "swap", "cut", "bytes", "flip"]))
+        if op == "delete":
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(i, lines[i])
+        elif op == "swap":
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif op == "cut":
+            lines[i] = lines[i][: draw(st.integers(0, max(0, len(lines[i]) - 1)))]
+        elif op == "bytes":
+            lines[i] = draw(st.binary(max_size=40)).replace(b"\n", b"")
+        elif lines[i]:
+            at = draw(st.integers(0, len(lines[i]) - 1))
+            lines[i] = lines[i][:at] + bytes([lines[i][at] ^ (1 << draw(st.integers(0, 7)))]) + lines[i][at + 1:]
+            lines[i] = lines[i].replace(b"\n", b"")
+    return lines
+
+
+# ---- running the commands ------------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def one_parser() -> Iterator[None]:
+    """Build the argument parser once: main() builds it per call, which would cost more than
+    the commands themselves on these small traces."""
+    from kvlife.lifecycle.cli import main as cli
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "build_parser", functools.cache(cli.build_parser))
+        yield
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(_signum: int, _frame: FrameType | None) -> None:
+    raise Hang(f"no answer within {COMMAND_SECONDS} s")
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    """main(argv) in process, bounded in time: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(COMMAND_SECONDS)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(argv)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return code, out.getvalue(), err.getvalue()
+
+
+ERROR = re.compile(r"kvlife: error: (?P<path>.+?)(?::(?P<line>\d+))?: (?P<message>.*)")
+
+
+def check_all_commands(lines: list[bytes]) -> None:
+    """Every trace-reading command on these lines keeps the invariant (module docstring)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
+        commands = {
+            "validate": (["validate", str(trace)], (0, 1, 2)),
+            "replay": (["replay", str(trace)], (0, 1, 2)),
+            "explain": (["explain", str(trace), "req-0"], (0, 2)),
+            "export": (["export", str(trace), "--perfetto", str(Path(tmp) / "x.json")], (0, 2)),
+        }
+        for name, (argv, codes) in commands.items():
+            code, _out, err = run(argv)
+            assert code in codes, (name, code, err)
+            assert "Traceback" not in err, (name, err)
+            if code != 2:
+                continue
+            assert err.count("\n") == 1 and err.endswith("\n"), (name, err)
+            match = ERROR.fullmatch(err.rstrip("\n"))
+            assert match is not None and match["path"] == str(trace), (name, err)
+            message = match["message"]
+            if not message.startswith(WHOLE_LINE):
+                assert match["line"] is not None and "field '" in message, (name, err)
+
+
+@FUZZ
+@given(value_mutation(header=True))
+def test_mutated_header_values(lines: list[bytes]) -> None:
+    check_all_commands(lines)
+
+
+@FUZZ
+@given(value_mutation(header=False))
+def test_mutated_record_values(lines: list[bytes]) -> None:
+    check_all_commands(lines)
+
+
+@FUZZ
+@given(garbled())
+def test_garbled_lines(lines: list[bytes]) -> None:
+    check_all_commands(lines)
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"{}", b"[]", b"null", b'{"kind":"header"}', b"\xff\xfe",
+                                     b'{"kind":"header","schema":1,"config":{}}\n{"kind":"input"}'])
+def test_degenerate_files(content: bytes, tmp_path: Path) -> None:
+    lines = content.split(b"\n") if content else []
+    check_all_commands([line for line in lines if line] if content.strip() else lines)
+
+
+def _edit(lines: list[bytes], index: int, **values: Any) -> None:
+    lines[index] = json.dumps({**json.loads(lines[index]), **values}, separators=(",", ":")).encode()
+
+
+def test_a_chunk_past_the_device_is_a_finding_not_a_hang() -> None:
+    """Two crafted values together: a prompt chunk of 10**15 tokens and a store of a block the
+    request never had. Followed, the validator would derive block names up to that token."""
+    lines = list(base_traces()[0])
+    records = [json.loads(raw) for raw in lines]
+    step = next(i for i, r in enumerate(records) if r["kind"] == "step" and r["prompt"])
+    chunk = records[step]["prompt"][0]
+    _edit(lines, step, prompt=[[chunk[0], 0, 10**15]])
+    store = next(i for i, r in enumerate(records) if i > step and r["kind"] == "job" and r["req"] == chunk[0])
+    moves = records[store]["moves"]
+    _edit(lines, store, moves=[[123456789, *moves[0][1:]], *moves[1:]])
+    check_all_commands(lines)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + b"\n")
+        code, out, _err = run(["validate", str(trace)])
+    assert code == 1
+    assert f"line {step + 1}: invariant 0 (well-formed trace): step " in out and "field 'prompt'" in out
+
+
+@pytest.mark.parametrize(("field", "value"), [("block_hashes", [[], 2]), ("block_hashes", ["x"]),
+                                              ("prompt_tokens", -5)])
+def test_arrival_values_the_engine_trusts_are_checked(field: str, value: Any) -> None:
+    lines = list(base_traces()[0])
+    _edit(lines, 1, **{field: value})
+    assert b'"type":"arrival"' in lines[1]
+    check_all_commands(lines)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + b"\n")
+        code, _out, err = run(["replay", str(trace)])
+        assert code == 2 and err.startswith(f"kvlife: error: {trace}:2: field '{field}': "), err
+        code, out, _err = run(["validate", str(trace)])
+        assert code == 1 and f"line 2: invariant 0 (well-formed trace): bad input record: field '{field}'" in out
