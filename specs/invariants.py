@@ -623,8 +623,11 @@ class InvariantObserver:
         for job in open_jobs:
             missing = sorted(set(range(self.ranks)) - job.reported)
             self._fail(7, f"{job.kind} job {job.job_id} of {job.request_id}: ranks {missing} never reported")
-        for rid, req in waiting_on_io:
-            self._fail(7, f"{rid} stranded in {req.state}")
+        # Every request, whatever its state: one parked in waiting or running forever (a head
+        # that never fits, a policy that always defers, blocks never released) never finishes.
+        for rid, req in self.requests.items():
+            if req.state != "finished":
+                self._fail(7, f"{rid} stranded in {req.state}: never finished")
 
     def states(self) -> dict[str, str]:
         return {rid: req.state for rid, req in self.requests.items()}

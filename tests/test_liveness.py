@@ -36,6 +36,15 @@ def _stranded_warnings(trace: Path) -> list[dict[str, object]]:
     return [r for r in records if r.get("kind") == "warning" and r.get("what") == "stranded"]
 
 
+def _validate_stranded(trace: Path) -> list[str]:
+    """Requests ``kvlife validate`` reports as never finished (invariant 7)."""
+    from kvlife.lifecycle.traces.validate import validate
+
+    report = validate(trace)
+    return sorted(f.message.split()[0] for f in report.findings
+                  if f.invariant == 7 and "never finished" in f.message)
+
+
 def test_always_defer_strands_requests_and_the_run_says_so(tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     policy = tmp_path / "defer.py"
@@ -51,6 +60,8 @@ def test_always_defer_strands_requests_and_the_run_says_so(tmp_path: Path,
     assert "never finished" in captured.err and "Traceback" not in captured.err
     warned = _stranded_warnings(trace)
     assert sorted(f"{w['req']}:{w['state']}" for w in warned) == sorted(summary["stranded_requests"])
+    # validate reads the trace alone and finds the same requests never finished (invariant 7)
+    assert _validate_stranded(trace) == sorted(e.split(":")[0] for e in summary["stranded_requests"])
 
 
 def test_the_text_summary_names_the_stranded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -67,6 +78,7 @@ def test_a_healthy_run_strands_nothing_and_exits_0(tmp_path: Path, capsys: pytes
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert summary["stranded"] == 0 and summary["stranded_requests"] == []
     assert _stranded_warnings(trace) == []
+    assert _validate_stranded(trace) == []
 
 
 def test_never_releasing_preempted_blocks_is_stranded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -94,3 +106,4 @@ def test_never_releasing_preempted_blocks_is_stranded(tmp_path: Path, monkeypatc
     assert code == 1
     assert summary["stranded"] > 0
     assert _stranded_warnings(trace)
+    assert _validate_stranded(trace)  # a validate finding, from the trace alone
