@@ -184,3 +184,61 @@ def test_redis_keys_are_namespaced_by_layout_and_rank(server: RedisServer) -> No
         assert 0 < admin.ttl(tier.key(HASH)) <= 3600  # a TTL by default
         tier.close()
     admin.close()
+
+
+# ---- a live run, --no-verify ---------------------------------------------------------------
+def test_live_run_without_verify_never_serves_foreign_values(server: RedisServer, tmp_path: Path) -> None:
+    """Mid-run, every Redis value of the run is replaced by the other rank's value of the
+    same block, a bfloat16 writer's, or one re-checksummed under another fingerprint. With
+    verification off, each load of them is still a miss (the request recomputes), a tier
+    event, a warning in the trace and a count in the summary."""
+    from kvlife.lifecycle.config import EngineConfig, LiveConfig, RunConfig, SimConfig, TierConfig
+    from kvlife.lifecycle.drivers.live import run_live
+    from kvlife.lifecycle.traces.trace import read_trace
+    from kvlife.lifecycle.traces.validate import validate
+    from kvlife.lifecycle.workloads.synthetic import synthetic_workload
+
+    config = RunConfig(
+        engine=EngineConfig(device_blocks=48, max_running=12, ranks=2,
+                            tiers=(TierConfig("host", 16), TierConfig("remote", 2000))),
+        sim=SimConfig(max_output_tokens=12),
+        live=LiveConfig(redis_url=server.url, verify=False),
+    )
+    admin = redis.Redis.from_url(server.url)
+    swapped: list[int] = []
+
+    def plant(done: int, total: int) -> None:
+        if swapped or done < total // 4:
+            return
+        for key in admin.keys("kvlife:*"):
+            prefix, run, layout, rank, block = key.decode().split(":")
+            value = admin.get(key)
+            assert isinstance(value, bytes)
+            other = admin.get(f"{prefix}:{run}:{layout}:{1 - int(rank)}:{block}")
+            choice = len(swapped) % 3
+            if choice == 0 and isinstance(other, bytes):
+                admin.set(key, other)  # the other rank's shard of the same block
+            elif choice == 1:
+                geometry = BlockGeometry(attrs.evolve(SMALL_SHAPE, dtype="bfloat16", block_tokens=512), 2)
+                payload = value[HEADER_BYTES:]
+                admin.set(key, bytes(BlockFormat(geometry, int(rank)).pack(int(block), memoryview(payload))) + payload)
+            else:
+                admin.set(key, _rechecksummed(value, 0xDEAD))
+            swapped.append(int(block))
+
+    trace = tmp_path / "t.jsonl"
+    outcome = run_live(config, synthetic_workload(seed=11, num_requests=120, arrival_rate_per_s=4.0),
+                       trace_path=trace, time_scale=40.0, progress=plant)
+    admin.close()
+    assert swapped
+    foreign = {k: v for k, v in outcome.summary["warnings"].items() if k.startswith("redis_foreign_")}
+    # Both kinds came back (timing decides how many): the swapped ranks' and the other layouts'.
+    assert foreign.get("redis_foreign_layout", 0) > 0 and foreign.get("redis_foreign_rank", 0) > 0, foreign
+    assert sum(foreign.values()) == sum(1 for e in outcome.stats.tier_events if e["event"] in foreign)
+    assert outcome.summary["live"]["blocks_verified"] == 0  # verification really was off
+    assert outcome.result.stranded == [] and sum(outcome.summary["finished"].values()) == 120
+    traced = [r for _, r in read_trace(trace) if r["kind"] == "warning" and r["what"].startswith("redis_foreign_")]
+    assert len(traced) == sum(foreign.values()) and all(r["reason"] for r in traced)
+    # A miss is a failed block of its load: the request recomputes from there.
+    assert any(r["kind"] == "transition" and r["trigger"] == "load_failed" for _, r in read_trace(trace))
+    assert validate(trace).ok

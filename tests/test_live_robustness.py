@@ -98,7 +98,9 @@ def test_always_defer_is_stopped_by_the_watchdog_with_stranded_requests(tmp_path
     assert outcome.result.engine.stats.ticks < 600
 
 
-def test_cli_always_defer_exits_1_naming_the_stranded(tmp_path: Path) -> None:
+def test_cli_always_defer_exits_1_naming_the_stranded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvlife.lifecycle.cli.main import main
+
     policy = tmp_path / "defer.py"
     policy.write_text("from kvlife.policies.base import Decision\n\n\nclass AlwaysDefer:\n"
                       "    name = 'always-defer'\n\n"
@@ -108,17 +110,15 @@ def test_cli_always_defer_exits_1_naming_the_stranded(tmp_path: Path) -> None:
     cfg.write_text("[engine]\ndevice_blocks = 24\nranks = 2\n\n[[tiers]]\nname = \"host\"\ncapacity_blocks = 40\n\n"
                    "[live]\nstall_timeout_s = 1.0\n")
     trace = tmp_path / "t.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "kvlife", "run", "--live", "--config", str(cfg), "--limit", "20",
-                           "--stack", f"{policy}:AlwaysDefer", "--trace", str(trace)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.splitlines()
+    code = main(["run", "--live", "--config", str(cfg), "--limit", "20", "--stack", f"{policy}:AlwaysDefer",
+                 "--trace", str(trace)])
+    out, err = capsys.readouterr()
+    assert code == 1, out + err
+    lines = err.splitlines()
     assert lines[0] == "kvlife run --live: stopped: no progress for 1 s of wall time", lines
     count = int(lines[1].split("kvlife run --live: ", 1)[1].split(" requests stranded: req-")[0])
     assert count > 0 and len(lines) == 2
-    assert f"stranded / quarantined jobs  {count} / 0" in proc.stdout
+    assert f"stranded / quarantined jobs  {count} / 0" in out
     assert validate(trace).ok
 
 

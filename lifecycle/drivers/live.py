@@ -12,6 +12,13 @@ Async lookups run on a single-thread executor and come back as futures; the engi
 tier indexes are read only on the main thread. Torch copies release the GIL, so rank
 threads do overlap. The core still takes time only from its inputs: the driver reads
 the monotonic clock and passes the value in.
+
+Nothing hangs or fails unnoticed (docs/design.md, "Live runtime"): rank reports have a
+deadline (``DEFAULT_REPORT_DEADLINE_MS`` unless the config sets one); a stall watchdog
+(``live.stall_timeout_s``) stops a run that has work but makes no progress, naming its
+unfinished requests as stranded; rank threads catch everything and report a failing
+step as a failed step; every Redis client shares one circuit breaker; shutdown is
+bounded, and leaves the temporary directory to a rank thread that is still alive.
 """
 
 from __future__ import annotations
@@ -287,7 +294,12 @@ class _Step:
 
 
 class LiveRuntime:
-    """Runs a workload against real KV bytes; returns the same result shape as the simulator."""
+    """Runs a workload against real KV bytes; returns the same result shape as the simulator.
+
+    The run's config is ``with_report_deadline(config)``: a caller that writes the trace
+    header itself should write that config, as ``run_live`` does, so a replay uses the
+    same deadline.
+    """
 
     def __init__(self, config: RunConfig, workload: list[WorkloadRequest], policies: PolicyStack,
                  recorder: Recorder | None = None, time_scale: float = 1.0,
