@@ -138,7 +138,9 @@ def test_a_lost_report_without_a_configured_deadline_ends_by_the_default_one(tmp
     assert runtime.config.engine.transfer_deadline_ms == DEFAULT_REPORT_DEADLINE_MS
     started = time.monotonic()
     result = runtime.run()
-    assert time.monotonic() - started < DEFAULT_REPORT_DEADLINE_MS / 1000 + 10
+    # Without the deadline it would wait for ever (until the stall watchdog, which would
+    # strand requests); the bound is loose for a loaded machine.
+    assert time.monotonic() - started < DEFAULT_REPORT_DEADLINE_MS / 1000 + 45
     assert len(silenced) == 1 and result.engine.stats.rank_timeouts == 1
     assert result.stranded == [] and all(r.state == "finished" for r in result.engine.requests.values())
     # run_live writes the deadline it used into the header, so the trace replays the same.
