@@ -76,7 +76,8 @@ def test_always_defer_is_stopped_by_the_watchdog_with_stranded_requests(tmp_path
     when there is something to load): the others finish, those never do."""
     trace = tmp_path / "defer.jsonl"
     cfg = config(stall_timeout_s=1.0)
-    cfg = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, device_blocks=24))  # evictions: tier hits
+    # A small device and a host tier that keeps everything: tier hits stay tier hits.
+    cfg = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, device_blocks=24, tiers=(TierConfig("host", 400),)))
     started = time.monotonic()
     outcome = run_live(cfg, workload(20), PolicyStack([AlwaysDefer()]), trace_path=trace, time_scale=40.0)
     assert time.monotonic() - started < 15
@@ -107,7 +108,10 @@ def test_cli_always_defer_exits_1_naming_the_stranded(tmp_path: Path, capsys: py
                       "    def admission(self, req, load, engine):\n"
                       "        return Decision('defer', 'always')\n")
     cfg = tmp_path / "live.toml"
-    cfg.write_text("[engine]\ndevice_blocks = 24\nranks = 2\n\n[[tiers]]\nname = \"host\"\ncapacity_blocks = 40\n\n"
+    # A small device and tiers that keep everything: hits below the device stay there, so
+    # the requests that have them are deferred for ever.
+    cfg.write_text("[engine]\ndevice_blocks = 24\nranks = 2\n\n"
+                   "[[tiers]]\nname = \"host\"\ncapacity_blocks = 400\n\n"
                    "[live]\nstall_timeout_s = 1.0\n")
     trace = tmp_path / "t.jsonl"
     code = main(["run", "--live", "--config", str(cfg), "--limit", "20", "--stack", f"{policy}:AlwaysDefer",
