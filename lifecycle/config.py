@@ -324,6 +324,14 @@ class LiveConfig:
     # run ends; an hour outlives any run the runtime is meant for.
     redis_ttl_s: int = attrs.field(default=3600, validator=_non_negative_int)
     verify: bool = attrs.field(default=True, validator=_boolean)
+    # Robustness of the live driver (docs/design.md, "Live runtime"): how long one Redis reply
+    # may take; after this many consecutive timeouts the Redis tier is treated as down
+    # (misses, no waiting) for the back-off; a run with work but no progress for
+    # stall_timeout_s of wall time is stopped, its unfinished requests reported as stranded.
+    redis_timeout_s: float = attrs.field(default=0.5, validator=_number(0.0, strict=True, high=60.0))
+    redis_breaker_failures: int = attrs.field(default=3, validator=_positive_int)
+    redis_breaker_backoff_s: float = attrs.field(default=5.0, validator=_number(0.0, strict=True, high=3600.0))
+    stall_timeout_s: float = attrs.field(default=30.0, validator=_number(0.0, strict=True, high=86400.0))
 
 
 @attrs.frozen

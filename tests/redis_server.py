@@ -7,6 +7,7 @@ behave as they do in production. Without redis-server on PATH the tests skip, sa
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -74,10 +75,24 @@ class RedisServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def freeze(self) -> None:
+        """SIGSTOP the server: connections still open, nothing answers (a hung host)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """Kill the server (abruptly, like a crash) and remove its directory."""
         if self._proc is not None:
             if self._proc.poll() is None:
+                self.thaw()  # a frozen process is killed all the same, but let it go cleanly
                 self._proc.kill()
             self._proc.wait(timeout=10)
             self._proc = None

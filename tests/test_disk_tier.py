@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvlife.transfer.block_header import layout_fingerprint
 from kvlife.transfer.content import expected_bytes
 from kvlife.transfer.disk_tier import HEADER_BYTES, Buffer, DiskTier, DiskTierError
 from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry
@@ -59,7 +60,8 @@ def test_corrupt_byte_is_a_miss_with_event(tier: DiskTier) -> None:
         f.write(bytes([last ^ 1]))
     dst = torch.full((GEO.block_bytes,), 7, dtype=torch.uint8)
     assert not tier.read_into(11, 3, dst)
-    assert tier.drain_events() == [{"event": "disk_checksum_mismatch", "tier": "disk", "slot": 3, "block": 11}]
+    assert tier.drain_events() == [{"event": "disk_checksum_mismatch", "tier": "disk", "slot": 3, "block": 11,
+                                    "reason": "payload checksum mismatch"}]
 
 
 def test_corrupt_header_is_a_miss(tier: DiskTier) -> None:
@@ -165,8 +167,8 @@ def test_a_corrupt_slot_is_dropped_on_recovery_with_an_event(tmp_path: Path) -> 
         assert again.recovered == {11: 1}
         events = again.drain_events()
         assert [(e["event"], e["slot"], e["block"], e["reason"]) for e in events] == [
-            ("disk_slot_dropped", 2, 12, "checksum mismatch"),
-            ("disk_slot_dropped", 4, None, "bad header"),
+            ("disk_slot_dropped", 2, 12, "payload checksum mismatch"),
+            ("disk_slot_dropped", 4, None, "header checksum mismatch"),
         ]
         assert all(e["level"] == "warning" and e["path"] == str(path) for e in events)
         assert again.read(12, 2) is None and not again.index.contains(12)
@@ -184,8 +186,8 @@ def test_recovery_drops_slots_of_another_layout_and_past_a_smaller_capacity(tmp_
     with DiskTier(path, other, 4) as foreign:
         assert foreign.recovered == {}
         events = foreign.drain_events()  # slot 0's header, then old payload bytes where slot 1 starts now
-        assert [(e["slot"], e["reason"]) for e in events] == [
-            (0, "written by another layout (version 2, 4096 bytes)"), (1, "bad header")]
+        assert [(e["slot"], e["reason"].split(" (")[0]) for e in events] == [
+            (0, f"written for layout {layout_fingerprint(GEO):016x}"), (1, "no block header")]
 
 
 def test_a_fresh_file_scans_nothing(tmp_path: Path) -> None:

@@ -47,11 +47,15 @@ def test_dead_redis_is_warned_about_not_silent(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
     (line,) = [row for row in proc.stdout.splitlines() if row.startswith("warnings ")]
     count = int(line.split("redis_unavailable", 1)[1].split(",")[0])
-    assert line.split() == ["warnings", "redis_unavailable", str(count)] and count > 0
+    # A few refused connections, then the circuit breaker treats the server as down.
+    assert line.split() == ["warnings", "redis_breaker_open", "1,", "redis_unavailable", str(count)] and count > 0
     warned = [r for r in records(trace) if r["kind"] == "warning" and r.get("origin") == "driver"]
-    assert len(warned) == count
-    assert all(r["what"] == "redis_unavailable" and r["tier"] == "remote" and "Connection" in str(r["error"])
-               for r in warned)
+    assert len(warned) == count + 1
+    unavailable = [r for r in warned if r["what"] == "redis_unavailable"]
+    assert len(unavailable) == count
+    assert all(r["tier"] == "remote" for r in unavailable)
+    assert all("Connection" in str(r["error"]) or (r["op"] == "cleanup" and "circuit breaker open" in str(r["error"]))
+               for r in unavailable)
     assert validate(trace).ok
     result = replay(trace)  # the driver's warnings are not engine output: the trace still replays
     assert result.identical, result.divergence
@@ -60,7 +64,8 @@ def test_dead_redis_is_warned_about_not_silent(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
     summary = json.loads(proc.stdout)["summary"]
     assert summary["warnings"]["redis_unavailable"] > 0
-    assert summary["live"]["tier_events"] == summary["warnings"]["redis_unavailable"]
+    assert summary["live"]["tier_events"] == summary["warnings"]["redis_unavailable"] + 1  # + breaker open
+    assert summary["live"]["redis_breaker"] == {"opened": 1, "state": "open"}
 
 
 # ---- 2. Ctrl-C and SIGTERM -----------------------------------------------------------------

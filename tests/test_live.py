@@ -304,7 +304,7 @@ def test_named_disk_path_is_recovered_and_corrupt_slots_are_warnings(tmp_path: P
     assert outcome.summary["live"]["tier_events"] == 1
     (warning,) = [r for _, r in read_trace(trace) if r["kind"] == "warning"]
     assert warning == {"kind": "warning", "t": 0.0, "what": "disk_slot_dropped", "origin": "driver", "rank": 0,
-                       "tier": "disk", "slot": slot, "block": block, "reason": "checksum mismatch",
+                       "tier": "disk", "slot": slot, "block": block, "reason": "payload checksum mismatch",
                        "path": str(tmp_path / "disk" / "rank0.kvblocks")}
 
 
@@ -319,8 +319,11 @@ def test_lookup_probe_events_are_recorded_when_redis_dies(tmp_path: Path) -> Non
 
     server = RedisServer().start()
     try:
+        # A breaker that never opens: with it open, a probe is refused without an event
+        # (tests/test_redis_breaker.py), and here every probe must meet the dead server.
         config = live_config(tmp_path, TierConfig("host", capacity_blocks=8),
-                             TierConfig("remote", capacity_blocks=2000), redis_url=server.url)
+                             TierConfig("remote", capacity_blocks=2000), redis_url=server.url,
+                             redis_breaker_failures=10**6)
         config = attrs.evolve(config, policies=("async-lookup",))
         stack = load_stack(config.policies)
         trace = tmp_path / "probe.jsonl"

@@ -9,15 +9,17 @@ import pytest
 import redis
 import torch
 
+from kvlife.transfer.breaker import CircuitBreaker
 from kvlife.transfer.content import expected_bytes, fill_block, verify_block
 from kvlife.transfer.copy_engine import CopyEngine, Move
 from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry, DeviceKV
-from kvlife.transfer.redis_tier import HEADER_BYTES, RedisTier
+from kvlife.transfer.redis_tier import DEFAULT_TTL_S, HEADER_BYTES, RedisTier
 from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 
 GEO = BlockGeometry(SMALL_SHAPE)
+GEO2 = BlockGeometry(SMALL_SHAPE, world_size=2)  # two tensor-parallel ranks
 
 
 @pytest.fixture
@@ -31,14 +33,18 @@ def _payload(h: int) -> bytes:
 
 
 def test_round_trip_and_pipelined_exists(server: RedisServer) -> None:
-    tier = RedisTier(server.url, GEO, rank=1, key_prefix="t")
-    assert tier.put_many([(h, expected_bytes(GEO, h)) for h in (1, 2, 2**80)]) == [True] * 3
+    tier = RedisTier(server.url, GEO2, rank=1, key_prefix="t")
+    payload = {h: expected_bytes(GEO2, h, rank=1) for h in (1, 2, 2**80)}
+    assert tier.put_many(list(payload.items())) == [True] * 3
     assert tier.exists_many([1, 3, 2**80, 2]) == [True, False, True, True]
     assert tier.lookup([1, 2, 3, 2**80]) == 2
-    assert tier.get_many([2, 3, 2**80]) == [_payload(2), None, _payload(2**80)]
+    assert tier.get_many([2, 3, 2**80]) == [payload[2].numpy().tobytes(), None, payload[2**80].numpy().tobytes()]
     # Keys are per rank: rank 0 sees nothing of rank 1.
-    assert RedisTier(server.url, GEO, rank=0, key_prefix="t").exists_many([1]) == [False]
-    assert tier.key(7) == "t:1:7"
+    assert RedisTier(server.url, GEO2, rank=0, key_prefix="t").exists_many([1]) == [False]
+    # ...and per layout: the same rank of another model shape sees nothing either.
+    assert RedisTier(server.url, BlockGeometry(SMALL_SHAPE, world_size=4), rank=1,
+                     key_prefix="t").exists_many([1]) == [False]
+    assert tier.key(7) == f"t:{tier.format.layout:016x}:1:7"
     assert tier.drain_events() == []
     tier.close()
 
@@ -57,11 +63,14 @@ def test_exists_is_one_round_trip(server: RedisServer, monkeypatch: pytest.Monke
     assert executions == [50]
 
 
-def test_ttl_is_set(server: RedisServer) -> None:
+def test_ttl_is_set_by_default(server: RedisServer) -> None:
     tier = RedisTier(server.url, GEO, ttl_seconds=30)
     assert tier.put_many([(9, _payload(9))]) == [True]
     assert 0 < tier.client.ttl(tier.key(9)) <= 30
-    no_ttl = RedisTier(server.url, GEO, key_prefix="other")
+    default = RedisTier(server.url, GEO, key_prefix="default")
+    assert default.put_many([(9, _payload(9))]) == [True]
+    assert 3500 < default.client.ttl(default.key(9)) <= DEFAULT_TTL_S == 3600
+    no_ttl = RedisTier(server.url, GEO, key_prefix="other", ttl_seconds=None)  # only when asked
     assert no_ttl.put_many([(9, _payload(9))]) == [True]
     assert no_ttl.client.ttl(no_ttl.key(9)) == -1
     with pytest.raises(ValueError):
@@ -89,7 +98,7 @@ def test_corrupt_or_foreign_values_are_misses(server: RedisServer) -> None:
     assert events == [
         "redis_checksum_mismatch",
         "redis_bad_length",
-        "redis_checksum_mismatch",
+        "redis_hash_mismatch",
         "redis_bad_length",
     ]
 
@@ -116,7 +125,10 @@ def test_copy_engine_round_trip_via_redis(server: RedisServer) -> None:
 def test_dead_server_degrades_without_raising() -> None:
     server = RedisServer().start()
     try:
-        tier = RedisTier(server.url, GEO, socket_timeout=0.2, connect_timeout=0.2)
+        # A breaker that never opens: every call meets the dead server (test_redis_breaker.py
+        # covers the breaker).
+        tier = RedisTier(server.url, GEO, socket_timeout=0.2, connect_timeout=0.2,
+                         breaker=CircuitBreaker(failures=1000))
         kv = DeviceKV(GEO, 8, device="cpu")
         engine = CopyEngine(kv, 0, {"redis": tier})
         assert tier.put_many([(1, _payload(1)), (2, _payload(2))]) == [True, True]
@@ -165,14 +177,14 @@ def test_delete_all_removes_this_ranks_keys_and_nothing_else(server: RedisServer
     admin = redis.Redis.from_url(server.url)
     try:
         mine = RedisTier(server.url, GEO, rank=0, key_prefix="kvlife:run1", ttl_seconds=60)
-        other_rank = RedisTier(server.url, GEO, rank=1, key_prefix="kvlife:run1")
+        other_rank = RedisTier(server.url, GEO2, rank=1, key_prefix="kvlife:run1")
         other_run = RedisTier(server.url, GEO, rank=0, key_prefix="kvlife:run2")
         assert mine.put_many([(h, _payload(h)) for h in range(1200)]) == [True] * 1200  # > one SCAN batch
-        assert other_rank.put_many([(1, _payload(1))]) == [True]
+        assert other_rank.put_many([(1, expected_bytes(GEO2, 1, rank=1))]) == [True]
         assert other_run.put_many([(1, _payload(1))]) == [True]
-        assert 0 < admin.ttl("kvlife:run1:0:5") <= 60
+        assert 0 < admin.ttl(mine.key(5)) <= 60
         assert mine.delete_all(batch=500) == 1200
-        assert sorted(admin.keys("*")) == [b"kvlife:run1:1:1", b"kvlife:run2:0:1"]
+        assert sorted(admin.keys("*")) == sorted(k.encode() for k in (other_rank.key(1), other_run.key(1)))
         assert mine.delete_all() == 0
         # Glob characters in a prefix are matched literally.
         star = RedisTier(server.url, GEO, rank=0, key_prefix="kvlife:*")

@@ -244,6 +244,21 @@ class CopyEngine:
         self._inflight = still
         return done
 
+    def abandon(self) -> list[JobId]:
+        """Give up on every job submitted or in flight (after an error in ``flush`` or
+        ``poll``, when their state is unknown); returns their ids, which the caller
+        reports failed. Copies already issued are waited for first, so none lands in a
+        device block after its job was given up."""
+        with contextlib.suppress(Exception):  # a broken stream must not stop the clean-up
+            self.synchronize()
+        jobs = [*self._inflight, *self._pending[STORE], *self._pending[LOAD]]
+        self._inflight = []
+        self._pending = {LOAD: [], STORE: []}
+        self._load_blocks.clear()
+        self._store_blocks.clear()
+        self._store_slots.clear()
+        return [job.job_id for job in jobs]
+
     def synchronize(self) -> None:
         """Block until every issued copy has finished (shutdown, tests)."""
         if self._side is not None:

@@ -1,16 +1,18 @@
 """Disk tier: a preallocated file of fixed-size slots holding raw block bytes.
 
-Slot ``i`` starts at ``i * slot_stride``: a 64-byte header, then ``block_bytes`` of raw
-payload (never pickle). The header carries a 64-bit fingerprint of the block hash, the
-payload length, a crc32 of the payload, the block hash itself (signed, up to 27 bytes)
-and a crc32 of the header. A read whose header, fingerprint, length or checksum does not
-match, or that comes up short (a truncated file), is a miss with a structured fault
-event: bad bytes are never served. A failed write (disk full, I/O error, short write) is
-reported as a failed store.
+Slot ``i`` starts at ``i * slot_stride``: the 64-byte block header of
+``kvlife.transfer.block_header`` (format version, layout fingerprint of the model, rank,
+block hash, payload length, checksums), then ``block_bytes`` of raw payload (never
+pickle). A read whose header is not this rank's block in this layout, whose checksum does
+not match, or that comes up short (a truncated file), is a miss with a structured fault
+event (``disk_<kind>``, with a reason): bad bytes are never served, whatever
+``live.verify`` says. A failed write (disk full, I/O error, short write) is reported as a
+failed store.
 
 Opening a file that already holds slots (a named ``live.disk_path`` on restart) recovers
-it: every slot whose header and checksum are valid is indexed again (``recovered``), every
-other written slot is dropped, zeroed, and reported as a ``disk_slot_dropped`` event.
+it: every slot whose header and checksum are valid for this rank and layout is indexed
+again (``recovered``); every other written slot (another layout, another rank, an older
+format, a bad checksum) is dropped, zeroed, and reported as a ``disk_slot_dropped`` event.
 
 Which block sits in which slot, pinning and eviction are the business of ``index`` (a
 ``TierIndex``); the tier only keeps the bytes and checks them on the way back.
@@ -20,26 +22,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import torch
 
-from kvlife.transfer.content import stable_mix
+from kvlife.transfer.block_header import HEADER_BYTES, BlockFormat, Header, Mismatch
 from kvlife.transfer.index import TierIndex
 from kvlife.transfer.layout import BlockGeometry, Buffer, cpu_byte_view
 
-_MAGIC = b"KVB1"
-_VERSION = 2  # 2: the block hash is in the header, so a file can be recovered
-# magic, version, flags, hash fingerprint, payload length, payload crc32,
-# block hash length in bytes (0: too wide to keep), block hash (signed, little-endian)
-_HEAD = struct.Struct("<4sHHQQIB27s")
-_HASH_BYTES = 27
-_HEADER_CRC = struct.Struct("<I")
-HEADER_BYTES = 64
-_CRC_AT = HEADER_BYTES - _HEADER_CRC.size  # the header crc covers everything before it
+__all__ = ["HEADER_BYTES", "Buffer", "DiskTier", "DiskTierError"]
+
 # Page-aligned slots keep each block's payload within as few pages as possible.
 _ALIGN = 4096
 
@@ -48,27 +41,6 @@ Writer = Callable[[int, Sequence[Buffer], int], int]
 
 class DiskTierError(OSError):
     """The tier's file cannot be created, opened or preallocated."""
-
-
-def _fingerprint(block_hash: int) -> int:
-    return stable_mix(block_hash)
-
-
-def _hash_field(block_hash: int) -> tuple[int, bytes]:
-    """(length, bytes) of a block hash for the header; (0, b"") when it does not fit."""
-    length = block_hash.bit_length() // 8 + 1  # one more bit for the sign
-    if length > _HASH_BYTES:
-        return 0, b""
-    return length, block_hash.to_bytes(length, "little", signed=True)
-
-
-def _pack_header(block_hash: int, payload: memoryview) -> bytearray:
-    length, raw = _hash_field(block_hash)
-    header = bytearray(HEADER_BYTES)
-    _HEAD.pack_into(header, 0, _MAGIC, _VERSION, 0, _fingerprint(block_hash), payload.nbytes,
-                    zlib.crc32(payload), length, raw)
-    _HEADER_CRC.pack_into(header, _CRC_AT, zlib.crc32(header[:_CRC_AT]))
-    return header
 
 
 class DiskTier:
@@ -82,6 +54,7 @@ class DiskTier:
         eviction: str = "lru",
         name: str = "disk",
         writer: Writer | None = None,
+        rank: int = 0,
     ) -> None:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be a positive int, got {capacity_blocks!r}")
@@ -90,6 +63,8 @@ class DiskTier:
         self.geometry = geometry
         self.capacity = capacity_blocks
         self.block_bytes = geometry.block_bytes
+        self.format = BlockFormat(geometry, rank)
+        self.rank = rank
         self.slot_stride = -(-(HEADER_BYTES + self.block_bytes) // _ALIGN) * _ALIGN
         self.index = TierIndex(name, capacity_blocks, eviction)
         self.events: list[dict[str, Any]] = []
@@ -133,28 +108,23 @@ class DiskTier:
                 continue
             if got < HEADER_BYTES or not any(header):
                 continue  # never written (or invalidated): an empty slot
-            magic, version, _flags, fingerprint, length, crc, hash_len, raw = _HEAD.unpack_from(header)
-            (header_crc,) = _HEADER_CRC.unpack_from(header, _CRC_AT)
-            if magic != _MAGIC or header_crc != zlib.crc32(header[:_CRC_AT]):
-                self._drop_slot(slot, None, "bad header")
+            parsed = self.format.check_header(header, None)
+            if isinstance(parsed, Mismatch):
+                self._drop_slot(slot, None, parsed.reason)
                 continue
-            if version != _VERSION or length != self.block_bytes:
-                self._drop_slot(slot, None, f"written by another layout (version {version}, {length} bytes)")
-                continue
-            if not 0 < hash_len <= _HASH_BYTES:
-                self._drop_slot(slot, None, "block hash too wide to have been recorded")
-                continue
-            block_hash = int.from_bytes(raw[:hash_len], "little", signed=True)
-            if fingerprint != _fingerprint(block_hash):
-                self._drop_slot(slot, block_hash, "hash fingerprint mismatch")
-                continue
+            block_hash = parsed.block_hash
+            assert block_hash is not None  # check_header(None) insists on a named block
             try:
                 got = os.preadv(self._fd, [payload], offset + HEADER_BYTES)
             except OSError as exc:
                 self._drop_slot(slot, block_hash, f"cannot read the payload: {exc.strerror}")
                 continue
-            if got < self.block_bytes or crc != zlib.crc32(payload):
-                self._drop_slot(slot, block_hash, "checksum mismatch")
+            if got < self.block_bytes:
+                self._drop_slot(slot, block_hash, "short payload")
+                continue
+            checked = self.format.check(header, block_hash, payload)
+            if not isinstance(checked, Header):
+                self._drop_slot(slot, block_hash, checked.reason)
                 continue
             if block_hash in self.recovered:
                 self._drop_slot(slot, block_hash, f"duplicate of slot {self.recovered[block_hash]}")
@@ -198,7 +168,7 @@ class DiskTier:
         view = cpu_byte_view(payload)
         if view.nbytes != self.block_bytes:
             raise ValueError(f"{self.name}: payload is {view.nbytes} bytes, blocks are {self.block_bytes}")
-        header = _pack_header(block_hash, view)
+        header = self.format.pack(block_hash, view)
         offset = slot * self.slot_stride
         try:
             written = self._writer(self._fd, [header, view], offset)
@@ -236,19 +206,9 @@ class DiskTier:
             return self._fault("disk_read_failed", slot, block_hash, errno=exc.errno)
         if got < HEADER_BYTES + self.block_bytes:
             return self._fault("disk_short_read", slot, block_hash, got=got)
-        magic, version, _flags, fingerprint, length, crc, _hash_len, _raw = _HEAD.unpack_from(header)
-        (header_crc,) = _HEADER_CRC.unpack_from(header, _CRC_AT)
-        if (
-            magic != _MAGIC
-            or version != _VERSION
-            or header_crc != zlib.crc32(header[:_CRC_AT])
-            or length != self.block_bytes
-        ):
-            return self._fault("disk_bad_header", slot, block_hash)
-        if fingerprint != _fingerprint(block_hash):
-            return self._fault("disk_hash_mismatch", slot, block_hash)
-        if crc != zlib.crc32(view):
-            return self._fault("disk_checksum_mismatch", slot, block_hash)
+        checked = self.format.check(header, block_hash, view)
+        if isinstance(checked, Mismatch):
+            return self._fault(f"disk_{checked.kind}", slot, block_hash, reason=checked.reason)
         return True
 
     def read(self, block_hash: int, slot: int) -> bytes | None:

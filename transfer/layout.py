@@ -31,6 +31,11 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> 
         raise ValueError(f"{attribute.name} must be a positive int, got {value!r}")
 
 
+def _model_name(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise ValueError(f"{attribute.name} must be a non-empty name of at most 200 characters, got {value!r}")
+
+
 def _known_dtype(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if value not in _DTYPES:
         raise ValueError(f"{attribute.name} must be one of {sorted(_DTYPES)}, got {value!r}")
@@ -45,6 +50,9 @@ class ModelShape:
     head_dim: int = attrs.field(validator=_positive)
     dtype: str = attrs.field(validator=_known_dtype)
     block_tokens: int = attrs.field(validator=_positive)
+    # Which model's KV this is: part of the layout fingerprint every stored block carries
+    # (``kvlife.transfer.block_header``), so two models of the same shape never share bytes.
+    model: str = attrs.field(default="kvlife-synthetic", validator=_model_name)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -54,7 +62,8 @@ class ModelShape:
 # Small enough that tests allocate hundreds of blocks in a few MB (4 KB per block).
 SMALL_SHAPE = ModelShape(num_layers=2, num_kv_heads=4, head_dim=32, dtype="float16", block_tokens=4)
 # Llama-3-8B-like: 32 layers x 2 (K, V) x 16 tokens x 8 heads x 128 dims x 2 bytes = 2 MiB.
-LLAMA3_8B_SHAPE = ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, dtype="float16", block_tokens=16)
+LLAMA3_8B_SHAPE = ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, dtype="float16", block_tokens=16,
+                             model="llama-3-8b")
 
 
 @attrs.frozen

@@ -12,6 +12,13 @@ Async lookups run on a single-thread executor and come back as futures; the engi
 tier indexes are read only on the main thread. Torch copies release the GIL, so rank
 threads do overlap. The core still takes time only from its inputs: the driver reads
 the monotonic clock and passes the value in.
+
+Nothing hangs or fails unnoticed (docs/design.md, "Live runtime"): rank reports have a
+deadline (``DEFAULT_REPORT_DEADLINE_MS`` unless the config sets one); a stall watchdog
+(``live.stall_timeout_s``) stops a run that has work but makes no progress, naming its
+unfinished requests as stranded; rank threads catch everything and report a failing
+step as a failed step; every Redis client shares one circuit breaker; shutdown is
+bounded, and leaves the temporary directory to a rank thread that is still alive.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from kvlife.lifecycle.drivers import interrupts
 from kvlife.lifecycle.drivers.simulator import SimResult, cut_record, model_finishes
 from kvlife.lifecycle.engine.core import Engine, Recorder
 from kvlife.lifecycle.engine.events import (
+    Abort,
     Arrival,
     DiscardLookup,
     LookupAnswer,
@@ -49,6 +57,7 @@ from kvlife.lifecycle.engine.events import (
 )
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.stack import PolicyStack
+from kvlife.transfer.breaker import CircuitBreaker
 from kvlife.transfer.content import fill_block, verify_block
 from kvlife.transfer.copy_engine import CopyEngine, Move
 from kvlife.transfer.disk_tier import DiskTier
@@ -74,7 +83,13 @@ def model_shape(live: LiveConfig, block_tokens: int) -> ModelShape:
 
 
 class RankWorker(threading.Thread):
-    """One tensor-parallel rank: its KV shard, its tiers' bytes, its copy engine."""
+    """One tensor-parallel rank: its KV shard, its tiers' bytes, its copy engine.
+
+    The loop never dies on an error: whatever raises (a forward step, a submission, a
+    flush, the poll of copies in flight, the drain of tier events) is caught and reported,
+    a failed step as a failed step and every job it held as failed, so the main thread
+    always gets an answer for what it sent.
+    """
 
     def __init__(self, rank: int, geometry: BlockGeometry, device_blocks: int,
                  tiers: dict[str, TierBytes], outbox: queue.Queue[tuple[Any, ...]], verify: bool,
@@ -87,60 +102,117 @@ class RankWorker(threading.Thread):
         self.inbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.outbox = outbox
         self.verify = verify
+        # Set by the main thread at shutdown: leave at once, whatever is still queued.
+        self.stopping = threading.Event()
         # Fault injection: a rank that never reports some jobs (tests of the deadline).
         self.silent = silent
         self.stats = LiveStats()
         self._staging = torch.zeros((1, geometry.block_bytes), dtype=torch.uint8)
-        # Moves of each load, kept for verification once the copy has landed.
+        # Moves of each load in flight, kept (only with verify) to check its blocks once
+        # the copy has landed; every path that ends a job removes it.
         self._moves_of: dict[Any, tuple[Move, ...]] = {}
         self._open: dict[Any, tuple[int, ...]] = {}  # submitted, not yet reported
 
     def run(self) -> None:
-        while True:
-            if self.copies.pending_jobs:
-                # Copies in flight (CUDA events not yet done): keep polling between messages.
-                try:
-                    message = self.inbox.get(timeout=0.0005)
-                except queue.Empty:
-                    self._report_completions()
-                    continue
-            else:
-                message = self.inbox.get()
-            kind = message[0]
-            if kind == "stop":
-                return
+        while not self.stopping.is_set():
+            message: tuple[Any, ...] | None = None
             try:
-                if kind == "step":
-                    self._forward(message[1])
-                    self.outbox.put(("step_done", message[1].step_id, self.rank))
-                elif kind == "load":
-                    self.copies.submit_load(message[1], [_move(m) for m in message[2]])
-                    self._open[message[1]] = tuple(m.block_hash for m in message[2])
-                elif kind == "store":
-                    self.copies.submit_store(message[1], [_move(m) for m in message[2]])
-                    self._open[message[1]] = tuple(m.block_hash for m in message[2])
-                elif kind == "flush":
-                    # One batched submission per direction for everything one engine call
-                    # asked for, issued after that call's step was computed.
-                    self._flush()
-                elif kind == "prefetch":
-                    self.outbox.put(("report", message[1], self.rank, self._prefetch(message[2])))
+                message = self._next_message()
+                if message is not None:
+                    if message[0] == "stop":
+                        return
+                    self._handle(message)
             except Exception as exc:  # a rank must report, never die silently
-                self.outbox.put(("rank_error", self.rank, f"{type(exc).__name__}: {exc}"))
-                if kind in ("load", "store", "prefetch"):
-                    self.outbox.put(("report", message[1], self.rank, tuple(m.block_hash for m in message[2])))
-                elif kind == "step":
-                    self.outbox.put(("step_done", message[1].step_id, self.rank))
-                elif kind == "flush":
-                    # Whatever the failed flush held is reported failed, never left hanging.
-                    for job_id, hashes in self._open.items():
-                        self.outbox.put(("report", job_id, self.rank, hashes))
-                    self._open.clear()
-            for tier in self.tiers.values():
-                drain = getattr(tier, "drain_events", None)
-                if drain is not None:
-                    for event in drain():
-                        self.outbox.put(("tier_event", self.rank, event))
+                self._failed(message, exc)
+            try:
+                self._drain_tier_events()
+            except Exception as exc:
+                self._error("tier events", exc)
+
+    def _next_message(self) -> tuple[Any, ...] | None:
+        """The next command; None after polling copies in flight (CUDA events not done
+        yet) when nothing came in, so completions are reported without a new message."""
+        if self.copies.pending_jobs:
+            try:
+                return self.inbox.get(timeout=0.0005)
+            except queue.Empty:
+                self._report_completions()
+                return None
+        try:
+            return self.inbox.get(timeout=0.1)  # wakes up to see ``stopping``
+        except queue.Empty:
+            return None
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "step":
+            try:
+                self._forward(message[1])
+            except Exception as exc:
+                # The step's KV was not (all) written on this rank: a failed step.
+                self.outbox.put(("step_done", message[1].step_id, self.rank, f"{type(exc).__name__}: {exc}"))
+                return
+            self.outbox.put(("step_done", message[1].step_id, self.rank, None))
+        elif kind in ("load", "store"):
+            job_id, moves = message[1], tuple(_move(m) for m in message[2])
+            hashes = tuple(m.block_hash for m in moves)
+            try:
+                if kind == "load":
+                    self.copies.submit_load(job_id, moves)
+                else:
+                    self.copies.submit_store(job_id, moves)
+            except Exception as exc:  # refused (a bad move, a block already under transfer): this job fails
+                self._error(kind, exc)
+                self.outbox.put(("report", job_id, self.rank, hashes))
+                return
+            self._open[job_id] = hashes
+            if kind == "load" and self.verify:
+                self._moves_of[job_id] = moves
+        elif kind == "flush":
+            # One batched submission per direction for everything one engine call asked
+            # for, issued after that call's step was computed.
+            self.copies.flush()
+            self._report_completions()
+        elif kind == "prefetch":
+            try:
+                failed = self._prefetch(message[2])
+            except Exception as exc:
+                self._error("prefetch", exc)
+                failed = tuple(m.block_hash for m in message[2])
+            self.outbox.put(("report", message[1], self.rank, failed))
+
+    def _failed(self, message: tuple[Any, ...] | None, exc: Exception) -> None:
+        """Something raised outside a step: report it, and every job this rank holds
+        (submitted, flushed or in flight) as failed, so nothing waits for it."""
+        where = "poll" if message is None else str(message[0])
+        self._error(where, exc)
+        self._fail_open()
+
+    def _error(self, where: str, exc: Exception) -> None:
+        self.outbox.put(("rank_error", self.rank, f"{where}: {type(exc).__name__}: {exc}"))
+
+    def _fail_open(self) -> None:
+        open_jobs, self._open = self._open, {}
+        self._moves_of.clear()
+        try:
+            self.copies.abandon()
+        except Exception as exc:  # the copy engine is beyond repair: a fresh one
+            self._error("abandon", exc)
+            self.copies = CopyEngine(self.kv, self.rank, self.tiers)
+        for job_id, hashes in open_jobs.items():
+            self.outbox.put(("report", job_id, self.rank, hashes))
+
+    def forget(self) -> None:
+        """Drop the per-job maps once the thread has ended (nothing reports them now)."""
+        self._moves_of.clear()
+        self._open.clear()
+
+    def _drain_tier_events(self) -> None:
+        for tier in self.tiers.values():
+            drain = getattr(tier, "drain_events", None)
+            if drain is not None:
+                for event in drain():
+                    self.outbox.put(("tier_event", self.rank, event))
 
     def _forward(self, plan: StepPlan) -> None:
         """The synthetic model: write the KV of every prompt block this step completes."""
@@ -151,29 +223,23 @@ class RankWorker(threading.Thread):
             for i in range(first, end):
                 fill_block(self.kv, entry.block_table[i], entry.block_hashes[i], self.rank)
 
-    def _flush(self) -> None:
-        self.copies.flush()
-        self._report_completions()
-
     def _report_completions(self) -> None:
         for done in self.copies.poll():
             self._open.pop(done.job_id, None)
+            moves = self._moves_of.pop(done.job_id, ())
             if done.kind == "load" and self.verify:
-                self._verify(done.job_id, set(done.failed_hashes))
+                self._verify(moves, set(done.failed_hashes))
             if self.silent is not None and self.silent(self.rank, done.job_id):
                 continue
             self.outbox.put(("report", done.job_id, self.rank, done.failed_hashes))
 
-    def _verify(self, job_id: Any, failed: set[int]) -> None:
-        for move in self._moves_of.pop(job_id, ()):
+    def _verify(self, moves: tuple[Move, ...], failed: set[int]) -> None:
+        for move in moves:
             if move.block_hash in failed:
                 continue
             self.stats.blocks_verified += 1
             if not verify_block(self.kv, move.device_block, move.block_hash, self.rank):
                 self.stats.mismatches += 1
-
-    def remember(self, job_id: int, moves: tuple[Any, ...]) -> None:
-        self._moves_of[job_id] = tuple(_move(m) for m in moves)
 
     def _prefetch(self, moves: tuple[Any, ...]) -> tuple[int, ...]:
         """Pull blocks from a lower tier into the host tier, through one staging row."""
@@ -199,13 +265,47 @@ def _move(m: Any) -> Move:
     return Move(m.block_hash, m.device_block, m.tier, m.slot)
 
 
+# A rank report still missing this long after its job started is given up on
+# (``engine.transfer_deadline_ms``) in every live run, with a config that sets none too:
+# a lost report must end by a deadline, never hang the run.
+DEFAULT_REPORT_DEADLINE_MS = 5000.0
+# Shutdown waits this long, in all, for the rank threads to leave (one blocked on Redis
+# leaves within one socket timeout).
+_JOIN_S = 5.0
+# The main loop's wait for a message when nothing happened; longer once nothing has
+# happened for a while (a stuck run should not spin ticks until the watchdog stops it).
+_WAIT_S = 0.005
+_IDLE_WAIT_S = 0.05
+
+
+def with_report_deadline(config: RunConfig) -> RunConfig:
+    """``config`` with ``engine.transfer_deadline_ms`` set (``DEFAULT_REPORT_DEADLINE_MS``
+    unless it is)."""
+    if config.engine.transfer_deadline_ms is not None:
+        return config
+    return attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=DEFAULT_REPORT_DEADLINE_MS))
+
+
+@attrs.define
+class _Step:
+    plan: StepPlan
+    done: set[int] = attrs.Factory(set)  # ranks that ran it
+    errors: list[str] = attrs.Factory(list)  # ranks on which it raised
+
+
 class LiveRuntime:
-    """Runs a workload against real KV bytes; returns the same result shape as the simulator."""
+    """Runs a workload against real KV bytes; returns the same result shape as the simulator.
+
+    The run's config is ``with_report_deadline(config)``: a caller that writes the trace
+    header itself should write that config, as ``run_live`` does, so a replay uses the
+    same deadline.
+    """
 
     def __init__(self, config: RunConfig, workload: list[WorkloadRequest], policies: PolicyStack,
                  recorder: Recorder | None = None, time_scale: float = 1.0,
                  progress: Callable[[int, int], None] | None = None,
                  silent: Callable[[int, Any], bool] | None = None) -> None:
+        config = with_report_deadline(config)
         self.config = config
         self.live = config.live
         self.workload = sorted(workload, key=lambda w: w.arrival_ms)
@@ -219,17 +319,27 @@ class LiveRuntime:
         except ValueError as exc:
             raise ConfigError("engine.ranks", str(exc)) from None
         self.block_bytes = self.geometry.block_bytes * engine_config.ranks
-        # Redis keys of this run: {prefix}:{rank}:{hash}, deleted at shutdown (and expiring
-        # after live.redis_ttl_s anyway, should the process die before it gets there).
+        # Redis keys of this run: {prefix}:{layout}:{rank}:{hash}, deleted at shutdown (and
+        # expiring after live.redis_ttl_s anyway, should the process die before it gets there).
         self.redis_prefix = f"kvlife:{secrets.token_hex(6)}"
+        # One breaker for the server: every rank's tier and the lookup probe judge it together.
+        self.breaker = CircuitBreaker(self.live.redis_breaker_failures, self.live.redis_breaker_backoff_s)
         self.tier_events: list[dict[str, Any]] = []
         self.driver_warnings: Counter[str] = Counter()
         self.rank_errors: list[str] = []
+        self.failed_steps = 0
+        self.failed_requests: list[str] = []
+        # Set when the watchdog stopped the run: why, and what was left unfinished.
+        self.stalled: dict[str, Any] | None = None
+        self.stranded: list[str] = []
         self.outbox: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.ranks: list[RankWorker] = []
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._remote_probe: RedisTier | None = None
         self._lookups: ThreadPoolExecutor | None = None
+        self._pending_lookups: dict[tuple[str, int], Future[tuple[str, ...] | None]] = {}
+        self._steps: dict[int, _Step] = {}
+        self._next_arrival = 0
         self._shut = False
         self._cut = False  # the interrupted record is written: the trace has ended
         try:
@@ -237,12 +347,14 @@ class LiveRuntime:
         except BaseException:
             self.shutdown()  # what was opened before the error: files, sockets, the temp dir
             raise
-        self._pending_lookups: dict[tuple[str, int], Future[tuple[tuple[str, ...] | None, list[Any]]]] = {}
-        self._steps: dict[int, tuple[StepPlan, set[int]]] = {}
         self._output_len = {w.request_id: w.output_length for w in workload}
         # A named disk path is recovered on open: corrupt slots it dropped are warnings now.
         for worker in self.ranks:
             self._drain_tiers(worker)
+
+    @property
+    def uses_redis(self) -> bool:
+        return self._remote_probe is not None
 
     @property
     def disk_dir(self) -> Path | None:
@@ -250,6 +362,13 @@ class LiveRuntime:
         if self._tmp is not None:
             return Path(self._tmp.name)
         return Path(self.live.disk_path) if self.live.disk_path is not None else None
+
+    def _redis(self, rank: int, ttl: int | None) -> RedisTier:
+        assert self.live.redis_url is not None
+        timeout = self.live.redis_timeout_s
+        return RedisTier(self.live.redis_url, self.geometry, rank=rank, key_prefix=self.redis_prefix,
+                         ttl_seconds=ttl, socket_timeout=timeout, connect_timeout=timeout, name="remote",
+                         breaker=self.breaker)
 
     def _open_tiers(self, silent: Callable[[int, Any], bool] | None) -> None:
         engine_config = self.config.engine
@@ -274,14 +393,13 @@ class LiveRuntime:
                         assert disk_dir is not None
                         try:
                             tiers["disk"] = DiskTier(Path(disk_dir) / f"rank{rank}.kvblocks", self.geometry,
-                                                     tier.capacity_blocks, tier.eviction)
+                                                     tier.capacity_blocks, tier.eviction, rank=rank)
                         except OSError as exc:
                             raise ConfigError("live.disk_path", str(exc)) from None
                     else:
                         if self.live.redis_url is None:
                             raise ConfigError("live.redis_url", "a remote tier needs a Redis URL")
-                        tiers["remote"] = RedisTier(self.live.redis_url, self.geometry, rank=rank,
-                                                    key_prefix=self.redis_prefix, ttl_seconds=ttl, name="remote")
+                        tiers["remote"] = self._redis(rank, ttl)
             except BaseException:
                 for opened in tiers.values():
                     close = getattr(opened, "close", None)
@@ -293,13 +411,12 @@ class LiveRuntime:
             self.ranks.append(worker)
         self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvlife-lookup")
         if self.live.redis_url is not None and any(t.name == "remote" for t in engine_config.tiers):
-            self._remote_probe = RedisTier(self.live.redis_url, self.geometry, rank=0,
-                                           key_prefix=self.redis_prefix, name="remote")
+            self._remote_probe = self._redis(0, ttl)
 
     # ---- main loop ---------------------------------------------------------------------
     def run(self) -> SimResult:
-        """Run the workload to the end. Ctrl-C / SIGTERM: shut down, write the
-        ``interrupted`` record last, re-raise."""
+        """Run the workload to the end, or until the watchdog stops it. Ctrl-C / SIGTERM:
+        shut down, write the ``interrupted`` record last, re-raise."""
         with interrupts.held() as gate:
             try:
                 events = self._loop(gate)
@@ -316,70 +433,122 @@ class LiveRuntime:
             finally:
                 self.shutdown()
         self.engine.check_invariants()
-        return SimResult(self.engine, self.workload, self.engine.now, events, self.engine.stranded())
+        stranded = self.stranded if self.stalled is not None else self.engine.stranded()
+        return SimResult(self.engine, self.workload, self.engine.now, events, stranded)
 
     def _loop(self, gate: interrupts.StopGate) -> int:
         for worker in self.ranks:
             worker.start()
         start = time.monotonic()
         events = 0
-        arrivals = list(self.workload)
-        next_arrival = 0
+        arrivals = self.workload
         engine = self.engine
         max_in_flight = 2 if self.config.engine.async_scheduling else 1
         reported = 0  # finished requests last told to the progress callback
+        stall_s = self.live.stall_timeout_s
+        last_progress = start
         while True:
             gate.check()
-            now = (time.monotonic() - start) * 1000.0
+            wall = time.monotonic()
+            now = (wall - start) * 1000.0
+            # What the watchdog counts as progress: an arrival, a transfer report, a step
+            # output. Lookup answers and ticks are not: a request that is deferred
+            # forever gets both without ever moving on.
             progressed = False
-            while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_ms / self.time_scale <= now:
-                w = arrivals[next_arrival]
-                next_arrival += 1
+            while self._next_arrival < len(arrivals) and self._due(arrivals[self._next_arrival]) <= now:
+                w = arrivals[self._next_arrival]
+                self._next_arrival += 1
                 at = max(now, engine.now)
                 self._dispatch(engine.handle(Arrival(at, w.request_id, w.input_length, w.hash_ids)), at)
                 events += 1
                 progressed = True
-            events += self._drain_outbox(now)
-            events += self._deliver_lookups(now)
+            handled = self._drain_outbox(now)
+            events += handled + self._deliver_lookups(now)
+            progressed = progressed or handled > 0
+            computing = False
             # With async scheduling the next step is planned while one still runs,
             # so placeholders really are in flight, as in vLLM.
             if len(self._steps) < max_in_flight and engine.busy():
                 commands = engine.handle(Tick(max(now, engine.now)))
                 events += 1
                 self._dispatch(commands, now)
-                progressed = progressed or any(isinstance(c, StepPlan) for c in commands)
-            if next_arrival >= len(arrivals) and not engine.busy() and not self._steps:
+                computing = any(isinstance(c, StepPlan) and c.entries for c in commands)
+            if self._next_arrival >= len(arrivals) and not engine.busy() and not self._steps:
                 return events
-            if not progressed:
-                wait = 0.005
-                if next_arrival < len(arrivals):
-                    due = arrivals[next_arrival].arrival_ms / self.time_scale - now
+            if progressed or computing or (not engine.busy() and not self._steps):
+                last_progress = wall  # moving, or idle until the next arrival
+            elif wall - last_progress > stall_s:
+                self._stall(f"no progress for {stall_s:g} s of wall time", wall - last_progress)
+                return events
+            dead = [w.rank for w in self.ranks if not w.is_alive()]
+            if dead:
+                self._stall(f"rank thread(s) {dead} ended", wall - last_progress)
+                return events
+            if not (progressed or computing):
+                wait = _WAIT_S if wall - last_progress < 1.0 else _IDLE_WAIT_S
+                if self._next_arrival < len(arrivals):
+                    due = self._due(arrivals[self._next_arrival]) - now
                     wait = max(0.0, min(wait, due / 1000.0))
                 try:
                     message = self.outbox.get(timeout=wait) if wait > 0 else None
                 except queue.Empty:
                     message = None
                 if message is not None:
-                    events += self._handle_message(message, (time.monotonic() - start) * 1000.0)
+                    handled = self._handle_message(message, (time.monotonic() - start) * 1000.0)
+                    events += handled
+                    if handled:
+                        last_progress = time.monotonic()
             if self.progress is not None and engine.state_counts["finished"] != reported:
                 reported = engine.state_counts["finished"]
                 self.progress(reported, len(arrivals))
+
+    def _due(self, request: WorkloadRequest) -> float:
+        """When ``request`` arrives, in ms of the run's wall clock."""
+        return request.arrival_ms / self.time_scale
+
+    def _stall(self, reason: str, idle_s: float) -> None:
+        """The watchdog: the run has work but makes no progress. Name what is unfinished
+        (a ``stalled`` warning, the summary's stranded requests), then abort it, so the
+        trace ends with every request finished and still validates."""
+        engine = self.engine
+        unfinished = [(rid, req.state) for rid, req in engine.requests.items() if req.state != "finished"]
+        not_arrived = [w.request_id for w in self.workload[self._next_arrival:]]
+        self.stranded = [f"{rid}:{state}" for rid, state in unfinished] + [f"{rid}:not_arrived" for rid in not_arrived]
+        self.stalled = {
+            "reason": reason,
+            "idle_s": round(idle_s, 3),
+            "stranded": len(self.stranded),
+            "steps_in_flight": len(self._steps),
+            "jobs_open": sum(1 for job in engine.jobs.values() if not job.timed_out),
+        }
+        self._warn("stalled", None, {**self.stalled, "requests": self.stranded,
+                                     "note": "the run was stopped; its unfinished requests are aborted"})
+        for rid, _ in unfinished:
+            self._dispatch(engine.handle(Abort(engine.now, rid)), engine.now)
 
     def shutdown(self) -> None:
         """Stop and join the rank threads and the lookup thread, record the tier events
         still queued, delete this run's Redis keys, close every tier and remove the
         temporary disk directory (a named ``live.disk_path`` is kept, to be recovered).
-        Idempotent; runs whatever way the run ends."""
+        A rank thread still alive after the join keeps its tiers and the directory (they
+        go when the process exits), with a ``rank_still_running`` warning. Idempotent;
+        runs whatever way the run ends, in bounded time."""
         if self._shut:
             return
         for worker in self.ranks:
+            worker.stopping.set()
             if worker.ident is not None:
                 worker.inbox.put(("stop",))
+        deadline = time.monotonic() + _JOIN_S
         for worker in self.ranks:
             if worker.ident is not None:
-                worker.join(timeout=10)
+                worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        for future in self._pending_lookups.values():
+            future.cancel()
+        self._pending_lookups.clear()
         if self._lookups is not None:
-            self._lookups.shutdown(wait=True, cancel_futures=True)
+            self._lookups.shutdown(wait=True, cancel_futures=True)  # a probe waits one socket timeout at most
+        self._steps.clear()
         # The engine is not fed any more: only what the tiers and ranks said is kept.
         while True:
             try:
@@ -388,9 +557,11 @@ class LiveRuntime:
                 break
             if message[0] in ("tier_event", "rank_error"):
                 self._handle_message(message, self.engine.now)
+        stuck = [worker.rank for worker in self.ranks if worker.is_alive()]
         for worker in self.ranks:
             if worker.is_alive():
                 continue  # a rank stuck in a copy still owns its tiers: leave them be
+            worker.forget()
             for tier in worker.tiers.values():
                 if isinstance(tier, RedisTier):
                     tier.delete_all()
@@ -400,8 +571,13 @@ class LiveRuntime:
                 if close is not None:
                     close()
         if self._remote_probe is not None:
+            for event in self._remote_probe.drain_events():
+                self._tier_event(None, event)
             self._remote_probe.close()
-        if self._tmp is not None:
+        if stuck:
+            self._warn("rank_still_running", None, {
+                "ranks": stuck, "note": "its tiers and temporary files are left until the process exits"})
+        elif self._tmp is not None:
             self._tmp.cleanup()
         self._shut = True  # only now: a shutdown cut short by a second Ctrl-C is retried
 
@@ -423,8 +599,8 @@ class LiveRuntime:
                     self._tier_event(worker.rank, event)
 
     def _tier_event(self, rank: int | None, event: dict[str, Any]) -> None:
-        """A tier event (Redis down, a failed disk write, a corrupt slot...): kept in
-        ``tier_events`` and warned about."""
+        """A tier event (Redis down, a foreign or corrupt block, a failed disk write...):
+        kept in ``tier_events`` and warned about."""
         fields = dict(event)
         what = str(fields.pop("event", "tier_event"))
         fields.pop("level", None)
@@ -445,16 +621,15 @@ class LiveRuntime:
         for command in commands:
             if isinstance(command, StepPlan):
                 if command.entries:
-                    self._steps[command.step_id] = (command, set())
+                    self._steps[command.step_id] = _Step(command)
                     for worker in self.ranks:
                         worker.inbox.put(("step", command))
                 else:  # only lookups were paid: nothing for the ranks to compute
-                    self._steps[command.step_id] = (command, {w.rank for w in self.ranks})
+                    self._steps[command.step_id] = _Step(command, {w.rank for w in self.ranks})
                     self._complete_step(command.step_id, now)
             elif isinstance(command, StartLoad):
                 transfers = True
                 for worker in self.ranks:
-                    worker.remember(command.job_id, command.moves)
                     worker.inbox.put(("load", command.job_id, command.moves))
             elif isinstance(command, StartStore):
                 transfers = True
@@ -476,22 +651,26 @@ class LiveRuntime:
             for worker in self.ranks:
                 worker.inbox.put(("flush",))
 
-    def _confirm_lookup(
-        self, hashes: tuple[int, ...], snapshot: tuple[str, ...]
-    ) -> tuple[tuple[str, ...] | None, list[dict[str, Any]]]:
+    def _confirm_lookup(self, hashes: tuple[int, ...], snapshot: tuple[str, ...]) -> tuple[str, ...] | None:
         """Runs on the lookup thread: checks the remote blocks really exist (one pipelined
-        round trip). Blocks the index puts in host or disk are taken as they are. Returns
-        the answer and the probe's tier events (the main thread records them)."""
+        round trip). Blocks the index puts in host or disk are taken as they are. The
+        probe's tier events go to the outbox at once, so they are recorded even when the
+        answer is discarded or the run ends first."""
         remote = [h for h, tier in zip(hashes, snapshot, strict=False) if tier == "remote"]
-        if not remote or self._remote_probe is None:
-            return snapshot, []
-        present = dict(zip(remote, self._remote_probe.exists_many(remote), strict=True))
+        probe = self._remote_probe
+        if not remote or probe is None:
+            return snapshot
+        try:
+            present = dict(zip(remote, probe.exists_many(remote), strict=True))
+        finally:
+            for event in probe.drain_events():
+                self.outbox.put(("tier_event", None, event))
         answer: list[str] = []
         for h, tier in zip(hashes, snapshot, strict=False):
             if tier == "remote" and not present[h]:
                 break
             answer.append(tier)
-        return tuple(answer), self._remote_probe.drain_events()
+        return tuple(answer)
 
     # ---- inputs in ---------------------------------------------------------------------
     def _deliver_lookups(self, now: float) -> int:
@@ -501,9 +680,7 @@ class LiveRuntime:
             tiers: tuple[str, ...] | None = None
             try:
                 if not future.cancelled():
-                    tiers, probe_events = future.result()
-                    for event in probe_events:
-                        self._tier_event(None, event)
+                    tiers = future.result()
             except Exception as exc:  # a lookup that fails is a miss, said so by tiers=None
                 self._warn("lookup_failed", None, {"error": f"{type(exc).__name__}: {exc}"})
                 tiers = None
@@ -521,6 +698,8 @@ class LiveRuntime:
             handled += self._handle_message(message, now)
 
     def _handle_message(self, message: tuple[Any, ...], now: float) -> int:
+        """Feed one rank message to the engine; 1 when it moved the run on (a report, a
+        step output), else 0."""
         now = max(now, self.engine.now)
         kind = message[0]
         if kind == "report":
@@ -528,8 +707,14 @@ class LiveRuntime:
             self._dispatch(self.engine.handle(TransferReport(now, job_id, rank, tuple(failed))), now)
             return 1
         if kind == "step_done":
-            _, step_id, rank = message
-            self._steps[step_id][1].add(rank)
+            _, step_id, rank, error = message
+            step = self._steps.get(step_id)
+            if step is None:
+                return 0
+            step.done.add(rank)
+            if error is not None:
+                step.errors.append(f"rank {rank}: {error}")
+                self.rank_errors.append(f"rank {rank}: step {step_id}: {error}")
             return self._complete_step(step_id, now)
         if kind == "tier_event":
             self._tier_event(message[1], message[2])
@@ -539,13 +724,31 @@ class LiveRuntime:
         return 0
 
     def _complete_step(self, step_id: int, now: float) -> int:
-        plan, done = self._steps[step_id]
-        if len(done) < len(self.ranks):
+        step = self._steps[step_id]
+        if len(step.done) < len(self.ranks):
             return 0
         del self._steps[step_id]
-        finished = model_finishes(plan, self.engine, self._output_len, self.config.sim.max_output_tokens)
+        finished: tuple[tuple[str, str], ...] = ()
+        if step.errors:
+            self._fail_step(step, now)
+        else:
+            finished = model_finishes(step.plan, self.engine, self._output_len, self.config.sim.max_output_tokens)
         self._dispatch(self.engine.handle(StepOutput(now, step_id, finished)), now)
         return 1
+
+    def _fail_step(self, step: _Step, now: float) -> None:
+        """A step that raised on some rank did not write its KV there: its requests are
+        aborted before its output arrives (which then counts for nothing), and a
+        ``step_failed`` warning names them."""
+        self.failed_steps += 1
+        requests = self.engine.requests
+        victims = list(dict.fromkeys(e.request_id for e in step.plan.entries
+                                     if requests[e.request_id].state != "finished"))
+        self._warn("step_failed", None, {"step": step.plan.step_id, "errors": step.errors, "requests": victims,
+                                         "note": "the step's KV was not written: its requests are aborted"})
+        for rid in victims:
+            self.failed_requests.append(rid)
+            self._dispatch(self.engine.handle(Abort(now, rid)), now)
 
 
 def live_defaults(config: RunConfig, explicit_config: bool) -> RunConfig:
@@ -560,7 +763,7 @@ def live_defaults(config: RunConfig, explicit_config: bool) -> RunConfig:
         max_batched_tokens=8192,
         max_running=16,
         ranks=2,
-        transfer_deadline_ms=5000.0,
+        transfer_deadline_ms=DEFAULT_REPORT_DEADLINE_MS,
         tiers=(TierConfig("host", capacity_blocks=96), TierConfig("disk", capacity_blocks=384)),
     )
     return attrs.evolve(config, engine=engine, sim=attrs.evolve(config.sim, max_output_tokens=24))
@@ -573,6 +776,28 @@ class LiveOutcome:
     stats: LiveStats
     rank_errors: list[str]
     trace_lines: int
+    verify: bool = True
+
+    def problems(self) -> list[str]:
+        """What makes the run a failure (exit code 1), one line each."""
+        out = []
+        if self.verify and self.stats.mismatches:
+            out.append(f"{self.stats.mismatches} loaded blocks do not match what was computed for them")
+        stalled = self.summary["live"].get("stalled")
+        if stalled is not None:
+            out.append(f"stopped: {stalled['reason']}")
+        if self.result.stranded:
+            names = ", ".join(self.result.stranded[:10]) + (", ..." if len(self.result.stranded) > 10 else "")
+            out.append(f"{len(self.result.stranded)} requests stranded: {names}")
+        if self.summary["live"]["failed_steps"]:
+            out.append(f"{self.summary['live']['failed_steps']} forward steps failed; their requests were aborted")
+        if self.rank_errors:
+            out.append(f"{len(self.rank_errors)} rank errors, the first: {self.rank_errors[0]}")
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.problems() else 0
 
 
 def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicyStack | None = None,
@@ -584,6 +809,7 @@ def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicySt
 
     require_requests(workload, workload_name)
     stack = stack if stack is not None else load_stack(config.policies)
+    config = with_report_deadline(config)  # before the header: a replay uses the same deadline
     started = time.perf_counter()
     meta = {"name": workload_name, "requests": len(workload)}
     with interrupts.held(), recording(trace_path, config, stack, workload=meta, driver="live") as writer:
@@ -603,6 +829,13 @@ def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicySt
         "mismatches": stats.mismatches,
         "tier_events": len(stats.tier_events),
         "rank_errors": len(runtime.rank_errors),
+        "failed_steps": runtime.failed_steps,
+        "failed_requests": len(runtime.failed_requests),
+        "stalled": runtime.stalled,
+        "stranded_requests": list(result.stranded),
+        "redis_breaker": {"opened": runtime.breaker.times_opened, "state": runtime.breaker.state}
+        if runtime.uses_redis else None,
         "device": str(runtime.ranks[0].kv.device),
     }
-    return LiveOutcome(result, summary, stats, runtime.rank_errors, writer.lines if writer else 0)
+    return LiveOutcome(result, summary, stats, runtime.rank_errors, writer.lines if writer else 0,
+                       config.live.verify)

@@ -155,7 +155,10 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     with progress_bar("kvlife run --live", total=len(workload)) as progress:
         outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale, progress=progress,
                            workload_name=name)
-    exit_code = 1 if live.verify and outcome.stats.mismatches else 0
+    # 1: a check found a problem (mismatches, stranded requests, failed steps, rank errors).
+    exit_code = outcome.exit_code
+    for problem in outcome.problems():
+        print(f"kvlife run --live: {problem}", file=sys.stderr)
     if args.json:
         output.emit("run", driver="live", workload={"name": name, "requests": len(workload)},
                     stack=_label(config), seed=config.sim.seed, time_scale=scale,
