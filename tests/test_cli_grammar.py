@@ -193,7 +193,7 @@ def test_bench_alone_lists_the_two_and_exits_2() -> None:
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("usage: kvlife bench")
     assert "engine" in proc.stderr and "transfer" in proc.stderr
-    assert proc.stderr.splitlines()[-1] == "kvlife bench: error: choose a benchmark: engine or transfer"
+    assert proc.stderr.splitlines()[-1] == "kvlife bench: error: choose a benchmark: engine, transfer or soak"
     proc = kvlife("bench", "engine", "--help")
     assert proc.returncode == 0 and "--skip-trace" in proc.stdout
     assert "(default: mooncake-conversation)" in " ".join(proc.stdout.split())

@@ -191,11 +191,11 @@ def test_a_second_turn_hits_the_first_turns_output_blocks() -> None:
                                            tiers=(TierConfig("host", capacity_blocks=200),)),
                        sim=SimConfig())
     # Device cache still warm: turn 2 hits 4 blocks on the device, 2 of them turn 1's answer.
-    outcome = run_workload(config, _turns(0))
+    outcome = run_workload(config, _turns(0), keep_requests=True)
     t2 = outcome.result.engine.requests["t2"]
     assert t2.device_hit_blocks == 4 and not t2.tier_hit_blocks
     # Device turned over: the answer's blocks come back from the host tier, where turn 1 stored them.
-    outcome = run_workload(config, _turns(12))
+    outcome = run_workload(config, _turns(12), keep_requests=True)
     t2 = outcome.result.engine.requests["t2"]
     assert t2.device_hit_blocks + t2.tier_hit_blocks.get("host", 0) == 4
     assert t2.tier_hit_blocks.get("host", 0) >= 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,29 @@ def time_scale(args: argparse.Namespace, config: RunConfig, default: float) -> t
 
 def workload_name(args: argparse.Namespace) -> str:
     return str(args.workload) if args.workload else "synthetic"
+
+
+def stream_workload(args: argparse.Namespace, config: RunConfig,
+                    scale: float) -> tuple[Iterable[WorkloadRequest], int, str]:
+    """``load_workload`` for a simulated run: a workload file is read as the run goes
+    (``mooncake.iter_mooncake``), its requests counted first by a cheap pass over its lines
+    (for progress and the trace header); a synthetic workload is the list. Returns the
+    requests, their number and the workload's name."""
+    from kvlife.lifecycle.workloads.synthetic import SYNTHETIC_NAMES
+
+    if not args.workload or args.workload in SYNTHETIC_NAMES:
+        workload, name = load_workload(args, config, scale)
+        return workload, len(workload), name
+    from kvlife.lifecycle.workloads.arrivals import spread_ties
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
+    from kvlife.lifecycle.workloads.mooncake import count_requests, iter_mooncake
+
+    path = resolve_workload(args.workload)
+    size = count_requests(path, limit=args.limit)
+    stream = iter_mooncake(path, limit=args.limit, block_tokens=config.engine.block_tokens, time_scale=scale)
+    if config.sim.arrivals == "spread":
+        return spread_ties(stream), size, workload_name(args)
+    return stream, size, workload_name(args)
 
 
 def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,

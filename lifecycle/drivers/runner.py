@@ -3,13 +3,19 @@
 Ctrl-C and SIGTERM are held while a run records (``interrupts.held``): the driver stops
 between two engine calls, writes the ``interrupted`` record, the trace is closed here and
 the interrupt goes on up (the command line exits 130 or 143).
+
+Memory stays flat however long the workload: it may be a stream (``mooncake.iter_mooncake``),
+read as the run goes, and finished requests leave the engine once folded into the summary's
+totals (``Simulator(keep_requests=False)``). ``keep_requests=True`` keeps every request in
+``outcome.result.engine.requests`` for callers that inspect them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,36 +53,52 @@ def recording(
         yield writer
 
 
-def require_requests(workload: list[WorkloadRequest], name: str) -> None:
+def require_requests(workload: Iterable[WorkloadRequest], name: str) -> Iterable[WorkloadRequest]:
     """An empty workload (an empty file, a filter that kept nothing) is bad input: a
-    WorkloadError naming it (``FILE: no requests``), not an empty run."""
-    if not workload:
+    WorkloadError naming it (``FILE: no requests``), not an empty run. Returns the
+    workload (a stream with its first request taken and put back)."""
+    if isinstance(workload, Sequence):
+        if not workload:
+            raise WorkloadError(name, None, None, "no requests")
+        return workload
+    stream = iter(workload)
+    first = next(stream, None)
+    if first is None:
         raise WorkloadError(name, None, None, "no requests")
+    return itertools.chain((first,), stream)
 
 
 def run_workload(
     config: RunConfig,
-    workload: list[WorkloadRequest],
+    workload: Iterable[WorkloadRequest],
     stack: PolicyStack | None = None,
     trace_path: str | Path | None = None,
     progress: Progress | None = None,
     workload_name: str = "synthetic",
     device_blocks_origin: str | None = None,
+    *,
+    size: int | None = None,
+    keep_requests: bool = False,
 ) -> RunOutcome:
-    """Simulate ``workload``. The trace header holds the config with its derived values filled
-    in (device blocks, ranks) and a ``setup`` object saying what was derived and how; so does
-    the summary. ``device_blocks_origin`` names where a set device size came from
-    (``"--device-blocks"``), for those two descriptions."""
-    require_requests(workload, workload_name)
+    """Simulate ``workload`` (a list, or a stream in arrival order whose length ``size`` is
+    given when known: the trace header and progress report it). The trace header holds the
+    config with its derived values filled in (device blocks, ranks) and a ``setup`` object
+    saying what was derived and how; so does the summary. ``device_blocks_origin`` names
+    where a set device size came from (``"--device-blocks"``), for those two descriptions.
+    Finished requests leave the engine as the run goes unless ``keep_requests``."""
+    if size is None and isinstance(workload, Sequence):
+        size = len(workload)
+    workload = require_requests(workload, workload_name)
     stack = stack if stack is not None else load_stack(config.policies)
     config, physics = resolve(config)
     setup = physics.summary(device_blocks_origin)
     setup["completions"] = config.sim.completions
     setup["lookup_workers"] = config.sim.lookup_workers
     started = time.perf_counter()  # wall time of the run, reported, never fed to the core
-    meta = {"name": workload_name, "requests": len(workload)}
+    meta = {"name": workload_name, "requests": size}
     with interrupts.held(), recording(trace_path, config, stack, workload=meta, setup=setup) as writer:
-        sim = Simulator(config, workload, stack, writer.record if writer else None, progress)
+        sim = Simulator(config, workload, stack, writer.record if writer else None, progress, size=size,
+                        keep_requests=keep_requests)
         result = sim.run()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, physics.block_bytes)

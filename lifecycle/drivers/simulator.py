@@ -28,6 +28,14 @@ The tier indexes are the very ones the engine holds (``kvlife.transfer.index``);
 bytes are modelled. Everything random comes from one ``random.Random(seed)``, and ties in
 time break by the order events were scheduled, so a run is reproducible.
 
+The workload may be a stream (``mooncake.iter_mooncake``): arrivals are taken from it one
+at a time, and only the next one waits in the event queue. It sorts before every other
+event at the same time, and arrivals among themselves by workload order, exactly as if
+all had been queued up front (a list that is not in arrival order is sorted first, stably).
+With ``keep_requests=False`` a finished request leaves the engine once nothing refers to
+it, folded into ``metrics.RequestTotals`` (``SimResult.retired``), and memory stays flat
+however long the workload.
+
 Ctrl-C or SIGTERM (``kvlife.lifecycle.drivers.interrupts``) stops the loop between two
 events: an ``interrupted`` record (``cut_record``) ends the trace and the interrupt is
 re-raised.
@@ -36,8 +44,9 @@ re-raised.
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any, cast
 
 import attrs
@@ -61,16 +70,21 @@ from kvlife.lifecycle.engine.events import (
     Tick,
     TransferReport,
 )
+from kvlife.lifecycle.engine.request import Request
+from kvlife.lifecycle.metrics import RequestTotals
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.stack import PolicyStack
 
 Progress = Callable[[int, int], None]
+# Heap keys of arrivals: below every other event's (those count up from 0), in workload
+# order, so an arrival goes before anything else at its time, as when all were queued first.
+_ARRIVAL_SEQ = -(1 << 62)
 
 
 @attrs.define
 class SimResult:
     engine: Engine
-    workload: list[WorkloadRequest]
+    workload: Sequence[WorkloadRequest]  # the list given; empty for a stream
     makespan_ms: float
     events: int
     stranded: list[str]
@@ -78,6 +92,9 @@ class SimResult:
     # then charges engine.lookup_latency_ms per sync lookup).
     critical_path_lookup_ms: float | None = None
     physics: Physics | None = None
+    # The requests that left the engine (keep_requests=False), folded; the summary adds
+    # those still in engine.requests (``RequestTotals.of``).
+    retired: RequestTotals | None = None
 
 
 class _LinkWake:
@@ -99,21 +116,40 @@ class _Later:
 
 
 class Simulator:
+    """``workload``: a list, or any iterable of requests in arrival order (a stream is read
+    as the run goes; ``size``, when known, is its length, for progress and the
+    ``interrupted`` record). ``keep_requests=False``: finished requests leave the engine
+    (see the module docstring); the default keeps every request, for tests and tools that
+    read ``engine.requests`` afterwards."""
+
     def __init__(
         self,
         config: RunConfig,
-        workload: list[WorkloadRequest],
+        workload: Iterable[WorkloadRequest],
         policies: PolicyStack,
         recorder: Recorder | None = None,
         progress: Progress | None = None,
         reference: bool = False,
         check_every: int | None = None,
+        *,
+        size: int | None = None,
+        keep_requests: bool = True,
     ) -> None:
         # Derived values (device blocks, ranks) filled in; a config resolved already stays as it is.
         self.config, self.physics = resolve(config)
         config = self.config
-        self.workload = workload
-        self.engine = Engine(config.engine, policies, recorder=recorder, reference=reference)
+        if isinstance(workload, Sequence):
+            self.workload: Sequence[WorkloadRequest] = workload
+            ordered = all(a.arrival_ms <= b.arrival_ms for a, b in itertools.pairwise(workload))
+            self._arrivals: Iterator[WorkloadRequest] = iter(
+                workload if ordered else sorted(workload, key=lambda w: w.arrival_ms))
+        else:
+            self.workload = ()
+            self._arrivals = iter(workload)
+        self.size = size if size is not None else (len(workload) if isinstance(workload, Sized) else None)
+        self.retired = None if keep_requests else RequestTotals()
+        self.engine = Engine(config.engine, policies, recorder=recorder, reference=reference,
+                             retire=None if keep_requests else self._retire)
         self._requests = self.engine.requests  # the engine's own dict (read only)
         self.rng = random.Random(config.sim.seed)
         self.progress = progress
@@ -123,7 +159,11 @@ class Simulator:
         self._seq = 0
         self._events = 0
         self._progress_mark = 0  # finished requests at the last progress report
-        self._stops = stop_rules({w.request_id: w.output_length for w in workload}, config.sim.max_output_tokens)
+        # Per request that arrived and has not left the engine: its stop rule (stop_rule).
+        self._stops: dict[str, tuple[int, str]] = {}
+        self._max_output_tokens = config.sim.max_output_tokens
+        self._taken = 0  # arrivals taken from the workload
+        self._last_arrival = 0.0
         self._steps_in_flight = 0
         self._max_in_flight = 2 if config.engine.async_scheduling else 1
         self._tick_pending = False
@@ -154,19 +194,41 @@ class Simulator:
         heapq.heappush(self._queue, (t, self._seq, event))
         self._seq += 1
 
+    def _push_arrival(self) -> None:
+        """Queue the workload's next arrival (the only one in the queue at any time)."""
+        w = next(self._arrivals, None)
+        if w is None:
+            return
+        if w.arrival_ms < self._last_arrival:
+            raise ValueError(f"workload request {w.request_id!r} arrives at {w.arrival_ms} ms, before the "
+                             f"{self._last_arrival} ms of the one before it: a stream must be in arrival order")
+        self._last_arrival = w.arrival_ms
+        self._stops.setdefault(w.request_id, stop_rule(w.output_length, self._max_output_tokens))
+        heapq.heappush(self._queue, (w.arrival_ms, _ARRIVAL_SEQ + self._taken,
+                                     Arrival(w.arrival_ms, w.request_id, w.input_length, w.hash_ids)))
+        self._taken += 1
+
+    def _retire(self, req: Request) -> None:
+        """The engine lets ``req`` go: fold it into the totals, forget its stop rule."""
+        cast(RequestTotals, self.retired).fold(req)
+        self._stops.pop(req.request_id, None)
+
+    def _total(self) -> int:
+        """The workload's size: given, or (a stream of unknown length) what was taken so far."""
+        return self.size if self.size is not None else self._taken
+
     def run(self) -> SimResult:
         with interrupts.held() as gate:
             try:
                 return self._run(gate)
             except KeyboardInterrupt as exc:
                 if self.engine.recorder is not None:
-                    self.engine.recorder(cut_record(self.engine, exc, len(self.workload), gate.clean,
+                    self.engine.recorder(cut_record(self.engine, exc, self._total(), gate.clean,
                                                     steps=self._steps_in_flight))
                 raise
 
     def _run(self, gate: interrupts.StopGate) -> SimResult:
-        for w in self.workload:
-            self._push(w.arrival_ms, Arrival(w.arrival_ms, w.request_id, w.input_length, w.hash_ids))
+        self._push_arrival()
         now = 0.0
         engine = self.engine
         queue = self._queue
@@ -199,6 +261,8 @@ class Simulator:
                 if self._steps_in_flight and not self._exact and not instant:
                     self._held.append(event)
                     continue
+            elif kind is Arrival:
+                self._push_arrival()
             elif kind is Tick:
                 if seq in self._wakeup_seqs:
                     self._wakeup_seqs.discard(seq)
@@ -208,7 +272,7 @@ class Simulator:
                 self._tick_pending = False
             self._feed(now, event)
         if self.progress is not None:
-            self.progress(engine.state_counts["finished"], len(self.workload))
+            self.progress(engine.state_counts["finished"], self._total())
         engine.check_invariants()
         stranded = engine.stranded()
         if stranded and engine.recorder is not None:
@@ -218,7 +282,7 @@ class Simulator:
                 engine.recorder({"kind": "warning", "t": now, "what": "stranded", "origin": "driver",
                                  "req": rid, "state": state})
         return SimResult(engine, self.workload, now, self._events, stranded,
-                         self.critical_path_lookup_ms, self.physics)
+                         self.critical_path_lookup_ms, self.physics, self.retired)
 
     def _feed(self, now: float, event: InputEvent) -> None:
         """Hand one input to the engine and carry out its commands."""
@@ -252,7 +316,7 @@ class Simulator:
             not self._tick_pending
             and self._steps_in_flight < self._max_in_flight
             and not (type(event) is Tick and not made_plan)
-            and (state.state_counts["finished"] < len(state.requests) or state.busy())
+            and state.busy()  # some request unfinished, or some job in flight
         ):
             self._tick_pending = True
             self._push(now, Tick(now))
@@ -265,7 +329,7 @@ class Simulator:
             done = engine.state_counts["finished"]
             if done - self._progress_mark >= 200:
                 self._progress_mark = done
-                self.progress(done, len(self.workload))
+                self.progress(done, self._total())
 
     # ---- steps -------------------------------------------------------------------------------
     def _pay_sync_lookups(self, now: float, key_counts: tuple[int, ...]) -> float:
@@ -379,13 +443,17 @@ def _at(event: TransferReport | LookupAnswer, t: float) -> TransferReport | Look
     return LookupAnswer(t, event.request_id, event.epoch, event.tiers)
 
 
-def stop_rules(output_lengths: dict[str, int], max_output_tokens: int | None) -> dict[str, tuple[int, str]]:
-    """Per request, the output length at which it stops and why: its workload output length
+def stop_rule(output_length: int, max_output_tokens: int | None) -> tuple[int, str]:
+    """The output length at which a request stops and why: its workload output length
     ("stopped"), or the length limit when that is lower ("length")."""
-    if max_output_tokens is None:
-        return {rid: (n, "stopped") for rid, n in output_lengths.items()}
-    return {rid: (max_output_tokens, "length") if max_output_tokens < n else (n, "stopped")
-            for rid, n in output_lengths.items()}
+    if max_output_tokens is not None and max_output_tokens < output_length:
+        return (max_output_tokens, "length")
+    return (output_length, "stopped")
+
+
+def stop_rules(output_lengths: dict[str, int], max_output_tokens: int | None) -> dict[str, tuple[int, str]]:
+    """``stop_rule`` of every request."""
+    return {rid: stop_rule(n, max_output_tokens) for rid, n in output_lengths.items()}
 
 
 def step_finishes(plan: StepPlan, requests: dict[str, Any], stops: dict[str, tuple[int, str]]) -> tuple[
@@ -395,10 +463,11 @@ def step_finishes(plan: StepPlan, requests: dict[str, Any], stops: dict[str, tup
     for entry in plan.entries:
         if entry.samples:
             rid = entry.request_id
-            limit, reason = stops[rid]
-            req = requests[rid]
-            if req.generated + 1 >= limit and req.state == "running":
-                finished.append((rid, reason))
+            req = requests.get(rid)  # None: it finished and left the engine meanwhile
+            if req is not None and req.state == "running":
+                limit, reason = stops[rid]
+                if req.generated + 1 >= limit:
+                    finished.append((rid, reason))
     return tuple(finished)
 
 
@@ -438,7 +507,7 @@ def cut_record(
         "clean": clean,
         "requests": requests,
         "finished": engine.state_counts["finished"],
-        "not_arrived": max(0, workload_size - len(engine.requests)),
+        "not_arrived": max(0, workload_size - engine.state.arrived()),
         "jobs": sum(1 for job in engine.jobs.values() if not job.timed_out),
         "quarantined_jobs": sum(1 for job in engine.jobs.values() if job.timed_out),
         "prefetches": len(engine.prefetches),

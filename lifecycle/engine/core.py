@@ -26,12 +26,21 @@ starts a load (``loading``, ``Transfers.start_load``) or schedules compute (``ru
 (``Engine._on_step_output``); a finished request whose blocks a store still reads waits
 in ``sending``; ``TransferReport``s from every rank complete jobs (``Transfers.on_report``)
 and move the requests that waited on them on.
+
+Retention: by default every request stays in ``engine.requests`` for good. With
+``Engine(..., retire=fn)`` a finished request leaves it once nothing refers to it any more
+(no store job still counted on it, no load job that will tell it its outcome, no prefetch
+wait): ``fn(request)`` is called first (the simulator folds it into
+``metrics.RequestTotals``). This is checked after each event, so a request whose store is
+still in flight leaves when that job completes. The ids of retired requests are kept
+(``state.retired``) so that a duplicate arrival, an abort or a stale lookup answer for one
+is handled and recorded exactly as if it were still there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, cast
 
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine.blocks import DeviceBlockPool
@@ -51,14 +60,22 @@ from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.ranks import RankAggregator
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.scheduler import Scheduler
-from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, Recorder, Stats
+from kvlife.lifecycle.engine.state import EngineState, Job, PrefetchJob, Recorder, Retire, Stats
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import EngineView
 from kvlife.policies.stack import PolicyStack
 from kvlife.specs.table import ReferenceRequest
 from kvlife.transfer.index import TierIndex
 
-__all__ = ["Engine", "EngineState", "Job", "PrefetchJob", "Recorder", "Stats"]
+__all__ = ["Engine", "EngineState", "Job", "PrefetchJob", "Recorder", "Retire", "Stats"]
+
+
+class _RetiringLifecycle(Lifecycle):
+    """``Lifecycle`` that notes every request it finishes, for the engine to let go of."""
+
+    def finish(self, req: Request, trigger: str, reason: str, why: str) -> None:
+        super().finish(req, trigger, reason, why)
+        self.state.retiring[req.request_id] = req
 
 
 class Engine:
@@ -75,9 +92,10 @@ class Engine:
         tiers: Sequence[TierIndex] | None = None,
         recorder: Recorder | None = None,
         reference: bool = False,
+        retire: Retire | None = None,
     ) -> None:
-        self.state = EngineState(config, tiers, recorder, reference)
-        self.lifecycle = Lifecycle(self.state, policies)
+        self.state = EngineState(config, tiers, recorder, reference, retire)
+        self.lifecycle = (Lifecycle if retire is None else _RetiringLifecycle)(self.state, policies)
         self.transfers = self.transfers_class(self.state, self.lifecycle)
         self.scheduler = Scheduler(self.state, self.lifecycle, self.transfers)
 
@@ -105,13 +123,42 @@ class Engine:
             self._on_abort(event)
         else:  # pragma: no cover - the union is closed
             raise TypeError(f"not an input event: {event!r}")
+        if state.retiring:
+            self._retire_finished()
         return commands
+
+    def _retire_finished(self) -> None:
+        """Let go of the finished requests nothing refers to any more (retention on). Only
+        a new finish, a completed job or a job given up can change that: the mark records
+        those counts at the last look, so an event that changes none of them costs nothing."""
+        state = self.state
+        done_jobs = state.next_job_id - len(state.jobs) - len(state.prefetches)
+        mark = (done_jobs, state.stats.rank_timeouts, len(state.retiring))
+        if mark == state.retire_mark:
+            return
+        told: set[str] | None = None  # requests a load job in flight will tell its outcome
+        for rid, req in list(state.retiring.items()):
+            if req.store_jobs or rid in state.prefetch_waits or rid in state.wants_prefetch:
+                continue
+            if told is None:
+                told = {w for job in state.jobs.values() if job.kind == "load" and not job.timed_out
+                        for w, _ in job.waiters}
+            if rid in told:
+                continue
+            del state.retiring[rid]
+            del state.requests[rid]
+            state.retired[rid] = req.epoch
+            state.sync_lookup_version.pop(rid, None)
+            if state.reference is not None:
+                state.reference.pop(rid, None)
+            cast(Retire, state.retire)(req)
+        state.retire_mark = (done_jobs, state.stats.rank_timeouts, len(state.retiring))
 
     # ---- request-facing events -------------------------------------------------------------
     def _on_arrival(self, event: Arrival) -> None:
         state = self.state
         lifecycle = self.lifecycle
-        if event.request_id in state.requests:
+        if event.request_id in state.requests or event.request_id in state.retired:
             lifecycle.warn("duplicate_arrival", req=event.request_id)
             return
         block_tokens = state.config.block_tokens
@@ -147,14 +194,15 @@ class Engine:
         req = state.requests.get(event.request_id)
         if req is None or req.state != "lookup_pending" or req.epoch != event.epoch:
             state.stats.stale_lookup_answers += 1
+            retired = state.retired.get(event.request_id) if req is None else None
             self.lifecycle.record(
                 {
                     "kind": "stale_lookup",
                     "t": state.now,
                     "req": event.request_id,
                     "epoch": event.epoch,
-                    "current_epoch": None if req is None else req.epoch,
-                    "state": None if req is None else req.state,
+                    "current_epoch": retired if req is None else req.epoch,
+                    "state": (None if retired is None else "finished") if req is None else req.state,
                 }
             )
             return
@@ -176,7 +224,8 @@ class Engine:
         state = self.state
         req = state.requests.get(event.request_id)
         if req is None or req.state == "finished":
-            self.lifecycle.warn("abort_ignored", req=event.request_id, state=None if req is None else req.state)
+            gone = "finished" if event.request_id in state.retired else None
+            self.lifecycle.warn("abort_ignored", req=event.request_id, state=gone if req is None else req.state)
             return
         if req.state == "lookup_pending":
             state.commands.append(DiscardLookup(req.request_id, req.epoch))

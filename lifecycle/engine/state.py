@@ -28,6 +28,8 @@ from kvlife.specs.table import TABLE, ReferenceRequest
 from kvlife.transfer.index import TierIndex
 
 Recorder = Callable[[dict[str, Any]], None]
+# Given a finished request as it leaves the engine (EngineState.retire).
+Retire = Callable[[Request], None]
 
 
 @attrs.define(slots=True, eq=False)
@@ -96,7 +98,7 @@ class EngineState:
         "requests", "waiting", "running", "holding", "sent", "state_counts", "jobs", "in_flight_loads", "steps",
         "prefetches", "prefetch_waits", "wants_prefetch", "sync_lookup_version", "transfer_version",
         "stats", "commands", "next_job_id", "next_step_id", "next_seq", "last_output_step",
-        "defer_frees", "deferred_frees",
+        "defer_frees", "deferred_frees", "retire", "retired", "retiring", "retire_mark",
     )
 
     def __init__(
@@ -105,6 +107,7 @@ class EngineState:
         tiers: Sequence[TierIndex] | None = None,
         recorder: Recorder | None = None,
         reference: bool = False,
+        retire: Retire | None = None,
     ) -> None:
         self.config = config
         # The tier cascade, in lookup order (host, disk, remote).
@@ -164,6 +167,17 @@ class EngineState:
         # (vLLM's defer_block_free). step id -> block tables to release at its output.
         self.defer_frees = config.async_scheduling and bool(self.tiers)
         self.deferred_frees: dict[int, list[list[int]]] = {}
+
+        # Retention. None (the default): every request stays in ``requests`` for good.
+        # Given: a finished request leaves ``requests`` once nothing refers to it any more
+        # (no store job, no load job waiting to tell it, no prefetch), handed to ``retire``
+        # first (``metrics.RequestTotals.fold``); ``core.Engine`` does it after each event.
+        self.retire = retire
+        # Requests that left: id -> epoch at the end (a duplicate arrival and a stale lookup
+        # answer are recorded as if the request were still there). About 100 bytes each.
+        self.retired: dict[str, int] = {}
+        self.retiring: dict[str, Request] = {}  # finished, still referred to
+        self.retire_mark: tuple[int, int, int] = (0, 0, 0)  # see core.Engine._retire_finished
 
     def new_job_id(self) -> int:
         job_id = self.next_job_id
@@ -229,13 +243,17 @@ class EngineState:
             device_blocks=self.pool.capacity,
         )
 
+    def arrived(self) -> int:
+        """Requests taken in so far (still in ``requests`` or retired); duplicates not counted."""
+        return len(self.requests) + len(self.retired)
+
     def busy(self) -> bool:
         """True while some request is not finished or some job is in flight. A job given up
         after its deadline is quarantined, not work: its blocks stay held, but nothing waits."""
         return (
             any(not job.timed_out for job in self.jobs.values())
             or bool(self.prefetches)
-            or self.state_counts["finished"] < len(self.requests)
+            or self.state_counts["finished"] < len(self.requests) + len(self.retired)
         )
 
     def next_wakeup(self) -> float | None:
@@ -255,7 +273,7 @@ class EngineState:
         """Invariant 7 once inputs have stopped: every request not finished, as
         ``"id:state"``, in arrival order. Waiting and running count as much as the states
         that wait on IO: a request parked behind a head that never fits, or deferred forever
-        by a policy, never finishes either."""
+        by a policy, never finishes either. (A retired request is finished: never here.)"""
         return [f"{r.request_id}:{r.state}" for r in self.requests.values() if r.state != "finished"]
 
     def check_invariants(self) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 
 from kvlife.lifecycle.drivers.runner import RunOutcome
-from kvlife.lifecycle.metrics import percentile
+from kvlife.lifecycle.metrics import RequestTotals, percentile
 
 P50_LIMIT_MS = 2000.0
 RATIO_LIMIT = 1.5
@@ -119,8 +119,6 @@ def check_stability(samples: Sequence[Sample], p50_limit_ms: float = P50_LIMIT_M
 
 
 def ttft_samples(outcome: RunOutcome) -> list[Sample]:
-    """(arrival ms, TTFT ms or None) of every request of a simulated run."""
-    return [
-        (r.arrival_ms, None if r.first_token_ms is None else r.first_token_ms - r.arrival_ms)
-        for r in outcome.result.engine.requests.values()
-    ]
+    """(arrival ms, TTFT ms or None) of every request of a simulated run, in arrival order:
+    from the run's folded totals, so it works whether the requests left the engine or not."""
+    return RequestTotals.of(outcome.result).samples()

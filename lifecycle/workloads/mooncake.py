@@ -16,9 +16,10 @@ value surface later as a confusing failure deep in the simulator.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TypedDict
 
 import attrs
@@ -36,7 +37,9 @@ __all__ = [
     "WorkloadError",
     "WorkloadRequest",
     "WorkloadSummary",
+    "count_requests",
     "describe",
+    "iter_mooncake",
     "load_mooncake",
 ]
 
@@ -173,8 +176,44 @@ def load_mooncake(
     divides arrival times: 2.0 replays the trace at twice its arrival rate. Request ids
     are ``req-{index}`` in file order; blank lines are skipped but still count for line
     numbers, and unknown keys are ignored. Raises ``WorkloadError`` for the first bad
-    line, ``ValueError`` for bad arguments.
+    line, ``ValueError`` for bad arguments. The whole list: ``iter_mooncake`` streams.
     """
+    return list(iter_mooncake(path, limit=limit, block_tokens=block_tokens, time_scale=time_scale))
+
+
+def iter_mooncake(
+    path: str | os.PathLike[str],
+    *,
+    limit: int | None = None,
+    block_tokens: int = 512,
+    time_scale: float = 1.0,
+) -> Iterator[WorkloadRequest]:
+    """``load_mooncake`` one request at a time: the file is read as the requests are
+    taken, so memory does not grow with its length, and a bad line is reported (the same
+    ``WorkloadError``) only when the reading reaches it. Bad arguments raise
+    ``ValueError`` at the call; the file is opened at the first request taken and closed
+    when the iterator ends or is closed."""
+    _check_arguments(limit, block_tokens, time_scale)
+    return _stream(path, limit, block_tokens, time_scale)
+
+
+def count_requests(path: str | os.PathLike[str], *, limit: int | None = None) -> int:
+    """How many requests ``iter_mooncake(path, limit=limit)`` yields if every line is valid:
+    the non-blank lines, counted without decoding them (a cheap first pass, for a
+    progress total and the trace header). Raises ``WorkloadError`` when the file cannot
+    be read."""
+    _check_arguments(limit, 1, 1.0)
+    count = 0
+    with _opened(path) as (handle, _):
+        for raw in handle:
+            if limit is not None and count >= limit:
+                break
+            if raw.strip():
+                count += 1
+    return count
+
+
+def _check_arguments(limit: int | None, block_tokens: int, time_scale: float) -> None:
     if limit is not None and (type(limit) is not int or limit < 0):
         raise ValueError(f"limit: expected None or an integer >= 0, got {limit!r}")
     if type(block_tokens) is not int or block_tokens < 1:
@@ -191,17 +230,29 @@ def load_mooncake(
             f"time_scale: expected a finite number > 0, got {time_scale!r}"
         )
 
+
+@contextlib.contextmanager
+def _opened(path: str | os.PathLike[str]) -> Iterator[tuple[Iterable[bytes], str]]:
+    """The workload's lines and the name errors give it (for a bundled name, the packaged
+    file); an error opening or reading it (a truncated gzip shows only when read) is a
+    ``WorkloadError`` naming the file."""
     resolved = resolve_workload(os.fspath(path))
-    # Errors name the file actually read: for a bundled name, the packaged file.
     name = os.fspath(resolved)
     try:
         with open_binary(resolved) as handle:
-            return _read_requests(handle, name, limit, block_tokens, time_scale)
+            yield handle, name
     except READ_ERRORS as exc:
         message = f"cannot read: {read_error_message(exc)}"
         if isinstance(exc, FileNotFoundError) and os.sep not in os.fspath(path):
             message += f" (and not a bundled workload: {', '.join(BUNDLED)})"
         raise WorkloadError(name, None, None, message) from exc
+
+
+def _stream(
+    path: str | os.PathLike[str], limit: int | None, block_tokens: int, time_scale: float
+) -> Iterator[WorkloadRequest]:
+    with _opened(path) as (handle, name):
+        yield from _read_requests(handle, name, limit, block_tokens, time_scale)
 
 
 def _read_requests(
@@ -210,12 +261,12 @@ def _read_requests(
     limit: int | None,
     block_tokens: int,
     time_scale: float,
-) -> list[WorkloadRequest]:
-    requests: list[WorkloadRequest] = []
+) -> Iterator[WorkloadRequest]:
+    count = 0
     previous_timestamp: float = 0.0
     previous_line = 0
     for line_number, raw in enumerate(lines, start=1):
-        if limit is not None and len(requests) >= limit:
+        if limit is not None and count >= limit:
             break
         if not raw.strip():
             continue
@@ -237,16 +288,14 @@ def _read_requests(
                 f"{previous_line}; timestamps must not decrease",
             )
         previous_timestamp, previous_line = timestamp, line_number
-        requests.append(
-            WorkloadRequest(
-                request_id=f"req-{len(requests)}",
-                arrival_ms=timestamp / time_scale,
-                input_length=input_length,
-                output_length=output_length,
-                hash_ids=hash_ids,
-            )
+        yield WorkloadRequest(
+            request_id=f"req-{count}",
+            arrival_ms=timestamp / time_scale,
+            input_length=input_length,
+            output_length=output_length,
+            hash_ids=hash_ids,
         )
-    return requests
+        count += 1
 
 
 class WorkloadSummary(TypedDict):

@@ -1,12 +1,13 @@
-"""``kvlife bench engine|transfer``: the two benchmarks, each a real subcommand with its flags."""
+"""``kvlife bench engine|transfer|soak``: the benchmarks, each a real subcommand with its flags."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, positive_int
+from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, positive_float, positive_int
 
 KB = 1024
 MB = 1024 * KB
@@ -15,12 +16,14 @@ DEFAULT_ENGINE_WORKLOAD = "mooncake-conversation"  # the bundled trace; never re
 
 def register(sub: Any) -> None:
     bench: KvlifeParser = sub.add_parser(
-        "bench", help="benchmarks: engine (transitions, whole-trace simulation), transfer (copy engine)",
+        "bench", help="benchmarks: engine (transitions, whole-trace simulation), transfer (copy engine), "
+                      "soak (peak memory of long simulated runs)",
         description="Benchmarks. Performance is measured here, never by timed tests.")
-    bench.set_defaults(func=lambda args: bench.missing_subcommand("a benchmark: engine or transfer"))
-    which = bench.add_subparsers(title="benchmarks", dest="bench", metavar="{engine,transfer}")
+    bench.set_defaults(func=lambda args: bench.missing_subcommand("a benchmark: engine, transfer or soak"))
+    which = bench.add_subparsers(title="benchmarks", dest="bench", metavar="{engine,transfer,soak}")
     _register_engine(which)
     _register_transfer(which)
+    _register_soak(which)
 
 
 def _register_engine(which: Any) -> None:
@@ -147,4 +150,52 @@ def handle_transfer(args: argparse.Namespace) -> int:
                     repeats=repeats, pool_mb=pool_mb, rows=rows)
     else:
         print(tb.format_table(rows))
+    return 0
+
+
+def _soak_sizes(text: str) -> list[int]:
+    """``12000,50k,100k`` -> [12000, 50000, 100000]."""
+    sizes = []
+    for part in text.split(","):
+        clean = part.strip().lower()
+        try:
+            size = int(clean[:-1]) * 1000 if clean.endswith("k") else int(clean)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected request counts like 12000,50k,100k, got {text!r}") from None
+        if size <= 0:
+            raise argparse.ArgumentTypeError(f"request counts must be positive, got {part.strip()!r}")
+        sizes.append(size)
+    return sizes
+
+
+def _register_soak(which: Any) -> None:
+    from kvlife.lifecycle.cli.bench_soak import DEFAULT_TIME_SCALE, SIZES
+
+    parser = which.add_parser(
+        "soak", help="peak RSS and wall time of long simulated runs (12k, 50k, 100k requests), each in a fresh process",
+        description="Simulate the bundled conversation trace followed by shifted copies of itself (streamed, "
+                    "tracing off) at each size, each in a fresh Python process, and report its peak resident set "
+                    "size (ru_maxrss) and wall time.")
+    parser.add_argument("--sizes", type=_soak_sizes, default=",".join(str(n) for n in SIZES), metavar="N,N,...",
+                        help="comma-separated request counts (a k suffix is thousands), e.g. 12k,50k,100k")
+    parser.add_argument("--time-scale", type=positive_float, default=DEFAULT_TIME_SCALE, metavar="X",
+                        help="arrival rate multiplier (the default is one the baseline engine keeps up with)")
+    parser.add_argument("--keep-requests", action="store_true",
+                        help="keep every finished request in the engine (the old behaviour), for comparison")
+    add_json_flag(parser, "the runs")
+    parser.set_defaults(func=handle_soak)
+
+
+def handle_soak(args: argparse.Namespace) -> int:
+    from kvlife.lifecycle.cli.bench_soak import SoakError, bench_soak, format_report
+
+    try:
+        report = bench_soak(args.sizes, args.time_scale, args.keep_requests)
+    except SoakError as exc:
+        print(f"kvlife bench soak: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        output.emit("bench-soak", **report)
+    else:
+        print(format_report(report))
     return 0

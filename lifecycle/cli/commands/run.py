@@ -19,6 +19,7 @@ from kvlife.lifecycle.cli.run_options import (
     apply_sizes,
     load_run_config,
     load_workload,
+    stream_workload,
     time_scale,
 )
 from kvlife.lifecycle.config import RunConfig
@@ -96,18 +97,19 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
 
     config = apply_sim(args, apply_sizes(args, config))
     scale, config = time_scale(args, config, 1.0)
-    workload, name = load_workload(args, config, scale)
+    # A workload file is streamed: read as the run goes, never held whole.
+    workload, size, name = stream_workload(args, config, scale)
     origin = "--device-blocks" if args.device_blocks is not None else None
-    with progress_bar("kvlife run", total=len(workload)) as progress:
+    with progress_bar("kvlife run", total=size) as progress:
         outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name,
-                               device_blocks_origin=origin)
+                               device_blocks_origin=origin, size=size)
     if args.json:
-        output.emit("run", driver="sim", workload={"name": name, "requests": len(workload)},
+        output.emit("run", driver="sim", workload={"name": name, "requests": size},
                     stack=_label(config), seed=config.sim.seed, time_scale=scale,
                     trace={"path": args.trace, "lines": outcome.trace_lines} if args.trace else None,
                     summary=outcome.summary)
         return _stranded_exit(outcome.summary)
-    print(f"kvlife run: {name}, {len(workload)} requests, stack {_names(config)}, time scale {scale:g}")
+    print(f"kvlife run: {name}, {size} requests, stack {_names(config)}, time scale {scale:g}")
     print(format_summary(outcome.summary))
     if args.trace:
         print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
