@@ -24,8 +24,12 @@ error is ``FILE:LINE:COL: TOML syntax error: ...``.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import difflib
+import functools
 import math
+import os
 import re
 import tomllib
 from collections.abc import Callable
@@ -66,16 +70,31 @@ class ConfigError(Exception):
         self.column = column
 
 
-# ---- value checks (attrs validators raising ConfigError with the attribute's name) --------
+# ---- field rules ----------------------------------------------------------------------------
+# Every value a user gives goes through one ``Rule``: a config key (the Rule is the attrs
+# validator of its field), the flag that mirrors the key (``flag_type``), a field of a
+# workload line (``WORKLOAD_RULES``) and the synthetic generator's options. A Rule knows the
+# type, the bounds, and why an upper bound is what it is; the refusal says all three.
 Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+GIB = 1 << 30
 
 
 def describe(value: Any) -> str:
-    """A value as a message shows it: TOML spelling for scalars, the type for the rest."""
+    """A value as a message shows it: TOML spelling for scalars, the type for the rest
+    (a long string is cut, so one value cannot flood the line)."""
+    if value is None:
+        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
+    if isinstance(value, str):
+        return repr(value if len(value) <= 60 else value[:57] + "...")
+    if isinstance(value, float):
         return repr(value)
+    if isinstance(value, int):  # a huge one by its size (str() refuses past 4300 digits)
+        return repr(value) if abs(value) < 10**30 else f"an integer of about {value.bit_length() * 0.30103:.0f} digits"
     if isinstance(value, list):
         return "an array"
     if isinstance(value, dict):
@@ -85,95 +104,295 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+@attrs.frozen
+class Limit:
+    """A bound on a value and why it is there (the refusal quotes both)."""
+
+    value: int | float
+    why: str
+
+    def text(self) -> str:
+        return f"{self.value:,}" if isinstance(self.value, int) else f"{self.value:g}"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _bytes_text(n: float) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
 
 
-def _integer(minimum: int | None, maximum: int | None = None, why: str = "") -> Validator:
-    want = {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(
-        minimum, f"an integer >= {minimum}")
-
-    def check(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not _is_int(value) or (minimum is not None and value < minimum):
-            raise ConfigError(attribute.name, f"must be {want}, got {describe(value)}")
-        if maximum is not None and value > maximum:
-            raise ConfigError(attribute.name, f"must be at most {maximum:,} ({why}), got {value:,}")
-
-    return check
+# The share of the memory available that sizes may take: the rest is for the workload, the
+# requests in flight and the interpreter.
+MEMORY_SHARE = 0.8
 
 
-def _number(low: float, strict: bool, high: float | None = None) -> Validator:
-    if high is not None:
-        want = f"a number in ({low:g}, {high:g}]" if strict else f"a number from {low:g} to {high:g}"
-    elif low == 0:
-        want = "a positive number" if strict else "a non-negative number"
-    else:
-        want = f"a number {'>' if strict else '>='} {low:g}"
+@functools.cache
+def memory_limit() -> Limit:
+    """The bytes a run's sizes may take, and where the figure comes from: ``MEMORY_SHARE`` of
+    the least of the memory available now (MemAvailable, else physical memory), the cgroup's
+    memory limit and the address-space rlimit. Computed once per process."""
+    found: list[tuple[int, str]] = []
+    try:
+        for row in Path("/proc/meminfo").read_text().splitlines():
+            name, _, value = row.partition(":")
+            if name == "MemAvailable" and value.split()[0].isdigit():
+                found.append((int(value.split()[0]) * 1024, "available (MemAvailable, /proc/meminfo)"))
+    except OSError:
+        pass
+    if not found:
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # not a POSIX system
+            found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory (os.sysconf)"))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # "max" or a huge number: no limit
+            found.append((int(text), f"allowed by the cgroup ({path})"))
+    try:
+        import resource
 
-    def check(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not _is_number(value):
-            raise ConfigError(attribute.name, f"must be {want}, got {describe(value)}")
-        if not math.isfinite(value):
-            raise ConfigError(attribute.name, f"must be a finite number, got {value!r}")
-        if value < low or (strict and value == low) or (high is not None and value > high):
-            raise ConfigError(attribute.name, f"must be {want}, got {value!r}")
-
-    return check
-
-
-def _boolean(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(attribute.name, f"must be true or false, got {describe(value)}")
-
-
-def _choice(*choices: str) -> Validator:
-    def check(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value not in choices or not isinstance(value, str):
-            raise ConfigError(attribute.name, f"must be one of {', '.join(map(repr, choices))}; got {describe(value)}")
-
-    return check
-
-
-def _text(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(attribute.name, f"must be a non-empty string, got {describe(value)}")
-
-
-def _optional(check: Validator) -> Validator:
-    def optional(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value is not None:
-            check(instance, attribute, value)
-
-    return optional
+        for name in ("RLIMIT_AS", "RLIMIT_DATA"):
+            soft = resource.getrlimit(getattr(resource, name))[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                found.append((soft, f"allowed by {name}"))
+    except (ImportError, AttributeError, ValueError, OSError):
+        pass
+    size, source = min(found) if found else (16 * GIB, "assumed (this system does not say)")
+    return Limit(int(size * MEMORY_SHARE), f"{MEMORY_SHARE:.0%} of the {_bytes_text(size)} of memory {source}")
 
 
-def _redis_url(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    _text(instance, attribute, value)
-    if not value.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(attribute.name, f"must be a redis://, rediss:// or unix:// URL, got {value!r}")
+# Memory each simulated item holds, measured with tracemalloc on CPython 3.11 (10^6 items):
+# DeviceBlockPool 139 B per block, TierIndex 40 B per slot, LookupService 96 B per worker;
+# a request, held from the workload to the summary, about 3 KB (issue 12's soak: 326 MB at
+# 100k simulated requests).
+SIM_DEVICE_BLOCK_BYTES = 140
+SIM_TIER_BLOCK_BYTES = 40
+SIM_LOOKUP_WORKER_BYTES = 100
+SIM_REQUEST_BYTES = 3000
 
 
+def memory_bound(per_item: int, item: str) -> Callable[[], Limit]:
+    """An upper bound of ``memory_limit() / per_item`` items, computed when first needed."""
+
+    def bound() -> Limit:
+        budget = memory_limit()
+        return Limit(int(budget.value) // per_item, f"{per_item:,} B per {item}, {budget.why}")
+
+    return bound
+
+
+# Bounds that come from the domain rather than from this machine.
+SIGNED_64 = Limit(INT64_MAX, "the largest integer JSON traces hold exactly, signed 64-bit")
+UNSIGNED_64 = Limit(2**64 - 1, "the largest integer orjson reads and writes, unsigned 64-bit")
+SIGNED_64_LOW = Limit(INT64_MIN, "the smallest integer JSON traces hold exactly, signed 64-bit")
+TOKENS = Limit(1 << 24, "2^24 tokens, above the longest context window of any released model "
+                        "(Llama 4 Scout, 10M)")
+RANKS = Limit(1024, "the ranks of one model instance: the largest NVLink domain, NVL576, has 576 GPUs")
+DURATION_MS = Limit(1e9, "11.6 days in ms: no latency, deadline or step overhead is longer")
+TIMESTAMP_MS = Limit(9e12, "2^53 microseconds in ms: past it the float64 ms clock cannot tell microseconds apart")
+TIME_SCALE_MAX = Limit(1e6, "a million times the recorded arrival rate")
+TIME_SCALE_MIN = Limit(1e-6, "a millionth of the recorded arrival rate; slower pushes arrivals past the clock's range")
+BANDWIDTH_MAX = Limit(1e6, "GB/s: 1 PB/s, over 500x NVLink 5's 1.8 TB/s per GPU")
+BANDWIDTH_MIN = Limit(1e-6, "GB/s: 1 kB/s, at which a 64 MiB block takes 18 hours")
+EFFICIENCY_MIN = Limit(1e-3, "0.1% of peak: a step at a thousandth of the hardware's speed is no model of a GPU, "
+                             "and smaller factors push the clock past its range")
+REDIS_TTL_S = Limit(10**15, "seconds: Redis refuses an expiry whose milliseconds overflow a signed 64-bit integer")
+
+Bound = Limit | Callable[[], Limit] | None
+
+
+def _resolve(bound: Bound) -> Limit | None:
+    return bound() if callable(bound) else bound
+
+
+def _from_text(kind: str, text: str) -> Any:
+    """A command-line word as the value a TOML file would give: ints, floats, booleans."""
+    if kind in ("int", "number"):
+        try:
+            return int(text)
+        except ValueError:
+            digits = text.strip().lstrip("+-").replace("_", "")
+            if digits.isdigit():  # more digits than int() converts: an integer that large
+                return (-1 if text.strip().startswith("-") else 1) * 10 ** (len(digits) - 1)
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    if kind == "bool":
+        return {"true": True, "false": False}.get(text, text)
+    return text
+
+
+@attrs.frozen(eq=False)
+class Rule:
+    """One value's rule. ``kind`` is "int", "number", "bool", "choice", "text" or "url".
+
+    ``low`` (with ``low_open`` for ">") and ``high`` are part of the type ("a number in
+    (0, 1]"); ``minimum`` and ``maximum`` are limits with a reason ("at most 1,024 (...)"),
+    a ``Limit`` or a function giving one (bounds derived from this machine's memory).
+    """
+
+    kind: str
+    low: float | None = None
+    low_open: bool = False
+    high: float | None = None
+    minimum: Bound = None
+    maximum: Bound = None
+    choices: tuple[str, ...] = ()
+    optional: bool = False
+
+    def want(self) -> str:
+        """What the value must be, as a message says it: "a positive integer"."""
+        if self.kind == "int":
+            return {None: "an integer", 0: "a non-negative integer", 1: "a positive integer"}.get(
+                self.low, f"an integer >= {self.low}")  # type: ignore[arg-type]
+        if self.kind == "number":
+            if self.high is not None and self.low is not None:
+                if self.low_open:
+                    return f"a number in ({self.low:g}, {self.high:g}]"
+                return f"a number from {self.low:g} to {self.high:g}"
+            if self.low is None:
+                return "a number"
+            if self.low == 0:
+                return "a positive number" if self.low_open else "a non-negative number"
+            return f"a number {'>' if self.low_open else '>='} {self.low:g}"
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "choice":
+            return f"one of {', '.join(map(repr, self.choices))}"
+        if self.kind == "url":
+            return "a redis://, rediss:// or unix:// URL"
+        return "a non-empty string"
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` (the part after the field's name), None if nothing."""
+        if value is None and self.optional:
+            return None
+        kind = self.kind
+        if kind == "bool":
+            return None if isinstance(value, bool) else f"must be true or false, got {describe(value)}"
+        if kind == "choice":
+            if isinstance(value, str) and value in self.choices:
+                return None
+            return f"must be {self.want()}; got {describe(value)}"
+        if kind in ("text", "url"):
+            if not isinstance(value, str) or not value:
+                return f"must be a non-empty string, got {describe(value)}"
+            if "\x00" in value:
+                return f"must not contain a NUL character, got {describe(value)}"
+            if kind == "url" and not value.startswith(("redis://", "rediss://", "unix://")):
+                return f"must be {self.want()}, got {describe(value)}"
+            return None
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if kind == "int" and not is_int:
+            return f"must be {self.want()}, got {describe(value)}"
+        if kind == "number":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                return f"must be {self.want()}, got {describe(value)}"
+            if not math.isfinite(value):
+                return f"must be a finite number, got {value!r}"
+        low, high = self.low, self.high
+        if (low is not None and (value < low or (self.low_open and value == low))) or \
+                (high is not None and value > high):
+            return f"must be {self.want()}, got {describe(value)}"
+        minimum = _resolve(self.minimum)
+        if minimum is not None and value < minimum.value:
+            return f"must be at least {minimum.text()} ({minimum.why}), got {describe(value)}"
+        maximum = _resolve(self.maximum)
+        if maximum is not None and value > maximum.value:
+            return f"must be at most {maximum.text()} ({maximum.why}), got {describe(value)}"
+        return None
+
+    def __call__(self, instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        """The attrs validator: a ConfigError naming the attribute."""
+        message = self.problem(value)
+        if message is not None:
+            raise ConfigError(attribute.name, message)
+
+    def parse(self, text: str) -> Any:
+        """The argparse ``type`` of a flag under this rule: the word read as a TOML value,
+        then checked, so a flag and its config key refuse the same values in the same words."""
+        value = _from_text(self.kind, text)
+        message = self.problem(value)
+        if message is not None:
+            raise argparse.ArgumentTypeError(message)
+        return value
+
+
+def _integer(minimum: int | None, maximum: Bound = SIGNED_64) -> Rule:
+    return Rule("int", low=minimum, minimum=SIGNED_64_LOW if minimum is None else None, maximum=maximum)
+
+
+def _number(low: float, strict: bool, high: float | None = None, maximum: Bound = None,
+            minimum: Bound = None) -> Rule:
+    return Rule("number", low=low, low_open=strict, high=high, minimum=minimum, maximum=maximum)
+
+
+def _optional(rule: Rule) -> Rule:
+    return attrs.evolve(rule, optional=True)
+
+
+def _choice(*choices: str) -> Rule:
+    return Rule("choice", choices=choices)
+
+
+_boolean = Rule("bool")
+_text = Rule("text")
+_redis_url = Rule("url")
 _positive_int = _integer(1)
 _non_negative_int = _integer(0)
 
-# Upper bounds on the sizes the engine allocates bookkeeping for up front (a list entry per
-# device block and per tier slot, a flag per rank per job): a value past them exhausts
-# memory or hangs instead of running. Device pool: ~140 bytes per block, so the bound is
-# ~0.6 GB; tier index: ~40 bytes per slot, ~0.7 GB.
-MAX_BLOCK_TOKENS = 1 << 20  # tokens per block: past any model's context window
-MAX_DEVICE_BLOCKS = 1 << 22
-MAX_TIER_BLOCKS = 1 << 24
-MAX_RANKS = 1 << 10
-_block_tokens = _integer(1, MAX_BLOCK_TOKENS, "longer than any context window")
-_device_blocks = _integer(1, MAX_DEVICE_BLOCKS, "the device pool keeps ~140 bytes per block")
-_tier_blocks = _integer(1, MAX_TIER_BLOCKS, "a tier index keeps ~40 bytes per slot")
-_ranks = _integer(1, MAX_RANKS, "one report flag per rank per transfer job")
 _positive = _number(0.0, strict=True)
 _non_negative = _number(0.0, strict=False)
+_fraction = _number(0.0, strict=True, high=1.0)  # (0, 1]
+_efficiency = _number(0.0, strict=True, high=1.0, minimum=EFFICIENCY_MIN)
+_probability = _number(0.0, strict=False, high=1.0)  # [0, 1]
+_duration = _number(0.0, strict=False, maximum=DURATION_MS)
+_tokens = _integer(1, TOKENS)
+_seed = _integer(None)
+
+# Values that are not config keys but go through the same rules.
+POSITIVE_INT = _positive_int
+NON_NEGATIVE_INT = _non_negative_int
+POSITIVE_NUMBER = _number(0.0, strict=True)
+# Requests a run holds in memory (--limit, the synthetic generator's num_requests).
+REQUESTS = _integer(1, memory_bound(SIM_REQUEST_BYTES, "simulated request"))
+# The options of the synthetic generators (kvlife.lifecycle.workloads.synthetic); a pair
+# (low, high) has each element checked by its rule.
+_per_workload = _integer(1, REQUESTS.maximum)
+SYNTHETIC_RULES: dict[str, Rule] = {
+    "seed": _seed,
+    "num_requests": _integer(0, REQUESTS.maximum),
+    "block_tokens": _tokens,
+    "arrival_rate_per_s": _number(0.0, strict=True, minimum=Limit(1e-6, "one request in 11.6 days"),
+                                  maximum=Limit(1e9, "a request every nanosecond")),
+    "num_system_prompts": _integer(0, REQUESTS.maximum),
+    "max_turns": _per_workload,
+    "topics_between": _integer(0, REQUESTS.maximum),
+    "burst_size": _per_workload,
+    "session_probability": _probability,
+    "system_prompt_blocks": _tokens,
+    "prefix_blocks": _tokens,
+    "user_tokens": _tokens,
+    "own_tokens": _tokens,
+    "output_tokens": _tokens,
+    "think_time_s": _number(0.0, strict=False, maximum=Limit(1e6, "11.6 days in s")),
+    "burst_spread_ms": _duration,
+}
+# A burst's spread in mean gaps between arrivals (spread x rate): past about 30 the burst
+# generator's window (the first num_requests arrivals) stops closing, as later bursts keep
+# landing in it (measured: 25 gaps take 0.05 s, 50 gaps 30 s and more).
+BURST_SPREAD_ARRIVALS = Limit(20, "mean gaps between arrivals: a wider burst is no burst, and past about 30 the "
+                                  "generator's window of the first num_requests arrivals stops closing")
+# The fields of one Mooncake JSON line (kvlife.lifecycle.workloads.mooncake).
+WORKLOAD_RULES: dict[str, Rule] = {
+    "timestamp": _number(0.0, strict=False, maximum=TIMESTAMP_MS),
+    "input_length": _tokens,
+    "output_length": _tokens,
+    "hash_ids": _integer(0, UNSIGNED_64),  # each element
+}
 
 
 # ---- the configuration --------------------------------------------------------------------
@@ -198,15 +417,17 @@ def is_derived(value: int) -> bool:
 @attrs.frozen
 class TierConfig:
     name: str = attrs.field(validator=_choice("host", "disk", "remote"))
-    capacity_blocks: int = attrs.field(validator=_tier_blocks)
+    capacity_blocks: int = attrs.field(
+        validator=_integer(1, memory_bound(SIM_TIER_BLOCK_BYTES, "simulated tier block")))
     eviction: str = attrs.field(default="lru", validator=_choice("lru", "arc"))
     # Cost model (simulator); the live runtime measures the real thing. None: the tier's link
     # in the hardware profile (host: the host link per direction; disk: the NVMe drive; remote:
     # the NIC). A number overrides the link's bandwidth (both directions; a disk's reads and
     # writes) or latency.
-    bandwidth_gbps: float | None = attrs.field(default=None, validator=_optional(_positive))
-    latency_ms: float | None = attrs.field(default=None, validator=_optional(_non_negative))
-    failure_rate: float = attrs.field(default=0.0, validator=_number(0.0, strict=False, high=1.0))
+    bandwidth_gbps: float | None = attrs.field(
+        default=None, validator=_optional(_number(0.0, strict=True, minimum=BANDWIDTH_MIN, maximum=BANDWIDTH_MAX)))
+    latency_ms: float | None = attrs.field(default=None, validator=_optional(_duration))
+    failure_rate: float = attrs.field(default=0.0, validator=_probability)
 
 
 TIER_ORDER = ("host", "disk", "remote")
@@ -225,20 +446,22 @@ def tier_order_problem(names: list[str]) -> tuple[int, str] | None:
 
 @attrs.frozen
 class EngineConfig:
-    block_tokens: int = attrs.field(default=512, validator=_block_tokens)
+    block_tokens: int = attrs.field(default=512, validator=_tokens)
     # Derived by the simulator from the profiles unless set (the int is what code without
     # profiles uses: a bare Engine, the live runtime).
-    device_blocks: int = attrs.field(default=Derived(2000), validator=_device_blocks)
-    max_batched_tokens: int = attrs.field(default=8192, validator=_positive_int)
+    device_blocks: int = attrs.field(
+        default=Derived(2000), validator=_integer(1, memory_bound(SIM_DEVICE_BLOCK_BYTES, "simulated device block")))
+    max_batched_tokens: int = attrs.field(default=8192, validator=_tokens)
     max_running: int = attrs.field(default=128, validator=_positive_int)
     # = sim.tp in a simulated run unless set.
-    ranks: int = attrs.field(default=Derived(1), validator=_ranks)
+    ranks: int = attrs.field(default=Derived(1), validator=_integer(1, RANKS))
     async_scheduling: bool = attrs.field(default=False, validator=_boolean)
     # A rank that has not reported a job this long after it started is declared failed
     # for that job (its blocks stay quarantined until the report does come).
-    transfer_deadline_ms: float | None = attrs.field(default=None, validator=_optional(_positive))
+    transfer_deadline_ms: float | None = attrs.field(
+        default=None, validator=_optional(_number(0.0, strict=True, maximum=DURATION_MS)))
     # Lookups against a tier are answered by their own latency (async) or paid inline (sync).
-    lookup_latency_ms: float = attrs.field(default=1.5, validator=_non_negative)
+    lookup_latency_ms: float = attrs.field(default=1.5, validator=_duration)
     tiers: tuple[TierConfig, ...] = attrs.field(default=(TierConfig("host", capacity_blocks=8000),))
 
     @tiers.validator
@@ -265,33 +488,34 @@ class SimConfig:
     ``engine.lookup_latency_ms + lookup_per_key_ms x keys``.
     """
 
-    seed: int = attrs.field(default=0, validator=_integer(None))
+    seed: int = attrs.field(default=0, validator=_seed)
     # A bundled profile name (``kvlife.lifecycle.profiles.list_profiles()``) or a TOML file.
     hardware: str = attrs.field(default="h100-sxm", validator=_text)
     model: str = attrs.field(default="llama-3-8b", validator=_text)
-    tp: int = attrs.field(default=1, validator=_positive_int)
+    tp: int = attrs.field(default=1, validator=_integer(1, RANKS))
     # vLLM's default share of device memory for weights, activations and KV (derives
     # engine.device_blocks).
-    gpu_memory_utilization: float = attrs.field(default=0.9, validator=_number(0.0, strict=True, high=1.0))
+    gpu_memory_utilization: float = attrs.field(default=0.9, validator=_fraction)
     # A file with an [efficiency] table (``kvlife calibrate -o``), over the hardware's own.
     efficiency: str | None = attrs.field(default=None, validator=_optional(_text))
     # Single efficiency factors, over both (None: keep).
-    mfu: float | None = attrs.field(default=None, validator=_optional(_number(0.0, strict=True, high=1.0)))
-    attention_efficiency: float | None = attrs.field(
-        default=None, validator=_optional(_number(0.0, strict=True, high=1.0)))
-    mbu: float | None = attrs.field(default=None, validator=_optional(_number(0.0, strict=True, high=1.0)))
-    step_overhead_ms: float | None = attrs.field(default=None, validator=_optional(_non_negative))
+    mfu: float | None = attrs.field(default=None, validator=_optional(_efficiency))
+    attention_efficiency: float | None = attrs.field(default=None, validator=_optional(_efficiency))
+    mbu: float | None = attrs.field(default=None, validator=_optional(_efficiency))
+    step_overhead_ms: float | None = attrs.field(default=None, validator=_optional(_duration))
     # "step_boundary": a transfer report or lookup answer that completes while a step runs
     # reaches the engine right after that step's output (vLLM learns of finished transfers
     # from the next ModelRunnerOutput); "exact": at its completion time.
     completions: str = attrs.field(default="step_boundary", validator=_choice(*COMPLETIONS))
     # The lookup service: workers serving a FIFO queue (Mooncake's connector runs one).
-    lookup_workers: int = attrs.field(default=1, validator=_positive_int)
-    lookup_per_key_ms: float = attrs.field(default=0.005, validator=_non_negative)
-    rank_jitter_ms: float = attrs.field(default=0.2, validator=_non_negative)
-    max_output_tokens: int | None = attrs.field(default=None, validator=_optional(_positive_int))
+    lookup_workers: int = attrs.field(
+        default=1, validator=_integer(1, memory_bound(SIM_LOOKUP_WORKER_BYTES, "simulated lookup worker")))
+    lookup_per_key_ms: float = attrs.field(default=0.005, validator=_duration)
+    rank_jitter_ms: float = attrs.field(default=0.2, validator=_duration)
+    max_output_tokens: int | None = attrs.field(default=None, validator=_optional(_tokens))
     # Arrival rate multiplier applied when a workload is read (--time-scale).
-    time_scale: float = attrs.field(default=1.0, validator=_positive)
+    time_scale: float = attrs.field(
+        default=1.0, validator=_number(0.0, strict=True, minimum=TIME_SCALE_MIN, maximum=TIME_SCALE_MAX))
     # How recorded arrival times are replayed: "recorded", or "spread": requests sharing a
     # timestamp arrive evenly up to the next one (``kvlife.lifecycle.workloads.arrivals``).
     arrivals: str = attrs.field(default="recorded", validator=_choice(*ARRIVALS))
@@ -322,7 +546,7 @@ class LiveConfig:
     redis_url: str | None = attrs.field(default=None, validator=_optional(_redis_url))
     # Every key a run writes expires after this long (0: never), and is deleted when the
     # run ends; an hour outlives any run the runtime is meant for.
-    redis_ttl_s: int = attrs.field(default=3600, validator=_non_negative_int)
+    redis_ttl_s: int = attrs.field(default=3600, validator=_integer(0, REDIS_TTL_S))
     verify: bool = attrs.field(default=True, validator=_boolean)
     # Robustness of the live driver (docs/design.md, "Live runtime"): how long one Redis reply
     # may take; after this many consecutive timeouts the Redis tier is treated as down
@@ -348,6 +572,85 @@ class RunConfig:
 _SECTIONS: dict[str, type[Any]] = {"engine": EngineConfig, "sim": SimConfig, "live": LiveConfig}
 _TOP_LEVEL = ("engine", "tiers", "sim", "live", "policies")
 _POLICY_KEYS = ("stack",)
+
+
+# ---- one rule per field, for files and flags alike ------------------------------------------
+def field_rule(field: str) -> Rule:
+    """The rule of a config key: ``"engine.device_blocks"``, ``"tiers.capacity_blocks"``."""
+    section, _, name = field.partition(".")
+    cls = TierConfig if section == "tiers" else _SECTIONS[section]
+    rule = attrs.fields_dict(cls)[name].validator
+    if not isinstance(rule, Rule):
+        raise KeyError(f"{field} has no rule of its own")
+    return rule
+
+
+def flag_type(field: str) -> Callable[[str], Any]:
+    """The argparse ``type`` of the flag that mirrors config key ``field`` (its rule's parse)."""
+    return field_rule(field).parse
+
+
+LIVE_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+def live_block_bytes(config: RunConfig) -> int:
+    """Bytes of one KV block of a live run, all ranks together: K and V x layers x KV heads x
+    head dim x block tokens x dtype size (``kvlife.transfer.layout.BlockGeometry``)."""
+    live = config.live
+    return (2 * live.num_layers * live.num_kv_heads * live.head_dim * config.engine.block_tokens
+            * LIVE_DTYPE_BYTES.get(live.dtype, 4))
+
+
+def size_problem(config: RunConfig, live: bool = False) -> tuple[str, str] | None:
+    """(field, message) when the sizes of ``config`` together need more memory than this
+    machine can allocate (``memory_limit``): the simulator's device pool, tier indexes and
+    lookup workers, and in a live run (``live``) the KV bytes of the device and host tier.
+    The field blamed is the one that takes the most."""
+    budget = memory_limit()
+    engine = config.engine
+    kv = live_block_bytes(config) if live else 0
+    # (field, count, bytes each, what they are)
+    parts: list[tuple[str, int, int, str]] = [
+        ("engine.device_blocks", int(engine.device_blocks), SIM_DEVICE_BLOCK_BYTES + kv, "device blocks")]
+    for i, tier in enumerate(engine.tiers):
+        per = SIM_TIER_BLOCK_BYTES + (kv if tier.name == "host" else 0)
+        parts.append((f"tiers[{i}].capacity_blocks", tier.capacity_blocks, per, f"{tier.name} tier blocks"))
+    parts.append(("sim.lookup_workers", config.sim.lookup_workers, SIM_LOOKUP_WORKER_BYTES, "lookup workers"))
+    total = sum(count * per for _, count, per, _ in parts)
+    if total <= budget.value:
+        return None
+    field, count, per, what = max(parts, key=lambda part: part[1] * part[2])
+    room = max(0, (int(budget.value) - (total - count * per)) // per)
+    each = f"{_bytes_text(per)} each"
+    if live and per > SIM_TIER_BLOCK_BYTES + SIM_DEVICE_BLOCK_BYTES:
+        lv = config.live
+        each = (f"{_bytes_text(per)} each (a live KV block: 2 x {lv.num_layers} layers x {lv.num_kv_heads} heads"
+                f" x {lv.head_dim} head_dim x {engine.block_tokens} tokens x {lv.dtype})")
+    return field, (f"{count:,} {what} of {each} need {_bytes_text(total)} with the rest of the config, more than "
+                   f"{_bytes_text(budget.value)}, {budget.why}: at most {room:,} fit")
+
+
+# The keys that shrink the room for KV blocks on the device, blamed (the first one set) for a
+# "does not fit" profile error; none set: sim.tp, the usual remedy.
+FIT_FIELDS = ("engine.block_tokens", "engine.max_batched_tokens", "sim.gpu_memory_utilization", "sim.tp")
+
+
+def _split_field(field: str) -> tuple[str, int, str]:
+    """``"tiers[1].capacity_blocks"`` -> ("tiers", 1, "capacity_blocks")."""
+    table, _, key = field.rpartition(".")
+    match = re.fullmatch(r"(.*)\[(\d+)\]", table)
+    if match is not None:
+        return match.group(1), int(match.group(2)), key
+    return table, 0, key
+
+
+def field_line(path: str | Path, field: str) -> int | None:
+    """The line of a config file where ``field`` (``"tiers[1].capacity_blocks"``) is set."""
+    try:
+        lines = KeyLines(Path(path).read_text())
+    except (OSError, UnicodeDecodeError):
+        return None
+    return lines.line(*_split_field(field))
 
 
 def _did_you_mean(name: str, known: tuple[str, ...] | list[str]) -> str:
@@ -534,13 +837,33 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
         from kvlife.lifecycle.profiles import ProfileError
 
         try:
-            resolve(config)
+            resolved, _ = resolve(config)
         except ProfileError as exc:
             if exc.path and exc.path != "-":  # a problem inside the profile file: it names itself
                 raise ConfigError(None, str(exc)) from None
-            key = PROFILE_ERROR_KEYS.get(exc.field, exc.field)
-            raise fail(f"sim.{key}", exc.message, "sim", 0, key) from None
+            field = f"sim.{PROFILE_ERROR_KEYS.get(exc.field, exc.field)}"
+            if is_fit_error(exc.field, exc.message):
+                field = next((f for f in FIT_FIELDS if _is_set(data, f)), field)
+            raise fail(field, exc.message, *_split_field(field)) from None
+        too_big = size_problem(resolved)
+        if too_big is not None:
+            field, message = too_big
+            if field == "engine.device_blocks" and is_derived(engine.device_blocks):
+                message += " (engine.device_blocks is derived from sim.model and sim.hardware; set it)"
+            raise fail(field, message, *_split_field(field))
     return config
+
+
+def is_fit_error(field: str, message: str) -> bool:
+    """A profile error saying the model leaves no room for one KV block on the device: its
+    cause may be any of ``FIT_FIELDS``."""
+    return field == "tp" and "does not fit" in message
+
+
+def _is_set(data: dict[str, Any], field: str) -> bool:
+    table, _, key = field.partition(".")
+    values = data.get(table)
+    return isinstance(values, dict) and key in values
 
 
 _TOML_WHERE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
@@ -576,7 +899,25 @@ def load_config(path: str | Path) -> RunConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise toml_syntax_error(str(p), text, exc) from None
+    except ValueError:  # tomllib's int() of an integer of more than 4300 digits
+        raise huge_integer_error(str(p), text) from None
     return config_from_dict(data, str(p), text)
+
+
+def huge_integer_line(text: str) -> int | None:
+    """The line of a TOML text with an integer of more digits than Python's int() converts
+    (4300, ``sys.get_int_max_str_digits``): tomllib raises a plain ValueError for it."""
+    for number, row in enumerate(text.splitlines(), 1):
+        if re.search(r"\d{4300}", row.replace("_", "")):
+            return number
+    return None
+
+
+def huge_integer_error(path: str, text: str) -> ConfigError:
+    """The key whose integer has more digits than Python converts: file, line, field."""
+    number = huge_integer_line(text)
+    keys = [f"{table}.{key}".lstrip(".") for (table, _, key), at in KeyLines(text).keys.items() if at == number]
+    return ConfigError(keys[0] if keys else None, "an integer of more than 4300 digits", path, number)
 
 
 def key_line(path: str | Path, key: str) -> int | None:

@@ -23,6 +23,10 @@ from kvlife.policies.registry import BUILTIN
 from kvlife.policies.stack import PolicyStack, policy_name
 
 ENTRY_POINT_GROUP = "kvlife.policies"
+# What running a user's policy code may raise that is reported as a PolicyError (one line,
+# exit 2): any Exception, and SystemExit (a stray sys.exit() in a module). KeyboardInterrupt
+# stays an interrupt.
+USER_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
 __all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "entry_point_policies", "is_builtin",
            "load_builtin_stack", "load_policy", "load_stack", "policy_name"]
@@ -48,20 +52,32 @@ def load_policy(spec: str) -> object:
         raise PolicyError(f"unknown policy {spec!r} (built-ins: {known}; or pkg.mod:Class, file.py:Class)")
     module_part, _, class_name = spec.rpartition(":")
     module = _import_policy_module(spec, module_part)
-    cls = getattr(module, class_name, None)
+    try:
+        cls = getattr(module, class_name, None)
+    except USER_CODE_ERRORS as exc:  # a module __getattr__ is user code too
+        raise PolicyError(f"policy {spec!r}: reading {class_name!r} from {module_part!r} failed: "
+                          f"{type(exc).__name__}: {exc}") from exc
     if cls is None:
         raise PolicyError(f"policy {spec!r}: module {module_part!r} has no attribute {class_name!r}")
+    if not callable(cls):
+        raise PolicyError(f"policy {spec!r}: {class_name} is not a class (got {type(cls).__name__})")
     try:
         policy = cls()
-    except Exception as exc:  # a user's constructor can raise anything
-        raise PolicyError(f"policy {spec!r}: constructing {class_name} failed: {exc}") from exc
-    if not any(callable(getattr(policy, hook, None)) for hook in HOOKS):
-        near = _misspelled_hooks(policy)
-        hint = f" (did you mean {near}?)" if near else ""
-        raise PolicyError(
-            f"policy {spec!r}: {class_name} implements none of the hooks {', '.join(HOOKS)}{hint}"
-        )
-    check_hooks(spec, policy)
+    except USER_CODE_ERRORS as exc:  # a user's constructor can raise anything
+        raise PolicyError(f"policy {spec!r}: constructing {class_name} failed: {type(exc).__name__}: {exc}") from exc
+    try:
+        if not any(callable(getattr(policy, hook, None)) for hook in HOOKS):
+            near = _misspelled_hooks(policy)
+            hint = f" (did you mean {near}?)" if near else ""
+            raise PolicyError(
+                f"policy {spec!r}: {class_name} implements none of the hooks {', '.join(HOOKS)}{hint}"
+            )
+        check_hooks(spec, policy)
+    except PolicyError:
+        raise
+    except USER_CODE_ERRORS as exc:  # a property or __getattr__ of the policy raised
+        raise PolicyError(f"policy {spec!r}: inspecting {class_name}'s hooks failed: {type(exc).__name__}: {exc}") \
+            from exc
     return policy
 
 
@@ -118,7 +134,7 @@ def _import_policy_module(spec: str, module_part: str) -> Any:
         return importlib.import_module(module_part)
     except PolicyError:
         raise
-    except Exception as exc:  # import errors of user code: report, never traceback
+    except USER_CODE_ERRORS as exc:  # import errors of user code: report, never traceback
         raise PolicyError(f"policy {spec!r}: importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
 
 

@@ -35,13 +35,15 @@ class PolicyStack:
         for name, fn in self._chains[hook]:
             try:
                 decision = fn(*args)
-            except Exception as exc:  # a user's hook can raise anything: name it, no traceback
+                if decision is None:
+                    continue
+                _check_decision(f"{name} ({_origin(fn)})", hook, decision)
+            except PolicyError:
+                raise
+            except (Exception, SystemExit) as exc:  # a user's hook (or its value's __eq__) can raise anything
                 raise PolicyError(
                     f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
                 ) from exc
-            if decision is None:
-                continue
-            _check_decision(f"{name} ({_origin(fn)})", hook, decision)
             return Answer(name, decision.value, decision.reason)
         fallback = FALLBACKS.get(hook)
         if fallback is not None:

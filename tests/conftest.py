@@ -44,3 +44,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         return None
     asked = any(Path(arg.split("::")[0]).resolve().is_relative_to(vllm_dir) for arg in config.args)
     return None if asked else True
+
+
+# Hypothesis profiles: "default" is Hypothesis's own (100 examples; on CI its "ci" profile, which
+# is derandomized, so it is not re-loaded here); `pytest --hypothesis-profile=deep` runs ten
+# times as many examples, for occasional runs (tests/test_fuzz_inputs.py takes a quarter of either).
+settings.register_profile("deep", settings.get_profile("default"), max_examples=1000)

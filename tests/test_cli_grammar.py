@@ -170,17 +170,41 @@ def test_json_never_writes_nan_or_infinity() -> None:
      "kvlife compare: error: argument --markdown: not allowed with argument --json"),
     (["spec", "--json", "--format", "table"],
      "kvlife spec: error: argument --format: not allowed with argument --json"),
-    (["run", "--time-scale", "nan"], "kvlife run: error: argument --time-scale: must be a finite number > 0, got nan"),
-    (["run", "--time-scale", "inf"], "kvlife run: error: argument --time-scale: must be a finite number > 0, got inf"),
-    (["run", "--time-scale", "0"], "kvlife run: error: argument --time-scale: must be a finite number > 0, got 0"),
+    (["run", "--time-scale", "nan"], "kvlife run: error: argument --time-scale: must be a finite number, got nan"),
+    (["run", "--time-scale", "inf"], "kvlife run: error: argument --time-scale: must be a finite number, got inf"),
+    (["run", "--time-scale", "0"], "kvlife run: error: argument --time-scale: must be a positive number, got 0"),
     (["compare", "--stack", "baseline", "--time-scale", "-2"],
-     "kvlife compare: error: argument --time-scale: must be a finite number > 0, got -2"),
-    (["run", "--limit", "0"], "kvlife run: error: argument --limit: must be positive, got 0"),
+     "kvlife compare: error: argument --time-scale: must be a positive number, got -2"),
+    (["run", "--limit", "0"], "kvlife run: error: argument --limit: must be a positive integer, got 0"),
     (["run", "--redis-ttl", "60"], "kvlife run: error: --redis-ttl needs --live"),
     (["run", "--disk-path", "/tmp/x"], "kvlife run: error: --disk-path needs --live"),
-    (["check", "--examples", "0"], "kvlife check: error: argument --examples: must be positive, got 0"),
+    (["check", "--examples", "0"], "kvlife check: error: argument --examples: must be a positive integer, got 0"),
     (["bench", "transfer", "--block-sizes", "12Q"],
      "kvlife bench transfer: error: argument --block-sizes: expected a size like 64K or 1M, got '12Q'"),
+    # Bounds: the config key's rule, with its limit and why.
+    (["run", "--ranks", "1000000"], "kvlife run: error: argument --ranks: must be at most 1,024 (the ranks of one "
+     "model instance: the largest NVLink domain, NVL576, has 576 GPUs), got 1000000"),
+    (["run", "--time-scale", "1e7"], "kvlife run: error: argument --time-scale: must be at most 1e+06 (a million "
+     "times the recorded arrival rate), got 10000000.0"),
+    (["run", "--seed", "9223372036854775808"], "kvlife run: error: argument --seed: must be at most "
+     "9,223,372,036,854,775,807 (the largest integer JSON traces hold exactly, signed 64-bit), "
+     "got 9223372036854775808"),
+    (["run", "--seed", "x"], "kvlife run: error: argument --seed: must be an integer, got 'x'"),
+    (["run", "--tier", "disk=-1"], "kvlife run: error: argument --tier: must be a positive integer, got -1"),
+    (["run", "--tier", "ssd=4"], "kvlife run: error: argument --tier: expected host=N, disk=N or remote=N "
+     "(N blocks, 0 drops it), got 'ssd=4'"),
+    (["run", "--model", ""], "kvlife run: error: argument --model: must be a non-empty string, got ''"),
+    (["run", "--live", "--redis-url", "localhost:6379"], "kvlife run: error: argument --redis-url: must be a "
+     "redis://, rediss:// or unix:// URL, got 'localhost:6379'"),
+    (["run", "--live", "--redis-ttl", "-1"], "kvlife run: error: argument --redis-ttl: must be a non-negative "
+     "integer, got -1"),
+    # A value with a line break is still one line.
+    (["run", "--hardware", "a\nb"], "kvlife run: error: --hardware a b: unknown hardware profile 'a\\nb' "
+     "(known: a100-80gb, h100-sxm, h200, l40s; or give a path)"),
+    (["run", "--workload", "synthetic:burst", "--time-scale", "300", "--limit", "5"],
+     "kvlife run: error: argument --time-scale: synthetic:burst at time scale 300: burst_spread_ms: 20 ms at 1200 "
+     "requests/s spans 24 arrivals, at most 20 (mean gaps between arrivals: a wider burst is no burst, and past "
+     "about 30 the generator's window of the first num_requests arrivals stops closing)"),
 ])
 def test_bad_flags_are_one_line_errors(argv: list[str], line: str) -> None:
     proc = kvlife(*argv)

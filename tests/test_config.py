@@ -12,14 +12,19 @@ import pytest
 
 from kvlife.lifecycle.cli.main import main
 from kvlife.lifecycle.config import (
+    SIM_DEVICE_BLOCK_BYTES,
     ConfigError,
     EngineConfig,
+    Limit,
     LiveConfig,
+    Rule,
     RunConfig,
     SimConfig,
     TierConfig,
+    field_rule,
     key_line,
     load_config,
+    memory_limit,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,3 +221,178 @@ def test_config_error_through_the_command_line_subprocess(tmp_path: Path) -> Non
     assert "Traceback" not in proc.stderr
     assert proc.stderr == (f"kvlife: error: {path}:8: field 'tiers[1].latency_ms': must be a non-negative number, "
                            "got -1\n")
+
+
+# ---- issue 12, item 4: one rule per field, bounds included ------------------------------------------
+def _rules() -> dict[str, Rule]:
+    """Every config key and its rule: "engine.ranks", "tiers.failure_rate", ..."""
+    found = {f"{section}.{f.name}": field_rule(f"{section}.{f.name}")
+             for section, cls in (("engine", EngineConfig), ("sim", SimConfig), ("live", LiveConfig))
+             for f in attrs.fields(cls) if f.name != "tiers"}
+    found.update({f"tiers.{f.name}": field_rule(f"tiers.{f.name}") for f in attrs.fields(TierConfig)})
+    return found
+
+
+def _file_for(field: str, value: str) -> tuple[str, str, int]:
+    """A config text setting ``field`` to the TOML ``value``: (text, dotted field, its line)."""
+    section, _, key = field.partition(".")
+    if section == "tiers":
+        other = {"name": "capacity_blocks = 10\n", "capacity_blocks": 'name = "host"\n'}.get(
+            key, 'name = "host"\ncapacity_blocks = 10\n')
+        return f"[[tiers]]\n{other}{key} = {value}\n", f"tiers[0].{key}", 2 + other.count("\n")
+    return f"# {field}\n[{section}]\n{key} = {value}\n", field, 3
+
+
+NUMBER_FIELDS = sorted(field for field, rule in _rules().items() if rule.kind == "number")
+
+
+def test_every_number_field_is_found() -> None:
+    """The 16 float fields of the config (the issue found NaN accepted in 12 of the 13 it had;
+    the live runtime's Redis timeout, breaker back-off and stall timeout came later)."""
+    assert NUMBER_FIELDS == [
+        "engine.lookup_latency_ms", "engine.transfer_deadline_ms", "live.redis_breaker_backoff_s",
+        "live.redis_timeout_s", "live.stall_timeout_s", "sim.attention_efficiency",
+        "sim.gpu_memory_utilization", "sim.lookup_per_key_ms", "sim.mbu", "sim.mfu", "sim.rank_jitter_ms",
+        "sim.step_overhead_ms", "sim.time_scale", "tiers.bandwidth_gbps", "tiers.failure_rate", "tiers.latency_ms"]
+
+
+@pytest.mark.parametrize("field", NUMBER_FIELDS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_nan_and_infinity_are_refused_in_every_number_field(tmp_path: Path, field: str, value: str) -> None:
+    text, dotted, line = _file_for(field, value)
+    shown = {"nan": "nan", "inf": "inf", "-inf": "-inf"}[value]
+    assert error_of(tmp_path, text) == f"FILE:{line}: field '{dotted}': must be a finite number, got {shown}"
+
+
+BAD_TYPES = {"int": ['"5"', "2.5", "true", "[1]", "{ a = 1 }", "1979-05-27"],
+             "number": ['"5"', "true", "[1]", "{ a = 1 }", "1979-05-27"],
+             "bool": ['"false"', '"true"', "0", "1"],
+             "choice": ["1", "true", '"nope"'],
+             "text": ["1", "true", '""', '"a\\u0000b"'],
+             "url": ["1", '"localhost:6379"']}
+
+
+@pytest.mark.parametrize("field", sorted(_rules()))
+def test_bad_types_are_refused_in_every_field(tmp_path: Path, field: str) -> None:
+    rule = _rules()[field]
+    for value in BAD_TYPES[rule.kind]:
+        text, dotted, line = _file_for(field, value)
+        message = error_of(tmp_path, text)
+        assert message.startswith(f"FILE:{line}: field '{dotted}': must "), (value, message)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[sim]\nmax_output_tokens = 0\n", "must be a positive integer, got 0"),
+    ("[sim]\nmax_output_tokens = -1\n", "must be a positive integer, got -1"),
+    ("[sim]\nmax_output_tokens = 2.5\n", "must be a positive integer, got 2.5"),
+    ("[sim]\nmax_output_tokens = true\n", "must be a positive integer, got true"),
+    ("[live]\nverify = \"false\"\n", "must be true or false, got 'false'"),
+    ("[sim]\nrank_jitter_ms = nan\n", "must be a finite number, got nan"),
+    ('[[tiers]]\nname = "host"\ncapacity_blocks = 8\nfailure_rate = 2.0\n', "must be a number from 0 to 1, got 2.0"),
+    ("[engine]\nblock_tokens = 1000000000\n", "must be at most 16,777,216 (2^24 tokens, above the longest context "
+     "window of any released model (Llama 4 Scout, 10M)), got 1000000000"),
+    ("[engine]\nranks = 1000000\n", "must be at most 1,024 (the ranks of one model instance: the largest NVLink "
+     "domain, NVL576, has 576 GPUs), got 1000000"),
+    ("[sim]\ntp = 2048\n", "must be at most 1,024 (the ranks of one model instance: the largest NVLink domain, "
+     "NVL576, has 576 GPUs), got 2048"),
+    ("[sim]\ntime_scale = 1e-9\n", "must be at least 1e-06 (a millionth of the recorded arrival rate; slower "
+     "pushes arrivals past the clock's range), got 1e-09"),
+    ("[sim]\ntime_scale = 1e7\n", "must be at most 1e+06 (a million times the recorded arrival rate), got 10000000.0"),
+    ("[sim]\nrank_jitter_ms = 1e10\n", "must be at most 1e+09 (11.6 days in ms: no latency, deadline or step "
+     "overhead is longer), got 10000000000.0"),
+    ("[sim]\nseed = 9223372036854775808\n", "must be at most 9,223,372,036,854,775,807 (the largest integer JSON "
+     "traces hold exactly, signed 64-bit), got 9223372036854775808"),
+    ("[live]\nredis_ttl_s = 10000000000000000\n", "must be at most 1,000,000,000,000,000 (seconds: Redis refuses "
+     "an expiry whose milliseconds overflow a signed 64-bit integer), got 10000000000000000"),
+    ('[[tiers]]\nname = "host"\ncapacity_blocks = 8\nbandwidth_gbps = 1e-9\n', "must be at least 1e-06 (GB/s: "
+     "1 kB/s, at which a 64 MiB block takes 18 hours), got 1e-09"),
+])
+def test_the_issues_cases_are_refused_with_line_field_and_limit(tmp_path: Path, text: str, expected: str) -> None:
+    message = error_of(tmp_path, text)
+    assert message.endswith(f": {expected}") and message.startswith("FILE:"), message
+    field = message.split("field '")[1].split("'")[0]
+    assert message.startswith(f"FILE:{text.count(chr(10))}: field '{field}'"), message
+
+
+def test_memory_bounds_name_this_machines_memory(tmp_path: Path) -> None:
+    budget = memory_limit()
+    assert budget.value > 0 and "of memory" in budget.why
+    most = int(budget.value) // SIM_DEVICE_BLOCK_BYTES
+    message = error_of(tmp_path, f"[engine]\ndevice_blocks = {most + 1}\n")
+    assert message == (f"FILE:2: field 'engine.device_blocks': must be at most {most:,} (140 B per simulated device "
+                       f"block, {budget.why}), got {most + 1}")
+    assert field_rule("engine.device_blocks").problem(most) is None
+
+
+def test_sizes_together_beyond_memory_blame_the_largest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import kvlife.lifecycle.config as config_module
+
+    monkeypatch.setattr(config_module, "memory_limit", lambda: Limit(1_000_000, "a test's 1 MB"))
+    text = ('[engine]\ndevice_blocks = 5000\n\n[[tiers]]\nname = "host"\ncapacity_blocks = 8000\n\n'
+            '[[tiers]]\nname = "disk"\ncapacity_blocks = 10000\n')
+    # 700,000 B of device blocks + 320,000 + 400,000 B of tier slots + a lookup worker: more than 1 MB.
+    assert error_of(tmp_path, text) == (
+        "FILE:2: field 'engine.device_blocks': 5,000 device blocks of 140 B each need 1.4 MiB with the rest of the "
+        "config, more than 976.6 KiB, a test's 1 MB: at most 1,999 fit")
+    path = tmp_path / "sizes.toml"
+    path.write_text(text.replace("5000", "500"))
+    # The same sum from a flag names the flag.
+    assert main(["run", "--config", str(path), "--device-blocks", "5000", "--limit", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "kvlife run: error: argument --device-blocks: 5,000 device blocks of 140 B each need 1.4 MiB with the rest "
+        "of the config, more than 976.6 KiB, a test's 1 MB: at most 1,999 fit\n")
+    assert main(["run", "--config", str(path), "--tier", "disk=20000", "--limit", "2"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "kvlife run: error: argument --tier: disk=20000: 20,000 disk tier blocks of 40 B each need ")
+
+
+def test_live_kv_bytes_beyond_memory_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    assert main(["run", "--live", "--device-blocks", "100000000", "--limit", "2"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "kvlife run: error: argument --device-blocks: 100,000,000 device blocks of 512.1 KiB each (a live KV block: "
+        "2 x 2 layers x 4 heads x 32 head_dim x 512 tokens x float16) need 47.7 TiB with the rest of the config, "
+        "more than ")
+    path = tmp_path / "live.toml"
+    path.write_text("[engine]\ndevice_blocks = 100000\n\n[live]\nnum_layers = 4096\n")
+    assert main(["run", "--live", "--config", str(path), "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvlife: error: {path}:2: field 'engine.device_blocks': 100,000 device blocks of "), err
+    assert "x 4096 layers x" in err and err.count("\n") == 1
+
+
+def test_a_model_that_does_not_fit_names_the_key_that_made_it(tmp_path: Path) -> None:
+    assert error_of(tmp_path, "[sim]\nseed = 1\n[engine]\nmax_batched_tokens = 10000000\n").startswith(
+        "FILE:4: field 'engine.max_batched_tokens': llama-3-8b does not fit on h100-sxm at tp=1: ")
+    assert error_of(tmp_path, "[sim]\ngpu_memory_utilization = 0.1\n").startswith(
+        "FILE:2: field 'sim.gpu_memory_utilization': llama-3-8b does not fit on h100-sxm at tp=1: ")
+
+
+@pytest.mark.parametrize(("flag", "key", "value"), [
+    ("--device-blocks", "engine.device_blocks", "0"), ("--device-blocks", "engine.device_blocks", "2.5"),
+    ("--ranks", "engine.ranks", "1000000"), ("--seed", "sim.seed", "9223372036854775808"),
+    ("--time-scale", "sim.time_scale", "nan"), ("--time-scale", "sim.time_scale", "1e-9"),
+    ("--tp", "sim.tp", "0"), ("--seed", "sim.seed", "1.5"),
+])
+def test_a_flag_refuses_what_its_key_refuses_in_the_same_words(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                flag: str, key: str, value: str) -> None:
+    section, _, name = key.partition(".")
+    message = error_of(tmp_path, f"[{section}]\n{name} = {value}\n")
+    problem = message.split(f"field '{key}': ", 1)[1]
+    with pytest.raises(SystemExit) as exited:  # argparse's error, through the flag's type: the key's rule
+        main(["run", flag, value])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"kvlife run: error: argument {flag}: {problem}\n"
+
+
+def test_an_integer_too_long_for_python_is_refused_at_its_line(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # tomllib reads integers with int(), which refuses more than 4300 digits with a ValueError.
+    assert error_of(tmp_path, "# long\n[sim]\nseed = " + "9" * 5000 + "\n") == \
+        "FILE:3: field 'sim.seed': an integer of more than 4300 digits"
+    with pytest.raises(SystemExit):
+        main(["run", "--seed", "9" * 5000])
+    assert capsys.readouterr().err == (
+        "kvlife run: error: argument --seed: must be at most 9,223,372,036,854,775,807 (the largest integer JSON "
+        "traces hold exactly, signed 64-bit), got an integer of about 4999 digits\n")

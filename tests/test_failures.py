@@ -261,3 +261,46 @@ def test_empty_workload_in_the_drivers_names_it() -> None:
 
     with pytest.raises(WorkloadError, match=r"^w\.jsonl: no requests$"):
         run_workload(RunConfig(), [], workload_name="w.jsonl")
+
+
+# ---- 8. a broken user policy module (issue 12) ------------------------------------------------------
+@pytest.mark.parametrize(("body", "line"), [
+    ("class P(:\n    pass\n", "policy 'P.py:P': importing 'P.py' failed: SyntaxError: invalid syntax (P.py, line 1)"),
+    ("import no_such_module_for_kvlife\n",
+     "policy 'P.py:P': importing 'P.py' failed: ModuleNotFoundError: No module named 'no_such_module_for_kvlife'"),
+    ("import sys\nsys.exit(4)\n", "policy 'P.py:P': importing 'P.py' failed: SystemExit: 4"),
+    ("Q = 1\n", "policy 'P.py:P': module 'P.py' has no attribute 'P'"),
+    ("P = 3\n", "policy 'P.py:P': P is not a class (got int)"),
+    ("class P:\n    def __init__(self):\n        raise RuntimeError('boom')\n",
+     "policy 'P.py:P': constructing P failed: RuntimeError: boom"),
+    ("class P:\n    @property\n    def admission(self):\n        raise KeyError('x')\n",
+     "policy 'P.py:P': inspecting P's hooks failed: KeyError: 'x'"),
+    ("class P:\n    def lookup_mode(self, req, engine):\n        return 'async'\n",
+     "policy P (module DIR/P.py): hook lookup_mode returned str, expected Decision or None"),
+    ("from kvlife.policies.base import Decision\nclass P:\n    def lookup_mode(self, req, engine):\n"
+     "        return Decision('fast', 'why')\n",
+     "policy P (module DIR/P.py): hook lookup_mode returned 'fast', expected one of ('sync', 'async')"),
+    ("class P:\n    def store_limit(self, req, engine):\n        raise ValueError('no\\nlimit')\n",
+     "policy P (module DIR/P.py): hook store_limit raised ValueError: no limit"),
+    ("import sys\nclass P:\n    def store_limit(self, req, engine):\n        sys.exit(0)\n",
+     "policy P (module DIR/P.py): hook store_limit raised SystemExit: 0"),
+])
+def test_a_broken_policy_module_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str], body: str,
+                                                        line: str) -> None:
+    from kvlife.lifecycle.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "P.py").write_text(body)
+    assert main(["run", "--stack", "P.py:P", "--limit", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"kvlife: error: {line.replace('DIR', str(tmp_path))}\n"
+
+
+def test_a_broken_policy_module_through_the_real_command_line(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text("class Mine:\n    def __init__(self):\n        raise OSError('no GPU')\n")
+    (tmp_path / "stack.toml").write_text('# my stack\n[policies]\nstack = ["mine.py:Mine"]\n')
+    proc = kvlife("run", "--config", "stack.toml", "--limit", "5", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == ("kvlife: error: stack.toml:3: field 'policies.stack': policy 'mine.py:Mine': "
+                           "constructing Mine failed: OSError: no GPU\n")

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from kvlife.lifecycle.cli.main import main
-from kvlife.lifecycle.config import MAX_BLOCK_TOKENS, MAX_DEVICE_BLOCKS, MAX_RANKS, MAX_TIER_BLOCKS, RunConfig
+from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers.runner import run_workload
 from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 from kvlife.policies.loading import load_stack
@@ -192,11 +192,11 @@ def _tier(**values: object) -> Callable[[dict], object]:
 
 
 @pytest.mark.parametrize(("change", "field", "message"), [
-    (_engine(device_blocks=100_000_000), "config.engine.device_blocks", f"must be at most {MAX_DEVICE_BLOCKS:,}"),
+    (_engine(device_blocks=10**10), "config.engine.device_blocks", "must be at most"),
     (_engine(device_blocks=1e8), "config.engine.device_blocks", "must be a positive integer, got 100000000.0"),
-    (_engine(block_tokens=1_000_000_000), "config.engine.block_tokens", f"must be at most {MAX_BLOCK_TOKENS:,}"),
-    (_engine(ranks=1_000_000), "config.engine.ranks", f"must be at most {MAX_RANKS:,}"),
-    (_tier(capacity_blocks=10**9), "config.engine.tiers[0].capacity_blocks", f"must be at most {MAX_TIER_BLOCKS:,}"),
+    (_engine(block_tokens=1_000_000_000), "config.engine.block_tokens", "must be at most"),
+    (_engine(ranks=1_000_000), "config.engine.ranks", "must be at most"),
+    (_tier(capacity_blocks=10**11), "config.engine.tiers[0].capacity_blocks", "must be at most"),
     (_tier(failure_rate=2.0), "config.engine.tiers[0].failure_rate", "must be a number from 0 to 1"),
     (_engine(max_running="8"), "config.engine.max_running", "must be a positive integer, got '8'"),
     (_engine(wat=1), "config.engine.wat", "unknown key"),

@@ -98,22 +98,22 @@ def test_block_tokens_sets_expected_hash_count(tmp_path: Path) -> None:
         (record(input_length=_DROP), "input_length", "missing"),
         (record(output_length=_DROP), "output_length", "missing"),
         (record(hash_ids=_DROP), "hash_ids", "missing"),
-        (record(timestamp="10"), "timestamp", "expected a number, got str"),
-        (record(timestamp=True), "timestamp", "expected a number, got True"),
-        (record(timestamp=None), "timestamp", "expected a number, got NoneType"),
-        (record(timestamp=-1), "timestamp", "expected a number >= 0, got -1"),
-        (record(timestamp=-0.5), "timestamp", "expected a number >= 0, got -0.5"),
-        (record(input_length="600"), "input_length", "expected an integer, got str"),
-        (record(input_length=600.0), "input_length", "expected an integer, got 600.0"),
-        (record(input_length=True), "input_length", "expected an integer, got True"),
-        (record(input_length=0), "input_length", "expected an integer >= 1, got 0"),
+        (record(timestamp="10"), "timestamp", "must be a non-negative number, got '10'"),
+        (record(timestamp=True), "timestamp", "must be a non-negative number, got true"),
+        (record(timestamp=None), "timestamp", "must be a non-negative number, got null"),
+        (record(timestamp=-1), "timestamp", "must be a non-negative number, got -1"),
+        (record(timestamp=-0.5), "timestamp", "must be a non-negative number, got -0.5"),
+        (record(input_length="600"), "input_length", "must be a positive integer, got '600'"),
+        (record(input_length=600.0), "input_length", "must be a positive integer, got 600.0"),
+        (record(input_length=True), "input_length", "must be a positive integer, got true"),
+        (record(input_length=0), "input_length", "must be a positive integer, got 0"),
         (
             record(output_length=False),
             "output_length",
-            "expected an integer, got False",
+            "must be a positive integer, got false",
         ),
-        (record(output_length=-3), "output_length", "expected an integer >= 1, got -3"),
-        (record(output_length=[1]), "output_length", "expected an integer, got list"),
+        (record(output_length=-3), "output_length", "must be a positive integer, got -3"),
+        (record(output_length=[1]), "output_length", "must be a positive integer, got an array"),
         (record(hash_ids="4,5"), "hash_ids", "expected a list of integers, got str"),
         (
             record(hash_ids={"a": 1}),
@@ -123,22 +123,22 @@ def test_block_tokens_sets_expected_hash_count(tmp_path: Path) -> None:
         (
             record(hash_ids=[4, -5]),
             "hash_ids",
-            "element 1: expected an integer >= 0, got -5",
+            "element 1: must be a non-negative integer, got -5",
         ),
         (
             record(hash_ids=[True, 5]),
             "hash_ids",
-            "element 0: expected an integer >= 0, got True",
+            "element 0: must be a non-negative integer, got true",
         ),
         (
             record(hash_ids=[4, 5.0]),
             "hash_ids",
-            "element 1: expected an integer >= 0, got 5.0",
+            "element 1: must be a non-negative integer, got 5.0",
         ),
         (
             record(hash_ids=[4, "5"]),
             "hash_ids",
-            "element 1: expected an integer >= 0, got str",
+            "element 1: must be a non-negative integer, got '5'",
         ),
         (
             record(input_length=1200, hash_ids=[1, 2]),
@@ -429,7 +429,7 @@ def test_gzip_errors_keep_file_line_and_field(tmp_path: Path) -> None:
     packed = gzipped(write(tmp_path, GOOD, record(output_length=0)))
     with pytest.raises(WorkloadError) as excinfo:
         load_mooncake(packed)
-    assert str(excinfo.value) == f"{packed}:2: field 'output_length': expected an integer >= 1, got 0"
+    assert str(excinfo.value) == f"{packed}:2: field 'output_length': must be a positive integer, got 0"
 
 
 def test_not_gzip_is_one_line(tmp_path: Path) -> None:

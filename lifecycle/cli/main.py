@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from kvlife.lifecycle.cli import commands
 from kvlife.lifecycle.cli.extras import OPTIONAL_EXTRAS, MissingExtra
-from kvlife.lifecycle.cli.parsing import KvlifeParser, UsageError, iter_parsers
+from kvlife.lifecycle.cli.parsing import KvlifeParser, UsageError, iter_parsers, one_line
 from kvlife.lifecycle.config import ConfigError
 from kvlife.lifecycle.profiles.catalog import ProfileError
 from kvlife.lifecycle.traces.trace import TraceError
@@ -83,13 +83,13 @@ def _main(argv: Sequence[str] | None) -> int:
         result: int = args.func(args)
         return result
     except MissingExtra as exc:
-        print(f"kvlife: error: {exc}", file=sys.stderr)
+        print(f"kvlife: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except UsageError as exc:  # a flag value only the command can judge: named like argparse's errors
-        print(f"{args.command_prog}: error: {exc}", file=sys.stderr)
+        print(f"{args.command_prog}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except USER_ERRORS as exc:
-        print(f"kvlife: error: {exc}", file=sys.stderr)
+        print(f"kvlife: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader went away (kvlife ... | head): stop quietly, and keep Python from

@@ -11,15 +11,22 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from kvlife.lifecycle.config import NON_NEGATIVE_INT, POSITIVE_INT, POSITIVE_NUMBER
+
 
 class UsageError(Exception):
     """A bad flag value the parser itself cannot catch: one line, exit code 2."""
+
+
+def one_line(message: object) -> str:
+    """An error message as one line, whatever a value quoted in it holds (a flag's value, a
+    user policy's exception): line breaks become spaces."""
+    return str(message).replace("\r\n", " ").replace("\r", " ").replace("\n", " ")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -53,7 +60,12 @@ class KvlifeParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if status == 2 and message:  # an error: one line, whatever the arguments held
+            message = one_line(message.rstrip("\n")) + "\n"
+        super().exit(status, message)
 
     def missing_subcommand(self, what: str) -> NoReturn:
         """``kvlife bench`` alone: the help that lists the choices, then the one error line."""
@@ -67,35 +79,24 @@ def command_name(prog: str) -> str:
 
 
 # ---- value types ---------------------------------------------------------------------------
+# Flags that mirror a config key take ``kvlife.lifecycle.config.flag_type(key)``; these are the
+# same rules for flags of their own (``--limit``, ``--examples``), so a flag refuses ``nan``,
+# ``inf``, ``0``, ``-3`` or ``2.5`` in the same words as a config file does.
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    """An integer >= 1 (and at most 2^63 - 1)."""
+    value: int = POSITIVE_INT.parse(text)
     return value
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    """An integer >= 0 (and at most 2^63 - 1)."""
+    value: int = NON_NEGATIVE_INT.parse(text)
     return value
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0: ``nan``, ``inf`` and ``0`` are refused."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
+    return float(POSITIVE_NUMBER.parse(text))
 
 
 # ---- shared flags --------------------------------------------------------------------------

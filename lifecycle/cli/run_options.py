@@ -18,13 +18,51 @@ from typing import Any
 
 import attrs
 
-from kvlife.lifecycle.cli.parsing import UsageError, positive_float, positive_int
-from kvlife.lifecycle.config import ConfigError, RunConfig, TierConfig, key_line, load_config
+from kvlife.lifecycle.cli.parsing import UsageError
+from kvlife.lifecycle.config import (
+    REQUESTS,
+    TIER_ORDER,
+    ConfigError,
+    RunConfig,
+    TierConfig,
+    field_line,
+    field_rule,
+    flag_type,
+    is_derived,
+    is_fit_error,
+    key_line,
+    load_config,
+    size_problem,
+)
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.base import PolicyError
 
 SYNTHETIC_REQUESTS = 400
 SYNTHETIC_RATE_PER_S = 4.0  # arrivals of the built-in synthetic workload at time scale 1
+
+
+def time_scale_flag(text: str) -> float:
+    """``--time-scale X``: the rule of sim.time_scale."""
+    return float(flag_type("sim.time_scale")(text))
+
+
+def parse_tier(text: str) -> tuple[str, int]:
+    """``NAME=BLOCKS`` of ``--tier``: a tier name and a size under the rule of
+    tiers.capacity_blocks, or 0 (drop the tier). ArgumentTypeError otherwise."""
+    name, sep, size = text.partition("=")
+    if not sep or name not in TIER_ORDER:
+        raise argparse.ArgumentTypeError(
+            f"expected host=N, disk=N or remote=N (N blocks, 0 drops it), got {text!r}")
+    if size.strip() == "0":
+        return name, 0
+    blocks: int = field_rule("tiers.capacity_blocks").parse(size)
+    return name, blocks
+
+
+def tier_spec(text: str) -> str:
+    """The argparse type of ``--tier``: checked here, read by ``apply_sizes``."""
+    parse_tier(text)
+    return text
 
 
 def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str = str(SYNTHETIC_REQUESTS),
@@ -34,22 +72,25 @@ def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str 
                              "requests for one shared prefix) or a Mooncake JSON-lines file "
                              "(.gz is read as gzip); default: the built-in synthetic workload "
                              f"({synthetic_requests} requests)")
-    parser.add_argument("--limit", type=positive_int, metavar="N", help="use only the first N requests (default: all)")
-    parser.add_argument("--time-scale", type=positive_float, default=None, metavar="X",
-                        help=f"arrival rate multiplier, a finite number > 0 (default: {time_scale_default})")
+    parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",
+                        help="use only the first N requests (default: all)")
+    parser.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="X",
+                        help=f"arrival rate multiplier, a finite number from 1e-06 to 1e+06 "
+                             f"(default: {time_scale_default})")
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (default: built-in config)")
-    parser.add_argument("--seed", type=int, metavar="N", help="random seed (config: sim.seed; default 0)")
+    parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
+                        help="random seed (config: sim.seed; default 0)")
 
 
 def add_size_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device-blocks", type=positive_int, metavar="N",
+    parser.add_argument("--device-blocks", type=flag_type("engine.device_blocks"), metavar="N",
                         help="device KV capacity in blocks (config: engine.device_blocks; default: derived "
                              "from the model and hardware as vLLM sizes its KV cache, 821 for llama-3-8b on "
                              "one h100-sxm; a live run 64)")
-    parser.add_argument("--tier", action="append", metavar="NAME=BLOCKS",
+    parser.add_argument("--tier", action="append", type=tier_spec, metavar="NAME=BLOCKS",
                         help="size a tier (host, disk, remote) in blocks, 0 drops it; repeatable "
                              "(default: the config's [[tiers]], a host tier of 8000 blocks)")
-    parser.add_argument("--ranks", type=positive_int, metavar="N",
+    parser.add_argument("--ranks", type=flag_type("engine.ranks"), metavar="N",
                         help="ranks that report each transfer: a transfer is done when every rank reported it "
                              "(config: engine.ranks; default: the TP degree, a live run 2)")
 
@@ -67,16 +108,16 @@ def add_sim_flags(parser: argparse.ArgumentParser) -> None:
 
     known = list_profiles()
     group = parser.add_argument_group("hardware and model (simulated runs; docs/fidelity-model.md)")
-    group.add_argument("--hardware", metavar="NAME|FILE.toml",
+    group.add_argument("--hardware", type=flag_type("sim.hardware"), metavar="NAME|FILE.toml",
                        help=f"GPU profile: {', '.join(known['hardware'])}, or a TOML file "
                             "(config: sim.hardware; default h100-sxm)")
-    group.add_argument("--model", metavar="NAME|FILE.toml",
+    group.add_argument("--model", type=flag_type("sim.model"), metavar="NAME|FILE.toml",
                        help=f"model profile: {', '.join(known['models'])}, or a TOML file "
                             "(config: sim.model; default llama-3-8b)")
-    group.add_argument("--tp", type=positive_int, metavar="N",
+    group.add_argument("--tp", type=flag_type("sim.tp"), metavar="N",
                        help="tensor-parallel degree: weights and KV heads split over N GPUs as vLLM splits them "
                             "(config: sim.tp; default 1)")
-    group.add_argument("--efficiency", metavar="FILE.toml",
+    group.add_argument("--efficiency", type=flag_type("sim.efficiency"), metavar="FILE.toml",
                        help="step-cost efficiency factors fitted by `kvlife calibrate -o FILE.toml`, over the "
                             "hardware profile's (config: sim.efficiency; default: the profile's)")
     group.add_argument("--completions", choices=COMPLETIONS,
@@ -99,11 +140,11 @@ def apply_sim(args: argparse.Namespace, config: RunConfig) -> RunConfig:
     if given:
         config = attrs.evolve(config, sim=attrs.evolve(config.sim, **given))
     try:
-        resolve(config)
+        resolved, _ = resolve(config)
     except ProfileError as exc:
         if exc.path and exc.path != "-":
             raise  # inside a profile file: FILE:LINE: field 'x.y': ...
-        from kvlife.lifecycle.config import PROFILE_ERROR_KEYS
+        from kvlife.lifecycle.config import FIT_FIELDS, PROFILE_ERROR_KEYS
 
         key = PROFILE_ERROR_KEYS.get(exc.field, exc.field)
         if key in given:
@@ -112,8 +153,33 @@ def apply_sim(args: argparse.Namespace, config: RunConfig) -> RunConfig:
             flags = " ".join(f"{SIM_FLAGS[k]} {v}" for k, v in given.items())
             raise UsageError(f"{flags}: {exc.message}") from None
         path = getattr(args, "config", None)
-        raise ConfigError(f"sim.{key}", exc.message, path, key_line(path, f"sim.{key}") if path else None) from None
+        field = f"sim.{key}"
+        if path and is_fit_error(exc.field, exc.message):  # the key of the file that made the block too big
+            field = next((f for f in FIT_FIELDS if field_line(path, f) is not None), field)
+        raise ConfigError(field, exc.message, path, field_line(path, field) if path else None) from None
+    check_sizes(args, resolved, derived=is_derived(config.engine.device_blocks))
     return config
+
+
+def check_sizes(args: argparse.Namespace, config: RunConfig, live: bool = False, derived: bool = False) -> None:
+    """Refuse sizes that together need more memory than this machine has
+    (``kvlife.lifecycle.config.size_problem``), naming the flag that set the size blamed, else
+    the config file's line."""
+    problem = size_problem(config, live=live)
+    if problem is None:
+        return
+    field, message = problem
+    if field == "engine.device_blocks" and getattr(args, "device_blocks", None) is not None:
+        raise UsageError(f"argument --device-blocks: {message}")
+    if field.startswith("tiers["):
+        name = config.engine.tiers[int(field[6:field.index("]")])].name
+        for spec in getattr(args, "tier", None) or []:
+            if spec.partition("=")[0] == name:
+                raise UsageError(f"argument --tier: {spec}: {message}")
+    if field == "engine.device_blocks" and derived:
+        message += " (engine.device_blocks is derived from sim.model and sim.hardware; set it)"
+    path = getattr(args, "config", None)
+    raise ConfigError(field, message, path, field_line(path, field) if path else None)
 
 
 def load_run_config(args: argparse.Namespace, use_stack: bool = True) -> RunConfig:
@@ -146,17 +212,17 @@ def apply_sizes(args: argparse.Namespace, config: RunConfig) -> RunConfig:
         engine = attrs.evolve(engine, ranks=args.ranks)
     tiers = {t.name: t for t in engine.tiers}
     for spec in args.tier or []:
-        name, sep, size = spec.partition("=")
-        if not sep or name not in ("host", "disk", "remote") or not size.isdigit():
-            raise UsageError(f"--tier {spec!r}: expected host=N, disk=N or remote=N (N blocks, 0 drops it)")
-        if int(size) == 0:
+        try:
+            name, size = parse_tier(spec)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"argument --tier: {exc}") from None
+        if size == 0:
             tiers.pop(name, None)
         elif name in tiers:
-            tiers[name] = attrs.evolve(tiers[name], capacity_blocks=int(size))
+            tiers[name] = attrs.evolve(tiers[name], capacity_blocks=size)
         else:  # bandwidth and latency: the tier's link in the hardware profile
-            tiers[name] = TierConfig(name, capacity_blocks=int(size))
-    order = ("host", "disk", "remote")
-    engine = attrs.evolve(engine, tiers=tuple(tiers[n] for n in order if n in tiers))
+            tiers[name] = TierConfig(name, capacity_blocks=size)
+    engine = attrs.evolve(engine, tiers=tuple(tiers[n] for n in TIER_ORDER if n in tiers))
     return attrs.evolve(config, engine=engine)
 
 
@@ -233,6 +299,7 @@ def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
             block_tokens=config.engine.block_tokens,
             arrival_rate_per_s=SYNTHETIC_RATE_PER_S * scale,
         )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # options the flags made: the rate is the time scale's
+        flag = "argument --time-scale: " if str(exc).startswith(("arrival_rate_per_s", "burst_spread_ms")) else ""
+        raise UsageError(f"{flag}{workload_name(args)} at time scale {scale:g}: {exc}") from None
     return workload, workload_name(args)

@@ -102,6 +102,7 @@ class Lifecycle:
             return
         state.sync_lookup_version.pop(req.request_id, None)
         state.stats.async_lookups += 1
+        req.async_lookups += 1
         req.lookup = None
         state.commands.append(SubmitLookup(req.request_id, req.epoch, state.hit_candidates(req)))
         self.move(req, "lookup_submitted", reason)

@@ -44,6 +44,9 @@ from kvlife.lifecycle.engine.state import EngineState
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import LoadView
 
+# Async lookups one request may submit over its life; past it, its last answer is kept.
+MAX_ASYNC_LOOKUPS = 64
+
 # One request's share of the step being built: (request, tokens, samples a token).
 Entry = tuple[Request, int, bool]
 
@@ -240,7 +243,14 @@ class Scheduler:
                     budget -= entries[-1][1]
                 continue
             if req.lookup_async and reuse == "consume":
-                req.lookup = None  # consumed: the next consideration looks up again
+                if req.async_lookups < MAX_ASYNC_LOOKUPS:
+                    req.lookup = None  # consumed: the next consideration looks up again
+                elif req.async_lookups == MAX_ASYNC_LOOKUPS:
+                    # Liveness: a request deferred on every answer would look up for ever
+                    # (vllm#49829: 1.27M lookup() calls for one request). Past the bound its
+                    # last answer is kept, as keep-lookup-answers would.
+                    req.async_lookups += 1
+                    self.lifecycle.warn("lookup_limit", req=req.request_id, lookups=MAX_ASYNC_LOOKUPS)
             if outcome == "blocked":
                 break  # FIFO: no overtaking when memory is short
             index += 1  # deferred by the admission policy

@@ -315,6 +315,12 @@ def _parse(path: str, text: str, schema: Mapping[str, Mapping[str, Check]], opti
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError("-", f"not valid TOML: {exc}", path, toml_error_line(exc)) from None
+    except ValueError:  # tomllib's int() of an integer of more than 4300 digits
+        from kvlife.lifecycle.config import huge_integer_line
+
+        line = huge_integer_line(text)
+        key = text.splitlines()[line - 1].partition("=")[0].strip() if line else "-"
+        raise ProfileError(key, "an integer of more than 4300 digits", path, line) from None
 
     def fail(section: str, key: str, message: str) -> ProfileError:
         dotted = f"{section}.{key}" if section and key else (section or key)
@@ -387,6 +393,12 @@ def load_efficiency(path: str | Path) -> Efficiency:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError("-", f"not valid TOML: {exc}", display, toml_error_line(exc)) from None
+    except ValueError:  # tomllib's int() of an integer of more than 4300 digits
+        from kvlife.lifecycle.config import huge_integer_line
+
+        line = huge_integer_line(text)
+        key = text.splitlines()[line - 1].partition("=")[0].strip() if line else "-"
+        raise ProfileError(key, "an integer of more than 4300 digits", display, line) from None
     schema = _HARDWARE_SCHEMA if "peak_bf16_flops" in data else _EFFICIENCY_SCHEMA
     values = _parse(display, text, schema, _CALIBRATION_OPTIONAL)
     if not values["efficiency"]:

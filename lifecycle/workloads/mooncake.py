@@ -25,6 +25,7 @@ from typing import TypedDict
 import attrs
 import orjson
 
+from kvlife.lifecycle.config import WORKLOAD_RULES
 from kvlife.lifecycle.workloads.bundled import (
     BUNDLED,
     READ_ERRORS,
@@ -32,6 +33,8 @@ from kvlife.lifecycle.workloads.bundled import (
     read_error_message,
     resolve_workload,
 )
+
+UINT64_MAX = 2**64 - 1  # the largest hash id (kvlife.lifecycle.config.WORKLOAD_RULES)
 
 __all__ = [
     "WorkloadError",
@@ -86,16 +89,6 @@ def _describe_value(value: object) -> str:
     return type(value).__name__
 
 
-def _check_count(value: object, minimum: int) -> str | None:
-    """None if ``value`` is an int >= minimum, else what is wrong with it."""
-    # bool is an int subclass, but `true` in a trace is a bug, not the count 1.
-    if type(value) is not int:
-        return f"expected an integer, got {_describe_value(value)}"
-    if value < minimum:
-        return f"expected an integer >= {minimum}, got {value}"
-    return None
-
-
 def _parse_record(
     record: object, block_tokens: int, path: str, line: int
 ) -> tuple[float, int, int, tuple[int, ...]]:
@@ -108,29 +101,15 @@ def _parse_record(
         if field not in record:
             raise WorkloadError(path, line, field, "missing")
 
-    timestamp = record["timestamp"]
-    if type(timestamp) is not int and type(timestamp) is not float:
-        raise WorkloadError(
-            path,
-            line,
-            "timestamp",
-            f"expected a number, got {_describe_value(timestamp)}",
-        )
-    # orjson already rejects NaN and infinities; the bound check is what remains.
-    if timestamp < 0:
-        raise WorkloadError(
-            path, line, "timestamp", f"expected a number >= 0, got {timestamp}"
-        )
-
-    input_length = record["input_length"]
-    output_length = record["output_length"]
-    for field, value in (
-        ("input_length", input_length),
-        ("output_length", output_length),
-    ):
-        problem = _check_count(value, 1)
+    # The rules of kvlife.lifecycle.config (the same layer as config files and flags); orjson
+    # already refuses NaN and infinities, the rules refuse the rest.
+    for field in ("timestamp", "input_length", "output_length"):
+        problem = WORKLOAD_RULES[field].problem(record[field])
         if problem is not None:
             raise WorkloadError(path, line, field, problem)
+    timestamp = record["timestamp"]
+    input_length = record["input_length"]
+    output_length = record["output_length"]
 
     hash_ids = record["hash_ids"]
     if type(hash_ids) is not list:
@@ -141,15 +120,14 @@ def _parse_record(
             f"expected a list of integers, got {_describe_value(hash_ids)}",
         )
     # Whole-list checks first: the all-valid case is the common one and must be fast.
-    if not all(type(h) is int for h in hash_ids) or (hash_ids and min(hash_ids) < 0):
+    if not all(type(h) is int for h in hash_ids) or (
+        hash_ids and (min(hash_ids) < 0 or max(hash_ids) > UINT64_MAX)
+    ):
+        rule = WORKLOAD_RULES["hash_ids"]
         for index, h in enumerate(hash_ids):
-            if type(h) is not int or h < 0:
-                raise WorkloadError(
-                    path,
-                    line,
-                    "hash_ids",
-                    f"element {index}: expected an integer >= 0, got {_describe_value(h)}",
-                )
+            problem = rule.problem(h)
+            if problem is not None:
+                raise WorkloadError(path, line, "hash_ids", f"element {index}: {problem}")
     expected = -(-input_length // block_tokens)
     if len(hash_ids) != expected:
         raise WorkloadError(

@@ -23,9 +23,9 @@ iterates unordered sets, so the same arguments give the same list in every proce
 from __future__ import annotations
 
 import heapq
-import math
 import random
 
+from kvlife.lifecycle.config import BURST_SPREAD_ARRIVALS, SYNTHETIC_RULES
 from kvlife.lifecycle.engine.blocks import extend_hashes
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest, WorkloadSummary, describe
 
@@ -42,56 +42,30 @@ def _estimated_service_ms(input_length: int, output_length: int) -> float:
 
 
 
+def _check(name: str, value: object) -> None:
+    """One option under its rule (``kvlife.lifecycle.config.SYNTHETIC_RULES``). ValueError,
+    not TypeError, so that callers catch one type for any bad argument."""
+    problem = SYNTHETIC_RULES[name].problem(value)
+    if problem is not None:
+        raise ValueError(f"{name}: {problem}")
+
+
+def _check_pair(name: str, value: object) -> None:
+    """An inclusive range (low, high): a pair, each element under the option's rule, low <= high."""
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise ValueError(f"{name}: expected a pair (low, high), got {value!r}")
+    for element in value:
+        _check(name, element)
+    if value[0] > value[1]:
+        raise ValueError(f"{name}: expected low <= high, got {value!r}")
+
+
 def _check_stream(seed: object, num_requests: object, block_tokens: object, arrival_rate_per_s: object) -> None:
-    """The arguments every generator takes. ValueError, not TypeError, so that callers
-    catch one type for any bad argument."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed: expected an integer, got {seed!r}")  # noqa: TRY004
-    _check_int("num_requests", num_requests, 0)
-    _check_int("block_tokens", block_tokens, 1)
-    if (
-        isinstance(arrival_rate_per_s, bool)
-        or not isinstance(arrival_rate_per_s, int | float)
-        or not math.isfinite(arrival_rate_per_s)
-        or arrival_rate_per_s <= 0
-    ):
-        raise ValueError(
-            f"arrival_rate_per_s: expected a finite number > 0, got {arrival_rate_per_s!r}"
-        )
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-
-
-def _check_int_range(name: str, value: object, minimum: int) -> None:
-    if (
-        not isinstance(value, tuple)
-        or len(value) != 2
-        or any(isinstance(v, bool) or not isinstance(v, int) for v in value)
-        or not minimum <= value[0] <= value[1]
-    ):
-        raise ValueError(
-            f"{name}: expected a pair of integers ({minimum} <= low <= high), got {value!r}"
-        )
-
-
-def _check_float_range(name: str, value: object) -> None:
-    if (
-        not isinstance(value, tuple)
-        or len(value) != 2
-        or any(
-            isinstance(v, bool)
-            or not isinstance(v, int | float)
-            or not math.isfinite(v)
-            for v in value
-        )
-        or not 0 <= value[0] <= value[1]
-    ):
-        raise ValueError(
-            f"{name}: expected a pair of finite numbers (0 <= low <= high), got {value!r}"
-        )
+    """The arguments every generator takes."""
+    _check("seed", seed)
+    _check("num_requests", num_requests)
+    _check("block_tokens", block_tokens)
+    _check("arrival_rate_per_s", arrival_rate_per_s)
 
 
 def synthetic_workload(
@@ -121,20 +95,13 @@ def synthetic_workload(
     so sessions still running at the end of the window are cut short.
     """
     _check_stream(seed, num_requests, block_tokens, arrival_rate_per_s)
-    _check_int("num_system_prompts", num_system_prompts, 0)
-    _check_int_range("system_prompt_blocks", system_prompt_blocks, 1)
-    if (
-        isinstance(session_probability, bool)
-        or not isinstance(session_probability, int | float)
-        or not 0 <= session_probability <= 1
-    ):
-        raise ValueError(
-            f"session_probability: expected a number in [0, 1], got {session_probability!r}"
-        )
-    _check_int("max_turns", max_turns, 1)
-    _check_int_range("user_tokens", user_tokens, 1)
-    _check_int_range("output_tokens", output_tokens, 1)
-    _check_float_range("think_time_s", think_time_s)
+    _check("num_system_prompts", num_system_prompts)
+    _check_pair("system_prompt_blocks", system_prompt_blocks)
+    _check("session_probability", session_probability)
+    _check("max_turns", max_turns)
+    _check_pair("user_tokens", user_tokens)
+    _check_pair("output_tokens", output_tokens)
+    _check_pair("think_time_s", think_time_s)
 
     rng = random.Random(seed)
     next_hash = 0
@@ -274,12 +241,18 @@ def synthetic_burst_workload(
     ``random.Random(seed)``; ids are ``req-{index}`` in arrival order, ``session`` is None.
     """
     _check_stream(seed, num_requests, block_tokens, arrival_rate_per_s)
-    _check_int_range("prefix_blocks", prefix_blocks, 1)
-    _check_int_range("burst_size", burst_size, 1)
-    _check_int_range("own_tokens", own_tokens, 1)
-    _check_int_range("output_tokens", output_tokens, 1)
-    _check_int("topics_between", topics_between, 0)
-    _check_float_range("burst_spread_ms", (0.0, burst_spread_ms))
+    _check_pair("prefix_blocks", prefix_blocks)
+    _check_pair("burst_size", burst_size)
+    _check_pair("own_tokens", own_tokens)
+    _check_pair("output_tokens", output_tokens)
+    _check("topics_between", topics_between)
+    _check("burst_spread_ms", burst_spread_ms)
+    arrivals = burst_spread_ms * arrival_rate_per_s / 1000.0
+    if arrivals > BURST_SPREAD_ARRIVALS.value:
+        raise ValueError(
+            f"burst_spread_ms: {burst_spread_ms:g} ms at {arrival_rate_per_s:g} requests/s spans {arrivals:,.4g} "
+            f"arrivals, at most {BURST_SPREAD_ARRIVALS.text()} ({BURST_SPREAD_ARRIVALS.why})"
+        )
 
     rng = random.Random(seed)
     next_hash = 0

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, non_negative_int
+from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag
 from kvlife.lifecycle.cli.run_options import (
     SIM_FLAGS,
     add_sim_flags,
@@ -17,12 +17,13 @@ from kvlife.lifecycle.cli.run_options import (
     add_workload_flags,
     apply_sim,
     apply_sizes,
+    check_sizes,
     load_run_config,
     load_workload,
     stream_workload,
     time_scale,
 )
-from kvlife.lifecycle.config import RunConfig
+from kvlife.lifecycle.config import RunConfig, flag_type
 
 LIVE_SYNTHETIC_REQUESTS = 200
 LIVE_SYNTHETIC_TIME_SCALE = 20.0
@@ -52,12 +53,12 @@ def register(sub: Any) -> None:
     live.add_argument("--live", action="store_true",
                       help="drive the engine in wall-clock time with real KV bytes: rank threads, host and disk "
                            "tiers, byte-exact checks of every load (needs kvlife[live])")
-    live.add_argument("--disk-path", metavar="DIR",
+    live.add_argument("--disk-path", type=flag_type("live.disk_path"), metavar="DIR",
                       help="directory for the disk tier's files (config: live.disk_path; default: a temporary one)")
-    live.add_argument("--redis-url", metavar="URL",
+    live.add_argument("--redis-url", type=flag_type("live.redis_url"), metavar="URL",
                       help="add a Redis tier at this URL, e.g. redis://127.0.0.1:6379/0 "
                            "(config: live.redis_url; default: no Redis tier)")
-    live.add_argument("--redis-ttl", type=non_negative_int, metavar="SECONDS",
+    live.add_argument("--redis-ttl", type=flag_type("live.redis_ttl_s"), metavar="SECONDS",
                       help="the Redis tier's keys expire after this many seconds, 0 never "
                            "(config: live.redis_ttl_s; default: the config's value)")
     live.add_argument("--no-verify", action="store_true", help="skip the byte-exact checks of loaded blocks")
@@ -150,6 +151,7 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     if args.no_verify:
         live = attrs.evolve(live, verify=False)
     config = attrs.evolve(config, live=live)
+    check_sizes(args, config, live=True)
     # Arrivals are read at their own pace and sped up once, by the live runtime.
     default_scale = 1.0 if args.workload else LIVE_SYNTHETIC_TIME_SCALE
     scale, config = time_scale(args, config, default_scale)
