@@ -45,7 +45,7 @@ from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import LoadView
 
 # Async lookups one request may submit over its life; past it, its last answer is kept.
-MAX_ASYNC_LOOKUPS = 64
+MAX_ASYNC_LOOKUPS = 1024
 
 # One request's share of the step being built: (request, tokens, samples a token).
 Entry = tuple[Request, int, bool]
