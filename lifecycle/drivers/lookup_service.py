@@ -64,13 +64,17 @@ class LookupService:
         begin = max(now, free_at)
         done = begin + self.latency_ms(keys)
         heapq.heappush(self._free, (done, worker))
-        heapq.heappush(self._finishes, done)
+        finishes = self._finishes
+        while finishes and finishes[0] <= now:  # answered already: kept no longer (memory stays flat)
+            heapq.heappop(finishes)
+        heapq.heappush(finishes, done)
         self.submitted += 1
         self.max_wait_ms = max(self.max_wait_ms, begin - now)
         return done
 
     def pending(self, now: float) -> int:
-        """Lookups submitted and not yet answered at ``now`` (queued or being served)."""
+        """Lookups submitted and not yet answered at ``now`` (queued or being served);
+        ``now`` no earlier than the last submission or the last call."""
         while self._finishes and self._finishes[0] <= now:
             heapq.heappop(self._finishes)
         return len(self._finishes)
