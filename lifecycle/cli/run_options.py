@@ -265,16 +265,22 @@ def stream_workload(args: argparse.Namespace, config: RunConfig,
     if not args.workload or args.workload in SYNTHETIC_NAMES:
         workload, name = load_workload(args, config, scale)
         return workload, len(workload), name
-    from kvlife.lifecycle.workloads.arrivals import spread_ties
     from kvlife.lifecycle.workloads.bundled import resolve_workload
-    from kvlife.lifecycle.workloads.mooncake import count_requests, iter_mooncake
+    from kvlife.lifecycle.workloads.mooncake import count_requests
 
-    path = resolve_workload(args.workload)
-    size = count_requests(path, limit=args.limit)
-    stream = iter_mooncake(path, limit=args.limit, block_tokens=config.engine.block_tokens, time_scale=scale)
-    if config.sim.arrivals == "spread":
-        return spread_ties(stream), size, workload_name(args)
-    return stream, size, workload_name(args)
+    size = count_requests(resolve_workload(args.workload), limit=args.limit)
+    return _file_requests(args, config, scale), size, workload_name(args)
+
+
+def _file_requests(args: argparse.Namespace, config: RunConfig, scale: float) -> Iterable[WorkloadRequest]:
+    """The requests of the --workload file, streamed, arrivals as ``sim.arrivals`` says."""
+    from kvlife.lifecycle.workloads.arrivals import apply_arrivals
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
+    from kvlife.lifecycle.workloads.mooncake import iter_mooncake
+
+    stream = iter_mooncake(resolve_workload(args.workload), limit=args.limit,
+                           block_tokens=config.engine.block_tokens, time_scale=scale)
+    return apply_arrivals(stream, config.sim.arrivals)
 
 
 def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
@@ -284,13 +290,7 @@ def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
     from kvlife.lifecycle.workloads.synthetic import SYNTHETIC_NAMES, named_synthetic_workload
 
     if args.workload and args.workload not in SYNTHETIC_NAMES:
-        from kvlife.lifecycle.workloads.arrivals import apply_arrivals
-        from kvlife.lifecycle.workloads.bundled import resolve_workload
-        from kvlife.lifecycle.workloads.mooncake import load_mooncake
-
-        workload = load_mooncake(resolve_workload(args.workload), limit=args.limit,
-                                 block_tokens=config.engine.block_tokens, time_scale=scale)
-        return apply_arrivals(workload, config.sim.arrivals), workload_name(args)
+        return list(_file_requests(args, config, scale)), workload_name(args)
     try:
         workload = named_synthetic_workload(
             workload_name(args),

@@ -38,6 +38,17 @@ class RunOutcome:
     summary: dict[str, Any]
     trace_lines: int
 
+    def problems(self) -> list[str]:
+        """What makes the run a failure (exit code 1), one line each (as ``LiveOutcome``)."""
+        stranded = self.summary["stranded"]
+        if stranded:
+            return [f"{stranded} request(s) never finished (stranded); see the summary and the trace"]
+        return []
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.problems() else 0
+
 
 @contextlib.contextmanager
 def recording(

@@ -277,10 +277,9 @@ class Simulator:
         stranded = engine.stranded()
         if stranded and engine.recorder is not None:
             # Nothing is left to happen: say in the trace which requests never finished.
-            for entry in stranded:
-                rid, _, state = entry.rpartition(":")
+            for req in engine.state.unfinished():
                 engine.recorder({"kind": "warning", "t": now, "what": "stranded", "origin": "driver",
-                                 "req": rid, "state": state})
+                                 "req": req.request_id, "state": req.state})
         return SimResult(engine, self.workload, now, self._events, stranded,
                          self.critical_path_lookup_ms, self.physics, self.retired)
 

@@ -274,7 +274,11 @@ class EngineState:
         ``"id:state"``, in arrival order. Waiting and running count as much as the states
         that wait on IO: a request parked behind a head that never fits, or deferred forever
         by a policy, never finishes either. (A retired request is finished: never here.)"""
-        return [f"{r.request_id}:{r.state}" for r in self.requests.values() if r.state != "finished"]
+        return [f"{r.request_id}:{r.state}" for r in self.unfinished()]
+
+    def unfinished(self) -> list[Request]:
+        """The requests not finished, in arrival order (what ``stranded`` names)."""
+        return [r for r in self.requests.values() if r.state != "finished"]
 
     def check_invariants(self) -> None:
         """Invariants 2 and 8 on current state (cheap enough for tests, not per tick)."""

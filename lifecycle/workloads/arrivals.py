@@ -48,10 +48,11 @@ def _spread(group: list[WorkloadRequest], gap: float) -> Iterator[WorkloadReques
         yield attrs.evolve(request, arrival_ms=start + index * step) if index else request
 
 
-def apply_arrivals(requests: list[WorkloadRequest], arrivals: str) -> list[WorkloadRequest]:
-    """The workload as ``sim.arrivals`` replays it."""
+def apply_arrivals(requests: Iterable[WorkloadRequest], arrivals: str) -> Iterable[WorkloadRequest]:
+    """The workload as ``sim.arrivals`` replays it: ``requests`` itself when recorded, else a
+    stream over it (a list stays a list to the caller that wants one: ``list(...)``)."""
     if arrivals == "recorded":
         return requests
     if arrivals == "spread":
-        return list(spread_ties(requests))
+        return spread_ties(requests)
     raise ValueError(f"arrivals: expected one of {', '.join(ARRIVALS)}, got {arrivals!r}")

@@ -104,27 +104,20 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     with progress_bar("kvlife run", total=size) as progress:
         outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name,
                                device_blocks_origin=origin, size=size)
+    for problem in outcome.problems():
+        print(f"kvlife run: {problem}", file=sys.stderr)
+    exit_code = outcome.exit_code
     if args.json:
         output.emit("run", driver="sim", workload={"name": name, "requests": size},
                     stack=_label(config), seed=config.sim.seed, time_scale=scale,
                     trace={"path": args.trace, "lines": outcome.trace_lines} if args.trace else None,
                     summary=outcome.summary)
-        return _stranded_exit(outcome.summary)
+        return exit_code
     print(f"kvlife run: {name}, {size} requests, stack {_names(config)}, time scale {scale:g}")
     print(format_summary(outcome.summary))
     if args.trace:
         print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
-    return _stranded_exit(outcome.summary)
-
-
-def _stranded_exit(summary: dict[str, Any]) -> int:
-    """1 when some request never finished (named in the summary and the trace), else 0."""
-    stranded = summary["stranded"]
-    if stranded:
-        print(f"kvlife run: {stranded} request(s) never finished (stranded); see the summary and the trace",
-              file=sys.stderr)
-        return 1
-    return 0
+    return exit_code
 
 
 def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
