@@ -13,8 +13,8 @@ spec. Two modes share the same code:
   (a trace has no block tables, so a step writing into a busy block is not visible), 5
   from the chunks confirmed by step outputs plus the hit length at admission, 6 when
   ``sharing``. From records alone also: 10 at the tiers (no load or prefetch reads a tier
-  copy whose store or prefetch failed), 11's "finished only after every store is
-  reported" and 12's stale hit. 8 needs the pools. A store of a block past the prompt
+  copy whose store or prefetch failed), 12's stale hit and, with ``finish_after_stores``,
+  11's "finished only after every store is reported". 8 needs the pools. A store of a block past the prompt
   names it by the derived hash (``kvlife.lifecycle.engine.blocks.derived_block_hash``); a
   store that covers a position whose token a step in flight sampled is a store of a
   placeholder.
@@ -213,6 +213,7 @@ class InvariantObserver:
         max_running: int | None = None,
         tier_content_known: bool = False,
         hit_probe: Callable[[str], int | None] | None = None,
+        finish_after_stores: bool | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -228,6 +229,9 @@ class InvariantObserver:
         self.tier_content_known = tier_content_known
         # 13: the prefix hit the engine recorded for a request (device + tier blocks).
         self.hit_probe = hit_probe
+        # 11's "finished only after every store is reported": live by default; a trace
+        # validator opts in (a trace edited by hand may hold jobs the engine never saw).
+        self.finish_after_stores = not from_trace if finish_after_stores is None else finish_after_stores
         # Invariant 5 needs every step's prompt chunks; a trace without them cannot tell.
         self.chunks_known = not from_trace
         self._chunks_missing = False
@@ -504,7 +508,7 @@ class InvariantObserver:
                 self._fail(4, f"{rid}: answer of epoch {ev.epoch} applied to the lookup of epoch "
                               f"{req.lookup_epoch} (stale)")
             req.outstanding_lookup = False
-        if trigger == "completed":
+        if trigger == "completed" and self.finish_after_stores:
             self._check_finish_after_stores(req)
         if trigger == "aborted" and req.state == "lookup_pending" and req.lookup_epoch is not None:
             self._discard_due.append((rid, req.lookup_epoch))
@@ -574,8 +578,7 @@ class InvariantObserver:
     def _moves_of(self, record: dict[str, Any], job_id: int, op: str) -> tuple[_Move, ...] | None:
         raw = record.get("moves")
         if raw is None:
-            self._note("job records without moves: invariants 2, 5, 6 and 10 were not checked for them",
-                       2, 5, 6, 10)
+            self._note("job records without moves: invariants 2, 5 and 6 were not checked for them", 2, 5, 6, 10)
             return None
         moves: list[_Move] = []
         if isinstance(raw, list):
@@ -607,11 +610,11 @@ class InvariantObserver:
         if prov is None:
             if self.tier_content_known:
                 self._fail(10, f"{job.kind} job {job.job_id} reads block {block_hash} from {tier}, which holds "
-                               f"no copy of it (never stored there, its store or prefetch failed, or it was evicted)")
+                               f"no copy of it (never stored there, or evicted since)")
             return _Prov(block_hash, bt, bt)
         if prov.bad is not None or prov.key != block_hash or prov.filled < bt or prov.confirmed < bt:
             self._fail(10, f"{job.kind} job {job.job_id} reads block {block_hash} from {tier}, whose copy "
-                           f"{_describe(prov, bt)}")
+                           f"{_describe(prov, bt, block_hash)}")
         return prov
 
     def _on_rank_timeout(self, record: dict[str, Any]) -> None:
@@ -816,8 +819,9 @@ class InvariantObserver:
             prov = self._device.get(move.device_block, _UNKNOWN)
             good = prov.bad is None and prov.key == move.block_hash and prov.filled >= bt
             if not unconfirmed and not (good and prov.confirmed >= bt):
+                held = _describe(prov, bt, move.block_hash)
                 self._fail(10, f"store job {job.job_id} of {job.request_id} reads device block "
-                               f"{move.device_block} as block {move.block_hash}, but it {_describe(prov, bt)}")
+                               f"{move.device_block} as block {move.block_hash}, but it {held}")
             job.sources[move.block_hash] = _Prov(move.block_hash, prov.filled if good else 0,
                                                  prov.confirmed if good else 0)
         for move in moves:
@@ -899,7 +903,7 @@ class InvariantObserver:
             if prov.bad is not None or prov.key != key or prov.filled < need or (not own and prov.confirmed < need):
                 what = "its own block" if own else "a hit"
                 self._fail(10, f"step {step_id}: {req.request_id} reads device block {table[i]} as its block {i} "
-                               f"({what}: tokens {i * bt}..{i * bt + need - 1}), but it {_describe(prov, bt, key)}")
+                               f"({what}: tokens {i * bt}..{i * bt + need - 1}), but it {_describe(prov, need, key)}")
                 return
         end = before + n
         for i in range(before // bt, -(-end // bt)):
@@ -948,21 +952,20 @@ class InvariantObserver:
         return {rid: req.state for rid, req in self.requests.items()}
 
 
-def _describe(prov: _Prov, block_tokens: int, key: int | None = None) -> str:
-    """What a device block or tier copy holds, for a provenance finding."""
+def _describe(prov: _Prov, need: int, key: int | None = None) -> str:
+    """What a device block or tier copy holds, for a provenance finding; ``need``: how many
+    of its tokens were read, ``key``: the block hash they should be of."""
     if prov is _UNKNOWN:
         return "was never written"
     if prov.bad is not None:
         return f"holds no usable content ({prov.bad})"
     if key is not None and prov.key != key:
         return f"holds block {prov.key}"
-    if prov.filled < block_tokens and (key is None or prov.filled == 0):
-        return f"holds only {prov.filled} of its {block_tokens} tokens"
     who = f" (written by {prov.writer[0]} in epoch {prov.writer[1]})" if prov.writer is not None else ""
-    if prov.confirmed < prov.filled or prov.confirmed < block_tokens:
-        return (f"holds {prov.filled} tokens of which only {prov.confirmed} were confirmed by a step output"
-                f"{who}: a block published or copied before its step's output")
-    return f"holds {prov.filled} tokens{who}"
+    if prov.filled < need:
+        return f"holds only {prov.filled} of the {need} tokens read{who}"
+    return (f"holds {prov.filled} tokens of which only {prov.confirmed} were confirmed by a step output"
+            f"{who}: a block published or copied before its step's output")
 
 
 def _valid(job: _Job, req: _Req) -> int:

@@ -105,6 +105,7 @@ def test_store_issued_with_the_finish_is_checked_against_its_issue_time() -> Non
 def test_finished_only_after_every_store_unless_told_not_to_hold() -> None:
     # Held (the baseline): sending until both ranks reported, then finished; all legal.
     observer = InvariantObserver(2, 4)
+    assert observer.finish_after_stores
     engine, store = _finish_with_store(PolicyStack([]), observer)
     assert engine.requests["r0"].state == "sending"
     observer.feed_record({"kind": "input", "type": "transfer_report", "t": 3.0, "job_id": store.job_id,
