@@ -1,4 +1,4 @@
-"""An independent observer of invariants 1-8 (DESIGN.md, "Invariants").
+"""An independent observer of the invariants of DESIGN.md ("Invariants"): 0-8 and 10-13.
 
 The observer never asks the engine what happened: it rebuilds its own picture from the
 stream a run produces — input events, trace records and, when it runs live beside the
@@ -12,16 +12,32 @@ spec. Two modes share the same code:
   freed or loaded into while a load/store job that moves it still owes a rank report"
   (a trace has no block tables, so a step writing into a busy block is not visible), 5
   from the chunks confirmed by step outputs plus the hit length at admission, 6 when
-  ``sharing``. 8 needs the pools. A store of a block past the prompt names it by the
-  derived hash (``kvlife.lifecycle.engine.blocks.derived_block_hash``); a store that
-  covers a position whose token a step in flight sampled is a store of a placeholder.
+  ``sharing``. From records alone also: 10 at the tiers (no load or prefetch reads a tier
+  copy whose store or prefetch failed), 12's stale hit and, with ``finish_after_stores``,
+  11's "finished only after every store is reported". 8 needs the pools. A store of a block past the prompt
+  names it by the derived hash (``kvlife.lifecycle.engine.blocks.derived_block_hash``); a
+  store that covers a position whose token a step in flight sampled is a store of a
+  placeholder.
 - a run cut short by Ctrl-C or SIGTERM ends with an ``interrupted`` record: work open at
   the cut (jobs some rank has not reported, requests waiting on IO) is not held to 3 and
   7; everything before the cut is checked as usual, and nothing may follow the record.
 - live (the model checker): records plus commands, which carry every move, every freed
   block and every step's block table; the block-level checks come from the commands (the
-  same records are then ignored for them). Block/tier accounting (8) is delegated to
+  same records are then ignored for them). A driver that feeds each command as soon as
+  the engine issues it (``feed_commands`` between records, as the model checker does)
+  gives the observer the exact order of the handling; one that feeds them after
+  ``handle`` returns still gets every check, with a store issued just before a finish seen
+  after it. Live mode adds: 10 on the device (every block a step reads holds the tokens
+  it should, written by this request in this epoch, or confirmed: a hit, a load, a join),
+  11's token budget and ``max_running`` (when given), 12's one lookup at a time, and 13
+  (through ``hit_probe``). Block/tier accounting (8) is delegated to
   ``engine.check_invariants()`` through ``accounting``.
+
+Provenance (10) is symbolic: each device block and each tier copy carries which block
+hash it holds, how many of that block's tokens were written, and how many of them were
+confirmed (a step output arrived for the step that wrote them, or the copy was loaded
+from a confirmed copy). A failed load leaves garbage in its device blocks; a failed
+store or prefetch leaves no copy.
 
 Call ``feed_record`` for every record in order (input records open a new handling),
 ``feed_commands`` with what ``handle`` returned (live only), ``end_input`` after each
@@ -51,8 +67,13 @@ INVARIANTS: dict[int, str] = {
     4: "lookup answers apply only to the epoch that asked",
     5: "stores cover only computed tokens",
     6: "no two in-flight loads bring the same block (load sharing on)",
-    7: "every transfer ends; nothing stranded",
+    7: "every transfer ends; every request finishes (liveness)",
     8: "block accounting",
+    9: "loaded bytes match what was computed (live runs)",
+    10: "provenance: hits, loads, joins and stores read only complete, confirmed blocks",
+    11: "token budget and max_running; finished only after every store is reported",
+    12: "bounded work: one lookup at a time, no retry of a copy that failed to load",
+    13: "hit accounting: a request's recorded hit is what its first admission skipped",
 }
 
 
@@ -86,6 +107,20 @@ class _Move:
     dst_tier: str | None = None
 
 
+@attrs.define(slots=True)
+class _Prov:
+    """What a device block or a tier copy holds (invariant 10)."""
+
+    key: int | None  # the block hash whose tokens it holds (None: nothing usable)
+    filled: int  # tokens of that block written
+    confirmed: int  # of those, tokens a step output (or a confirmed source) vouches for
+    writer: tuple[str, int] | None = None  # (request, epoch) whose step wrote it; None: a copy
+    bad: str | None = None  # why nothing in it may be read (a failed load, a load in flight)
+
+
+_UNKNOWN = _Prov(None, 0, 0, bad="unknown")
+
+
 @attrs.define(slots=True, eq=False)
 class _Job:
     job_id: int
@@ -97,6 +132,11 @@ class _Job:
     failed: set[int] = attrs.Factory(set)
     complete: bool = False  # every rank reported (the observer's own count)
     done_recorded: bool = False  # the engine said job_done
+    # What each move read when the job started (its provenance), by block hash.
+    sources: dict[int, _Prov] = attrs.Factory(dict)
+    # A store: its request's valid tokens when it was issued (the job record), so a
+    # finish later in the same handling does not change what 5 compares with.
+    valid_at: int | None = None
 
 
 @attrs.define(slots=True, eq=False)
@@ -107,10 +147,30 @@ class _Req:
     state: str = "waiting"
     epoch: int = 0
     lookup_epoch: int | None = None  # epoch of the lookup in flight
+    outstanding_lookup: bool = False  # a SubmitLookup not yet answered or discarded (12)
     valid_tokens: int = 0  # tokens whose KV is known good (confirmed or hit)
     fresh: bool = False  # admitted; the next step entry tells the hit length
     scheduled_end: int = 0  # the furthest token a step was seen to compute
     index: dict[int, int] | None = None  # hash -> first block position (built lazily)
+    stores: list[_Job] = attrs.Factory(list)  # its store jobs not yet ended (11)
+    hold: bool | None = None  # the last hold_at_finish answer for it (11)
+    # 13: how the first admission went: None (not yet), "pending" (its first chunk tells
+    # the hit), "unknown" (its first load failed: no figure to check), "checked".
+    hit_state: str | None = None
+    hit_due: int | None = None  # hit blocks to compare with the engine's count at the end of the handling
+    failed_from: int | None = None  # 12: first block position whose load failed for it
+
+    def hash_at(self, i: int) -> int:
+        """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
+        if i >= len(self.hashes):
+            from kvlife.lifecycle.engine.blocks import extend_hashes
+
+            start = len(self.hashes)
+            self.hashes = extend_hashes(self.hashes, self.request_id, i + 1)
+            if self.index is not None:
+                for j in range(start, len(self.hashes)):
+                    self.index.setdefault(self.hashes[j], j)
+        return self.hashes[i]
 
     def position(self, block_hash: int, block_tokens: int) -> int | None:
         """The block ``block_hash`` names in this request: a prompt block, or a block of
@@ -122,12 +182,7 @@ class _Req:
         found = self.index.get(block_hash)
         reach = -(-self.scheduled_end // block_tokens)
         if found is None and reach > len(self.hashes):
-            from kvlife.lifecycle.engine.blocks import extend_hashes
-
-            start = len(self.hashes)
-            self.hashes = extend_hashes(self.hashes, self.request_id, reach)
-            for i in range(start, reach):
-                self.index.setdefault(self.hashes[i], i)
+            self.hash_at(reach - 1)
             found = self.index.get(block_hash)
         return found
 
@@ -140,6 +195,11 @@ class _Req:
         self.fresh = False
 
 
+# One block a step writes: (device block, the hash of the block it fills, tokens of it
+# written once the step ran, writer (request, epoch)).
+_Write = tuple[int, int, int, tuple[str, int]]
+
+
 class InvariantObserver:
     def __init__(
         self,
@@ -148,6 +208,12 @@ class InvariantObserver:
         sharing: bool = False,
         accounting: Callable[[], None] | None = None,
         from_trace: bool = False,
+        *,
+        max_batched_tokens: int | None = None,
+        max_running: int | None = None,
+        tier_content_known: bool = False,
+        hit_probe: Callable[[str], int | None] | None = None,
+        finish_after_stores: bool | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -155,6 +221,17 @@ class InvariantObserver:
         self.accounting = accounting
         # Block-level facts (moves, freed blocks, step chunks) from records instead of commands.
         self.from_trace = from_trace
+        # 11: the step budget and the running cap (None: not checked).
+        self.max_batched_tokens = max_batched_tokens
+        self.max_running = max_running
+        # 10: every tier copy was written under the observer's eyes (or seeded with
+        # ``seed_tier``), so a load of a copy it never saw written is a finding.
+        self.tier_content_known = tier_content_known
+        # 13: the prefix hit the engine recorded for a request (device + tier blocks).
+        self.hit_probe = hit_probe
+        # 11's "finished only after every store is reported": live by default; a trace
+        # validator opts in (a trace edited by hand may hold jobs the engine never saw).
+        self.finish_after_stores = not from_trace if finish_after_stores is None else finish_after_stores
         # Invariant 5 needs every step's prompt chunks; a trace without them cannot tell.
         self.chunks_known = not from_trace
         self._chunks_missing = False
@@ -165,19 +242,32 @@ class InvariantObserver:
         self.requests: dict[str, _Req] = {}
         self.jobs: dict[int, _Job] = {}
         self.lines = 0
+        self.running = 0  # requests in running (11)
         # Current handling.
         self._input: Any = None
         self._line: int | None = None
         self._t: float | None = None
         self._completed_now: list[_Job] = []
         self._discard_due: list[tuple[str, int]] = []
+        self._discarded_now: set[tuple[str, int]] = set()
+        self._hit_due: list[_Req] = []
         # Block level: from the commands (live) or the records (trace).
         # Steps without an output yet, in plan order: (request, epoch, computed before, tokens).
         self._steps: dict[int, list[tuple[str, int, int, int]]] = {}
+        self._step_writes: dict[int, list[_Write]] = {}
         self._step_order: deque[int] = deque()
         self._busy_blocks: dict[int, list[_Job]] = {}  # device block -> in-flight jobs
         self._loading_hashes: dict[int, list[_Job]] = {}  # hash -> in-flight load jobs
         self._bad_in_tier: dict[tuple[str, int], int] = {}  # (tier, hash) -> failed load job
+        # Provenance (10): device block -> what it holds; (tier, hash) -> what that copy holds.
+        self._device: dict[int, _Prov] = {}
+        self._tier: dict[tuple[str, int], _Prov] = {}
+
+    def seed_tier(self, tier: str, hashes: Iterable[int]) -> None:
+        """Copies a tier held before the run started (a warm tier): complete and confirmed."""
+        bt = self.block_tokens
+        for h in hashes:
+            self._tier[(tier, h)] = _Prov(h, bt, bt)
 
     # ---- reporting -----------------------------------------------------------------------
     def _fail(self, invariant: int, message: str) -> None:
@@ -210,6 +300,18 @@ class InvariantObserver:
             self._on_job(record)
         elif kind == "job_done":
             self._on_job_done(record)
+        elif kind == "decision":
+            if record.get("point") == "hold_at_finish":
+                req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
+                value = record.get("value")
+                if req is not None and isinstance(value, bool):
+                    req.hold = value
+        elif kind == "evict":
+            tier, blocks = record.get("tier"), record.get("blocks")
+            if isinstance(tier, str) and isinstance(blocks, list):
+                for h in blocks:
+                    if _is_int(h):
+                        self._tier.pop((tier, h), None)
         elif kind == "stale_lookup" and not self._input_is("lookup_answer"):
             self._fail(4, f"stale_lookup record for {record.get('req')} outside a lookup answer")
         elif kind == "warning":
@@ -295,15 +397,25 @@ class InvariantObserver:
         if step_id not in self._steps:
             return
         while self._step_order and self._step_order[0] <= step_id:
-            for rid, epoch, before, n in self._steps.pop(self._step_order.popleft(), ()):
+            done = self._step_order.popleft()
+            for rid, epoch, before, n in self._steps.pop(done, ()):
                 req = self.requests.get(rid)
                 if req is not None and req.state == "running" and req.epoch == epoch:
                     req.confirm(before + n)
+            for block, key, end, writer in self._step_writes.pop(done, ()):
+                req = self.requests.get(writer[0])
+                prov = self._device.get(block)
+                if (prov is not None and prov.key == key and prov.writer == writer and req is not None
+                        and req.state == "running" and req.epoch == writer[1]):
+                    prov.confirmed = max(prov.confirmed, end)
 
-    def _plan_step(self, step_id: int, entries: list[tuple[str, int, int, int]]) -> None:
+    def _plan_step(self, step_id: int, entries: list[tuple[str, int, int, int]],
+                   writes: list[_Write] | None = None) -> None:
         if step_id in self._steps:
             return  # a reused step id: the first plan keeps it
         self._steps[step_id] = entries
+        if writes:
+            self._step_writes[step_id] = writes
         self._step_order.append(step_id)
 
     def _complete(self, job: _Job) -> None:
@@ -311,13 +423,22 @@ class InvariantObserver:
         self._completed_now.append(job)
         if job.moves is None:
             return
+        bt = self.block_tokens
         if job.kind == "prefetch":
             for move in job.moves:
+                if move.dst_tier is not None:
+                    # The destination slot was written again: what it holds now is judged by
+                    # its provenance (10), not by an earlier failed load of that block (12).
+                    self._bad_in_tier.pop((move.dst_tier, move.block_hash), None)
                 if move.block_hash in job.failed:
                     # The engine drops a source copy that failed to be read, as for loads.
                     self._bad_in_tier[(move.tier, move.block_hash)] = job.job_id
+                    if move.dst_tier is not None:  # 10: it never landed
+                        self._tier[(move.dst_tier, move.block_hash)] = _Prov(
+                            None, 0, 0, bad=f"prefetch job {job.job_id} failed to land it")
                 elif move.dst_tier is not None:
-                    self._bad_in_tier.pop((move.dst_tier, move.block_hash), None)
+                    self._tier[(move.dst_tier, move.block_hash)] = attrs.evolve(
+                        job.sources.get(move.block_hash, _Prov(move.block_hash, bt, bt)), writer=None)
             return
         for move in job.moves:
             _drop(self._busy_blocks, move.device_block, job)
@@ -325,9 +446,40 @@ class InvariantObserver:
                 _drop(self._loading_hashes, move.block_hash, job)
                 if move.block_hash in job.failed:
                     self._bad_in_tier[(move.tier, move.block_hash)] = job.job_id
-            elif move.block_hash not in job.failed:
-                # A successful store rewrites the slot: the tier holds good bytes again.
+                    self._device[move.device_block] = _Prov(None, 0, 0, bad=f"load job {job.job_id} failed")
+                    self._failed_load(job, move.block_hash)
+                elif job.timed_out:
+                    self._device[move.device_block] = _Prov(None, 0, 0, bad=f"load job {job.job_id} timed out")
+                else:
+                    source = job.sources.get(move.block_hash, _Prov(move.block_hash, bt, bt))
+                    self._device[move.device_block] = attrs.evolve(source, writer=None)
+            elif move.block_hash not in job.failed and not job.timed_out:
+                # A store rewrote the slot: the tier holds good bytes again (and a failed
+                # store leaves bad ones, judged by 10, not by an earlier failed load: 12).
                 self._bad_in_tier.pop((move.tier, move.block_hash), None)
+                source = job.sources.get(move.block_hash, _Prov(move.block_hash, bt, bt))
+                self._tier[(move.tier, move.block_hash)] = attrs.evolve(source, writer=None)
+            else:
+                # A failed store leaves no copy: whatever the slot holds is not that block.
+                self._bad_in_tier.pop((move.tier, move.block_hash), None)
+                self._tier[(move.tier, move.block_hash)] = _Prov(
+                    None, 0, 0, bad=f"store job {job.job_id} {'timed out' if job.timed_out else 'failed'}")
+        if job.kind == "store":
+            self._store_ended(job)
+
+    def _failed_load(self, job: _Job, block_hash: int) -> None:
+        """12: the request that owns a load computes from its first block that failed."""
+        req = self.requests.get(job.request_id)
+        if req is None or req.state != "loading":
+            return
+        position = req.position(block_hash, self.block_tokens)
+        if position is not None and (req.failed_from is None or position < req.failed_from):
+            req.failed_from = position
+
+    def _store_ended(self, job: _Job) -> None:
+        req = self.requests.get(job.request_id)
+        if req is not None and job in req.stores:
+            req.stores.remove(job)
 
     def _on_transition(self, record: dict[str, Any]) -> None:
         rid, source, target, trigger = (record.get(k) for k in ("req", "from", "to", "trigger"))
@@ -338,7 +490,7 @@ class InvariantObserver:
         req = self.requests.get(rid)
         if req is None:
             self._fail(1, f"transition of {rid}, which never arrived")
-            req = self.requests[rid] = _Req(())
+            req = self.requests[rid] = _Req((), rid)
         expected = TABLE.edges.get((req.state, trigger))
         if req.state == "finished":
             self._fail(1, f"{rid} moved out of finished ({trigger} -> {target}): finished absorbs")
@@ -355,8 +507,17 @@ class InvariantObserver:
             elif ev.epoch != req.lookup_epoch:
                 self._fail(4, f"{rid}: answer of epoch {ev.epoch} applied to the lookup of epoch "
                               f"{req.lookup_epoch} (stale)")
+            req.outstanding_lookup = False
+        if trigger == "completed" and self.finish_after_stores:
+            self._check_finish_after_stores(req)
         if trigger == "aborted" and req.state == "lookup_pending" and req.lookup_epoch is not None:
             self._discard_due.append((rid, req.lookup_epoch))
+        if req.state == "running" and target != "running":
+            self.running -= 1
+        elif target == "running" and req.state != "running":
+            self.running += 1
+        if trigger == "load_failed" and req.hit_state == "pending":
+            req.hit_state = "unknown"  # the first admission's load failed: no figure to check
         req.state = target
         if trigger == "lookup_submitted":
             req.lookup_epoch = req.epoch
@@ -368,6 +529,23 @@ class InvariantObserver:
             req.restart()
         if trigger in ("admitted", "load_done"):
             req.fresh = True
+        if trigger in ("admitted", "load_started") and req.hit_state is None:
+            req.hit_state = "pending"
+
+    def _check_finish_after_stores(self, req: _Req) -> None:
+        """11: ``completed`` comes only once every store of the request ended (every rank
+        reported it, or its deadline passed), unless the policy said not to hold (the
+        documented ``hold_at_finish=False``: the stores keep their own blocks)."""
+        open_stores = [job for job in req.stores if not job.complete and not job.timed_out]
+        if not open_stores:
+            return
+        jobs = ", ".join(f"{job.job_id} (ranks {sorted(set(range(self.ranks)) - job.reported)} to report)"
+                         for job in open_stores)
+        if req.state == "sending":
+            self._fail(11, f"{req.request_id} completed from sending with store jobs {jobs} still in flight")
+        elif req.hold is not False:
+            said = "never asked hold_at_finish" if req.hold is None else "hold_at_finish said hold"
+            self._fail(11, f"{req.request_id} completed with store jobs {jobs} still in flight ({said})")
 
     def _on_job(self, record: dict[str, Any]) -> None:
         job_id, op, rid = record.get("job"), record.get("op"), record.get("req")
@@ -379,6 +557,11 @@ class InvariantObserver:
             self._fail(7, f"job {job_id} started twice")
             return
         job = self.jobs[job_id] = _Job(job_id, op, rid)
+        if op == "store":
+            req = self.requests.get(rid)
+            if req is not None:
+                req.stores.append(job)
+                job.valid_at = req.valid_tokens
         # Prefetch moves exist only in records (the observer ignores StartPrefetch), so
         # they are read in both modes; load/store moves come from the commands when live.
         if op == "prefetch" or self.from_trace:
@@ -387,13 +570,15 @@ class InvariantObserver:
                 return
             if op == "prefetch":
                 job.moves = moves
+                for move in moves:
+                    job.sources[move.block_hash] = self._read_tier(job, move.tier, move.block_hash)
             else:
                 self._start_moves(job, moves)
 
     def _moves_of(self, record: dict[str, Any], job_id: int, op: str) -> tuple[_Move, ...] | None:
         raw = record.get("moves")
         if raw is None:
-            self._note("job records without moves: invariants 2, 5 and 6 were not checked for them", 2, 5, 6)
+            self._note("job records without moves: invariants 2, 5 and 6 were not checked for them", 2, 5, 6, 10)
             return None
         moves: list[_Move] = []
         if isinstance(raw, list):
@@ -412,6 +597,26 @@ class InvariantObserver:
         self._fail(0, f"{op} job {job_id}: field 'moves' must be a list of {shape}")
         return None
 
+    def _read_tier(self, job: _Job, tier: str, block_hash: int) -> _Prov:
+        """A load or prefetch reads the copy of ``block_hash`` in ``tier``: 12 (no copy that
+        failed to load) and 10 (the copy is complete and confirmed). Returns what it read."""
+        bt = self.block_tokens
+        bad = self._bad_in_tier.get((tier, block_hash))
+        if bad is not None:
+            self._fail(12, f"{job.kind} job {job.job_id} reads block {block_hash} from {tier}, which failed to "
+                           f"load in job {bad} and was never stored again (a stale hit: a retry without bound)")
+            return _Prov(block_hash, bt, bt)
+        prov = self._tier.get((tier, block_hash))
+        if prov is None:
+            if self.tier_content_known:
+                self._fail(10, f"{job.kind} job {job.job_id} reads block {block_hash} from {tier}, which holds "
+                               f"no copy of it (never stored there, or evicted since)")
+            return _Prov(block_hash, bt, bt)
+        if prov.bad is not None or prov.key != block_hash or prov.filled < bt or prov.confirmed < bt:
+            self._fail(10, f"{job.kind} job {job.job_id} reads block {block_hash} from {tier}, whose copy "
+                           f"{_describe(prov, bt, block_hash)}")
+        return prov
+
     def _on_rank_timeout(self, record: dict[str, Any]) -> None:
         job_id = record.get("job")
         job = self.jobs.get(job_id) if _is_int(job_id) else None
@@ -423,6 +628,9 @@ class InvariantObserver:
             # (the engine lets a new load start); it still holds its device blocks (2).
             for move in job.moves:
                 _drop(self._loading_hashes, move.block_hash, job)
+                self._failed_load(job, move.block_hash)
+        if job.kind == "store":
+            self._store_ended(job)
 
     def _on_free(self, blocks: Iterable[int]) -> None:
         for block in blocks:
@@ -493,13 +701,35 @@ class InvariantObserver:
             if not job.done_recorded and not cut_inside:
                 self._fail(3, f"{job.kind} job {job.job_id}: every rank reported, yet it was not completed")
         self._completed_now = []
+        for rid, epoch in self._discard_due:
+            if not self.from_trace and (rid, epoch) not in self._discarded_now:
+                self._fail(4, f"{rid} aborted in lookup_pending but its lookup (epoch {epoch}) was not discarded")
         self._discard_due = []
+        self._discarded_now = set()
+        if self.max_running is not None and self.running > self.max_running:
+            self._fail(11, f"{self.running} requests running, max_running is {self.max_running}")
+        if self._hit_due:
+            self._check_hits()
         if self.accounting is not None and self._input is not None:
             try:
                 self.accounting()
             except AssertionError as exc:
                 self._fail(2 if "job" in str(exc) else 8, f"engine accounting: {exc}")
         self._input = None
+
+    def _check_hits(self) -> None:
+        """13: what the engine recorded as a request's prefix hit is what its first
+        admission skipped (checked once the handling that started its first chunk ended)."""
+        probe = self.hit_probe
+        due, self._hit_due = self._hit_due, []
+        if probe is None:
+            return
+        for req in due:
+            recorded = probe(req.request_id)
+            if recorded is not None and recorded != req.hit_due:
+                skipped = (req.hit_due or 0) * self.block_tokens
+                self._fail(13, f"{req.request_id}: the engine records a prefix hit of {recorded} blocks, "
+                               f"its first admission skipped {req.hit_due} (tokens 0..{skipped} were not computed)")
 
     # ---- commands (live) -------------------------------------------------------------------
     def feed_commands(self, commands: Iterable[Any]) -> None:
@@ -512,18 +742,14 @@ class InvariantObserver:
             SubmitLookup,
         )
 
-        commands = list(commands)
-        discarded = {(c.request_id, c.epoch) for c in commands if isinstance(c, DiscardLookup)}
-        for rid, epoch in self._discard_due:
-            if (rid, epoch) not in discarded:
-                self._fail(4, f"{rid} aborted in lookup_pending but its lookup (epoch {epoch}) was not discarded")
-        self._discard_due = []
         for command in commands:
             if isinstance(command, SubmitLookup):
+                self._on_submit_lookup(command)
+            elif isinstance(command, DiscardLookup):
+                self._discarded_now.add((command.request_id, command.epoch))
                 req = self.requests.get(command.request_id)
-                if req is None or req.lookup_epoch != command.epoch:
-                    self._fail(4, f"lookup for {command.request_id} submitted with epoch {command.epoch}, "
-                                  f"request epoch is {None if req is None else req.epoch}")
+                if req is not None:
+                    req.outstanding_lookup = False
             elif isinstance(command, StartLoad | StartStore):
                 self._on_start(command, "load" if isinstance(command, StartLoad) else "store")
             elif isinstance(command, FreeBlocks):
@@ -531,14 +757,31 @@ class InvariantObserver:
             elif isinstance(command, StepPlan):
                 self._on_plan(command)
 
+    def _on_submit_lookup(self, command: Any) -> None:
+        req = self.requests.get(command.request_id)
+        # The command may come before (commands fed as issued) or after (fed when the
+        # handling returned) the request's lookup_submitted transition.
+        epoch = None if req is None else (req.lookup_epoch if req.state == "lookup_pending" else req.epoch)
+        if req is None or epoch != command.epoch:
+            self._fail(4, f"lookup for {command.request_id} submitted with epoch {command.epoch}, "
+                          f"request epoch is {None if req is None else req.epoch}")
+            return
+        if req.outstanding_lookup:
+            self._fail(12, f"lookup for {command.request_id} (epoch {command.epoch}) submitted while its previous "
+                           f"lookup is still unanswered: lookups per request are unbounded")
+        req.outstanding_lookup = True
+
     def _on_start(self, command: Any, kind: str) -> None:
         job = self.jobs.get(command.job_id)
         if job is None:  # no recorder attached: the command alone opens the job
             job = self.jobs[command.job_id] = _Job(command.job_id, kind, command.request_id)
+            req = self.requests.get(command.request_id)
+            if kind == "store" and req is not None:
+                req.stores.append(job)
         self._start_moves(job, tuple(command.moves))
 
     def _start_moves(self, job: _Job, moves: tuple[Any, ...]) -> None:
-        """A load or store job starts moving these blocks: invariants 2, 4 (stale hit), 5, 6."""
+        """A load or store job starts moving these blocks: invariants 2, 5, 6, 10 and 12."""
         job.moves = moves
         kind = job.kind
         req = self.requests.get(job.request_id)
@@ -554,21 +797,48 @@ class InvariantObserver:
                         self._fail(6, f"load job {job.job_id} ({job.request_id}) brings block "
                                       f"{move.block_hash} that load job {other.job_id} "
                                       f"({other.request_id}) is already loading")
-                bad = self._bad_in_tier.get((move.tier, move.block_hash))
-                if bad is not None:
-                    self._fail(4, f"load job {job.job_id} reads block {move.block_hash} from {move.tier}, "
-                                  f"which failed to load in job {bad} and was never stored again (stale hit)")
-            elif self.chunks_known:
+                job.sources[move.block_hash] = self._read_tier(job, move.tier, move.block_hash)
+                if req is not None:
+                    self._check_retry(job, req, move.block_hash)
+                if not self.from_trace:
+                    self._device[move.device_block] = _Prov(None, 0, 0, bad=f"load job {job.job_id} in flight")
+                continue
+            # A store: 5 (the request computed those tokens), then 10 (the device block holds them).
+            unconfirmed = False
+            if self.chunks_known:
                 position = req.position(move.block_hash, bt) if req is not None else None
                 if position is None:
+                    unconfirmed = True
                     self._fail(5, f"store job {job.job_id} writes block {move.block_hash}, not a block "
                                   f"{job.request_id} has computed")
-                elif req is not None and (position + 1) * bt > req.valid_tokens:
-                    self._fail(5, _unconfirmed_store(job, req, (position + 1) * bt))
+                elif req is not None and (position + 1) * bt > (valid := _valid(job, req)):
+                    unconfirmed = True
+                    self._fail(5, _unconfirmed_store(job, req, (position + 1) * bt, valid))
+            if self.from_trace:
+                continue
+            prov = self._device.get(move.device_block, _UNKNOWN)
+            good = prov.bad is None and prov.key == move.block_hash and prov.filled >= bt
+            if not unconfirmed and not (good and prov.confirmed >= bt):
+                held = _describe(prov, bt, move.block_hash)
+                self._fail(10, f"store job {job.job_id} of {job.request_id} reads device block "
+                               f"{move.device_block} as block {move.block_hash}, but it {held}")
+            job.sources[move.block_hash] = _Prov(move.block_hash, prov.filled if good else 0,
+                                                 prov.confirmed if good else 0)
         for move in moves:
             self._busy_blocks.setdefault(move.device_block, []).append(job)
             if kind == "load":
                 self._loading_hashes.setdefault(move.block_hash, []).append(job)
+
+    def _check_retry(self, job: _Job, req: _Req, block_hash: int) -> None:
+        """12: after a load of its block i failed, a request never loads block i or a
+        later one again (the engine computes from the first failed block instead), so
+        retries per request are bounded by its blocks."""
+        position = req.position(block_hash, self.block_tokens)
+        if position is None:
+            return
+        if req.failed_from is not None and position >= req.failed_from and job.request_id == req.request_id:
+            self._fail(12, f"load job {job.job_id}: {req.request_id} loads its block {position} again, after its "
+                           f"load of block {req.failed_from} failed (retries are unbounded)")
 
     def _scheduled(self, step_id: int, rid: str, computed_before: int, tokens: int) -> _Req | None:
         """The observer's record of a request a step schedules (None: it never arrived)."""
@@ -584,12 +854,19 @@ class InvariantObserver:
             # completed load) ends: those tokens are valid content.
             req.valid_tokens = computed_before
             req.fresh = False
+            if req.hit_state == "pending":
+                req.hit_state = "checked"
+                req.hit_due = computed_before // self.block_tokens
+                self._hit_due.append(req)
         return req
 
     def _on_plan(self, plan: Any) -> None:
         bt = self.block_tokens
         entries = []
+        writes: list[_Write] = []
+        total = 0
         for entry in plan.entries:
+            total += entry.num_tokens
             req = self._scheduled(plan.step_id, entry.request_id, entry.computed_before, entry.num_tokens)
             if req is None:
                 continue
@@ -601,12 +878,55 @@ class InvariantObserver:
                         self._fail(2, f"step {plan.step_id}: {entry.request_id} "
                                       f"{'writes' if first <= i <= last else 'reads'} device block {block} "
                                       f"while {job.kind} job {job.job_id} still moves it")
+            self._step_provenance(plan.step_id, req, entry, writes)
             entries.append((entry.request_id, req.epoch, entry.computed_before, entry.num_tokens))
-        self._plan_step(plan.step_id, entries)
+        if self.max_batched_tokens is not None and total > self.max_batched_tokens:
+            self._fail(11, f"step {plan.step_id} schedules {total} tokens, the budget is {self.max_batched_tokens}")
+        self._plan_step(plan.step_id, entries, writes)
+
+    def _step_provenance(self, step_id: int, req: _Req, entry: Any, writes: list[_Write]) -> None:
+        """10 for one step entry: the blocks holding tokens 0..computed_before hold this
+        request's tokens (its own writes of this epoch, in flight or not, or confirmed
+        blocks: device-cache hits, loads, joins); then the step writes its chunk."""
+        bt = self.block_tokens
+        before, n, table = entry.computed_before, entry.num_tokens, entry.block_table
+        me = (req.request_id, req.epoch)
+        for i in range(-(-before // bt)):
+            need = min(bt, before - i * bt)
+            if i >= len(table):
+                self._fail(10, f"step {step_id}: {req.request_id} reads {before} cached tokens with a block table "
+                               f"of {len(table)} blocks")
+                return
+            prov = self._device.get(table[i], _UNKNOWN)
+            key = req.hash_at(i)
+            own = prov.writer == me
+            if prov.bad is not None or prov.key != key or prov.filled < need or (not own and prov.confirmed < need):
+                what = "its own block" if own else "a hit"
+                self._fail(10, f"step {step_id}: {req.request_id} reads device block {table[i]} as its block {i} "
+                               f"({what}: tokens {i * bt}..{i * bt + need - 1}), but it {_describe(prov, need, key)}")
+                return
+        end = before + n
+        for i in range(before // bt, -(-end // bt)):
+            if i >= len(table):
+                self._fail(10, f"step {step_id}: {req.request_id} computes tokens up to {end} with a block table "
+                               f"of {len(table)} blocks")
+                return
+            block = table[i]
+            key = req.hash_at(i)
+            upto = min(bt, end - i * bt)
+            current = self._device.get(block)
+            if current is not None and current.writer == me and current.key == key and i * bt < before:
+                current.filled = max(current.filled, upto)
+            elif current is not None and current.writer is None and current.key == key and current.bad is None \
+                    and current.filled >= upto:
+                pass  # a loaded or hit block recomputed in part: the same tokens again
+            else:
+                self._device[block] = _Prov(key, upto, 0, me)
+            writes.append((block, key, upto, me))
 
     # ---- end of inputs -------------------------------------------------------------------------
     def finish(self) -> None:
-        """Invariant 7 once inputs stop: every job ended on every rank, nothing stranded."""
+        """Invariant 7 once inputs stop: every job ended on every rank, every request finished."""
         self.end_input()
         self._line = None
         open_jobs = [job for job in self.jobs.values() if not job.complete]
@@ -633,11 +953,30 @@ class InvariantObserver:
         return {rid: req.state for rid, req in self.requests.items()}
 
 
-def _unconfirmed_store(job: _Job, req: _Req, end: int) -> str:
+def _describe(prov: _Prov, need: int, key: int | None = None) -> str:
+    """What a device block or tier copy holds, for a provenance finding; ``need``: how many
+    of its tokens were read, ``key``: the block hash they should be of."""
+    if prov is _UNKNOWN:
+        return "was never written"
+    if prov.bad is not None:
+        return f"holds no usable content ({prov.bad})"
+    if key is not None and prov.key != key:
+        return f"holds block {prov.key}"
+    who = f" (written by {prov.writer[0]} in epoch {prov.writer[1]})" if prov.writer is not None else ""
+    if prov.filled < need:
+        return f"holds only {prov.filled} of the {need} tokens read{who}"
+    return (f"holds {prov.filled} tokens of which only {prov.confirmed} were confirmed by a step output"
+            f"{who}: a block published or copied before its step's output")
+
+
+def _valid(job: _Job, req: _Req) -> int:
+    return req.valid_tokens if job.valid_at is None else job.valid_at
+
+
+def _unconfirmed_store(job: _Job, req: _Req, end: int, valid: int) -> str:
     """Invariant 5's message: which of the stored positions no step output vouched for,
     and which of them are placeholders (tokens sampled by steps whose output has not
     arrived: their KV is being written by a step in flight, the bug of vLLM #27644)."""
-    valid = req.valid_tokens
     message = f"store job {job.job_id} of {job.request_id} covers tokens up to {end}, only {valid} are computed"
     first_placeholder = max(valid + 1, req.prompt_tokens)
     if first_placeholder < end:

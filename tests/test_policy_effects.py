@@ -4,7 +4,10 @@ Each scenario picks the knobs that make one effect visible: slow lookups for asy
 a queue and a slow disk tier for early prefetch, bursts of requests whose shared prefix was
 evicted from the device for shared loads, async scheduling for stores. The physics are the
 defaults (Llama-3-8B on one H100 SXM: the step-cost model, contended links, one lookup
-worker, completions at step boundaries); the figures in the comments were measured on them.
+worker, completions at step boundaries); the figures in the comments were measured on them
+(main at b6b7b15). The thresholds are not those figures: each is derived from what the
+policy must do (the derivation is in a comment beside it), so they hold for any engine and
+physics that do what the policy asks, and fail for one that does not.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from kvlife.lifecycle.drivers.runner import RunOutcome, run_workload
 from kvlife.lifecycle.drivers.simulator import Simulator
 from kvlife.lifecycle.engine.events import StartStore
 from kvlife.lifecycle.metrics import summarize
+from kvlife.lifecycle.profiles.catalog import load_hardware
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 from kvlife.policies.loading import load_stack
@@ -56,8 +60,14 @@ def test_async_lookup_takes_lookups_off_the_critical_path() -> None:
     assert async_.summary["critical_path_lookup_ms"] == 0
     assert async_.summary["sync_lookups"] == 0
     assert async_.summary["async_lookups"] >= len(workload)
-    # measured: p50 1,906 ms (sync: 4.5 s of lookups inline with steps) vs 653 ms (async)
-    assert ttft(async_, 50) < 0.5 * ttft(sync, 50)
+    # measured: p50 1,833 ms (sync: 4.9 s of lookups inline with steps, 606 of them) vs
+    # 316 ms (async). Derivation: every ms of an inline lookup stalls the step loop, so
+    # every request waiting for its first token then waits that much longer; async takes
+    # the lookups off that path (each request still awaits its own answer, in
+    # lookup_pending, but no step waits for it). TTFT must drop by at least half the inline
+    # lookup time removed per request.
+    removed_per_request = sync.summary["critical_path_lookup_ms"] / len(workload)
+    assert ttft(sync, 50) - ttft(async_, 50) >= 0.5 * removed_per_request
 
 
 # ---- early prefetch -----------------------------------------------------------------
@@ -90,17 +100,23 @@ def loaded_from(stack: tuple[str, ...], workload: list[WorkloadRequest]) -> tupl
 def test_early_prefetch_pulls_disk_blocks_into_host_while_requests_queue() -> None:
     """Early prefetch looks a request up when it arrives and pulls its disk blocks into the
     host tier while it queues: the load at admission then comes from host, and the lookup is
-    off the critical path. At 4 req/s the queue holds (TTFT p50 119 ms, p99 5.9 s)."""
+    off the critical path. At 4 req/s the queue holds (TTFT p50 161 ms, p99 7.5 s)."""
     workload = synthetic_workload(seed=1, num_requests=300, arrival_rate_per_s=4.0, block_tokens=BT)
     base, base_tiers = loaded_from((), workload)
     early, early_tiers = loaded_from(("early-prefetch",), workload)
     stats = early.result.engine.stats
     assert stats.prefetches > 0 and stats.blocks_prefetched > 0
     assert early.summary["critical_path_lookup_ms"] < 0.1 * base.summary["critical_path_lookup_ms"]
-    # measured: 1,140 blocks pulled into host; admissions load 0 blocks from disk instead of 1,187
-    assert early_tiers.get("disk", 0) < 0.5 * base_tiers["disk"]
-    # measured: p50 118.8 -> 85.9 ms, p90 3,006 -> 1,929 ms; p99 5,925 -> 7,260 ms (worse: the
-    # pulls share the disk with the stores, and the answers taken at arrival age in the queue)
+    # measured: 1,233 blocks pulled into host; admissions load 24 blocks from disk instead
+    # of 1,283, and 1,202 from host instead of 20. Derivation: a block pulled into host
+    # before its request is admitted is loaded from host, not disk (the patience is the
+    # fallback's: wait for the pull); allow half of the pulled blocks to be lost to host
+    # evictions and to admissions that come before the pull was started.
+    pulled = stats.blocks_prefetched
+    assert early_tiers.get("disk", 0) <= base_tiers["disk"] - pulled // 2
+    assert early_tiers.get("host", 0) >= base_tiers.get("host", 0) + pulled // 2
+    # measured: p50 160.5 -> 82.9 ms, p90 4,837 -> 3,888 ms; p99 7,506 -> 11,263 ms (worse:
+    # the pulls share the disk with the stores, and the answers taken at arrival age in the queue)
     assert ttft(early, 50) < 0.9 * ttft(base, 50)
 
 
@@ -228,7 +244,8 @@ def test_shared_loads_removes_redundant_loads_without_the_convoy() -> None:
     join the one in-flight load. Deferring until it lands (defer-while-loading) costs nothing
     more here: the members' own blocks queue on the same saturated link either way, so the
     convoy the old uncontended model showed (+13 % p99) is gone."""
-    workload = shared_prefix_bursts()
+    n_prefixes, prefix_blocks = 3, 24
+    workload = shared_prefix_bursts(n_prefixes=n_prefixes, prefix_blocks=prefix_blocks)
     plain = run(BURSTS, (), workload)
     shared = run(BURSTS, ("shared-loads",), workload)
     defer = run(BURSTS, ("defer-while-loading",), workload)
@@ -238,10 +255,20 @@ def test_shared_loads_removes_redundant_loads_without_the_convoy() -> None:
     assert shared.result.engine.stats.joined_blocks > 0
     assert shared.summary["bytes_loaded"] < plain.summary["bytes_loaded"]
     assert defer.summary["deferrals"]["defer-while-loading"] > 0
-    # measured p99: 406 ms (no dedup: 792 redundant block loads), 308 ms (shared-loads),
-    # 308 ms (defer-while-loading)
-    assert ttft(shared, 99) < 0.85 * ttft(plain, 99)
-    assert ttft(defer, 99) == pytest.approx(ttft(shared, 99), rel=0.05)
+    # measured p99: 405 ms (no dedup: 792 redundant block loads, 43.5 GB loaded), 308 ms
+    # (shared-loads, 16.9 GB), 308 ms (defer-while-loading).
+    # Derivation: the loads shared-loads removes all cross the one host link (the
+    # profile's 52.8 GB/s), which each burst saturates; a burst's last member waits for
+    # every byte queued ahead of it, so its TTFT drops by the link time removed from its
+    # burst. Allow 40 % of it: steps, and the members' own loads, overlap part of that time.
+    link_bytes_per_ms = load_hardware(SIM.hardware).host_link_gb_s * 1e6
+    removed_ms = (plain.summary["bytes_loaded"] - shared.summary["bytes_loaded"]) / link_bytes_per_ms / n_prefixes
+    assert ttft(plain, 99) - ttft(shared, 99) >= 0.4 * removed_ms
+    # defer-while-loading starts no load that joining would not: a deferred member waits
+    # for the shared prefix to land, then hits it on the device, where a joiner waits for
+    # the same load. The two may differ by at most one load of the prefix.
+    prefix_ms = prefix_blocks * shared.summary["setup"]["block_bytes"] / link_bytes_per_ms
+    assert abs(ttft(defer, 99) - ttft(shared, 99)) <= prefix_ms
 
 
 def test_shared_loads_never_has_two_loads_of_one_block_in_flight() -> None:

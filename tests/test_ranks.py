@@ -129,9 +129,18 @@ def test_missing_rank_times_out_and_blocks_stay_quarantined() -> None:
     engine.handle(Tick(20.0))  # rank 1 never reported: deadline passed
     assert engine.stats.rank_timeouts == 1
     req = engine.requests["r"]
-    assert req.state in ("waiting", "running")  # degraded to recompute, not stranded
+    # Degraded to recompute, not stranded: back in waiting, never to load from the tier
+    # again. It cannot run yet: its 70 tokens need 5 blocks, and of the 8 only the 4 the
+    # quarantined load does not hold are free.
+    assert req.state == "waiting"
+    assert req.external_hit_limit == 0
     held = [m.device_block for m in load.moves]
     assert all(engine.pool.refs[b] > 0 for b in held)
+    assert engine.pool.free == 8 - len(held)
     engine.handle(TransferReport(30.0, load.job_id, 1))  # the late report releases them
-    assert all(engine.pool.refs[b] == 0 or b in req.block_table for b in held)
+    assert all(engine.pool.refs[b] == 0 for b in held)
+    assert engine.pool.cached_prefix(hashes) == 0  # a load given up on is never published
+    plan = next(c for c in engine.handle(Tick(31.0)) if isinstance(c, StepPlan))
+    assert req.state == "running"
+    assert [(e.request_id, e.computed_before, e.num_tokens) for e in plan.entries] == [("r", 0, 70)]
     engine.check_invariants()

@@ -4,7 +4,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from statemachine import State, StateMachine
-from statemachine.exceptions import InvalidDefinition
 
 from kvlife.lifecycle.cli.main import main
 from kvlife.specs.lifecycle import RequestLifecycle
@@ -31,24 +30,32 @@ def test_preemption_and_load_failure_lead_back_to_waiting() -> None:
     assert TABLE.edges[("loading", "failed")] == "finished"
 
 
-def test_spec_class_is_validated_when_defined() -> None:
-    with pytest.raises(InvalidDefinition):
+def _reachable(start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        state = todo.pop()
+        for trigger in TABLE.allowed(state):
+            target = TABLE.edges[(state, trigger)]
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
 
-        class Trapped(StateMachine):  # 'stuck' has no way out and is not final
-            start = State(initial=True)
-            stuck = State()
-            done = State(final=True)
-            go = start.to(stuck)
-            end = start.to(done)
 
-    with pytest.raises(InvalidDefinition):
+def test_every_state_is_reachable_and_can_finish() -> None:
+    # The lifecycle itself, walked through its compiled table: a state nobody reaches is
+    # dead spec, and a state from which finished cannot be reached strands its requests.
+    assert _reachable(TABLE.initial) == set(TABLE.states)
+    for state in TABLE.states:
+        assert "finished" in _reachable(state), f"{state} can never finish"
 
-        class Unreachable(StateMachine):
-            start = State(initial=True)
-            island = State()
-            done = State(final=True)
-            end = start.to(done)
-            leave = island.to(done)
+
+def test_every_io_wait_state_has_a_way_out_other_than_abort() -> None:
+    # lookup_pending, loading and sending wait on IO: each must be left by the IO's own
+    # outcome, not only by a client abort (else a missing report strands it for good).
+    for state in ("lookup_pending", "loading", "sending"):
+        exits = {t for t in TABLE.allowed(state) if t != "aborted"}
+        assert exits, state
 
 
 def test_illegal_transition_names_request_state_and_trigger() -> None:
@@ -58,8 +65,58 @@ def test_illegal_transition_names_request_state_and_trigger() -> None:
     assert "req-7" in message and "finished" in message and "admitted" in message
 
 
-def test_compile_is_deterministic() -> None:
-    assert compile_spec(RequestLifecycle) == TABLE
+# The transitions of docs/design.md ("The request lifecycle"), written out by hand: the
+# compiled table must be exactly this, neither more nor less.
+DESIGN_EDGES = {
+    ("waiting", "lookup_submitted"): "lookup_pending",
+    ("waiting", "load_started"): "loading",
+    ("waiting", "admitted"): "running",
+    ("waiting", "aborted"): "finished",
+    ("waiting", "failed"): "finished",
+    ("lookup_pending", "lookup_answered"): "waiting",
+    ("lookup_pending", "aborted"): "finished",
+    ("loading", "load_done"): "running",
+    ("loading", "load_failed"): "waiting",
+    ("loading", "aborted"): "finished",
+    ("loading", "failed"): "finished",
+    ("running", "preempted"): "waiting",
+    ("running", "send_started"): "sending",
+    ("running", "completed"): "finished",
+    ("running", "aborted"): "finished",
+    ("running", "failed"): "finished",
+    ("sending", "completed"): "finished",
+    ("sending", "aborted"): "finished",
+    ("sending", "failed"): "finished",
+}
+
+
+def test_compiled_table_is_the_documented_lifecycle() -> None:
+    assert dict(TABLE.edges) == DESIGN_EDGES
+    assert set(TABLE.triggers) == {t for _, t in DESIGN_EDGES}
+
+
+def test_compile_reads_another_spec_and_refuses_a_nondeterministic_one() -> None:
+    class Door(StateMachine):
+        shut = State(initial=True)
+        open_ = State()
+        gone = State(final=True)
+        push = shut.to(open_) | open_.to(shut)
+        leave = open_.to(gone)
+
+    door = compile_spec(Door)
+    assert door.initial == "shut" and door.final == frozenset({"gone"})
+    assert dict(door.edges) == {("shut", "push"): "open_", ("open_", "push"): "shut", ("open_", "leave"): "gone"}
+    assert door.allowed("shut") == ("push",)
+    assert compile_spec(RequestLifecycle) != door
+
+    class Fork(StateMachine):
+        start = State(initial=True)
+        left = State(final=True)
+        right = State(final=True)
+        go = start.to(left) | start.to(right, cond=lambda: False)
+
+    with pytest.raises(ValueError, match="non-deterministic"):
+        compile_spec(Fork)
 
 
 @settings(max_examples=200, deadline=None)

@@ -30,7 +30,7 @@ from kvlife.specs.invariants import INVARIANTS, InvariantObserver, Violation
 
 # Checkable from trace records alone; 6 only applies when the stack shares loads, and 8
 # needs the pools' counters (see specs/invariants.py).
-CHECKED_FROM_TRACE = (0, 1, 2, 3, 4, 5, 6, 7)
+CHECKED_FROM_TRACE = (0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12)
 # Stacks that join in-flight loads, recognised by name in the header (no policy code is
 # imported to validate a trace).
 SHARING_POLICIES = frozenset({"shared-loads"})
@@ -137,7 +137,11 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     if sharing is None:
         sharing = sharing_from_header(header) if header is not None else False
     sharing = bool(sharing)
-    observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing, from_trace=True)
+    observer = InvariantObserver(
+        config.ranks, config.block_tokens, sharing=sharing, from_trace=True,
+        max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
+        finish_after_stores=True,
+    )
     last_t = float("-inf")
     for number, raw in body:
         try:
