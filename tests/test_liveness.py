@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -107,3 +108,82 @@ def test_never_releasing_preempted_blocks_is_stranded(tmp_path: Path, monkeypatc
     assert summary["stranded"] > 0
     assert _stranded_warnings(trace)
     assert _validate_stranded(trace)  # a validate finding, from the trace alone
+
+
+def _drive_with_lagging_stores(engine: Any, rounds: int) -> int | None:
+    """Tick, then deliver the step's output; each store job reports one round late, so the
+    request's own stores are in flight whenever it next needs blocks. Returns the round at
+    which "a" finished, or None."""
+    from kvlife.lifecycle.engine.events import StartStore, StepOutput, StepPlan, Tick, TransferReport
+
+    t = 0.0
+    lagging: list[int] = []
+    for r in range(rounds):
+        commands = engine.handle(Tick(t))
+        t += 1.0
+        for job_id in lagging:
+            engine.handle(TransferReport(t, job_id, 0))
+        lagging = [c.job_id for c in commands if isinstance(c, StartStore)]
+        for plan in (c for c in commands if isinstance(c, StepPlan)):
+            engine.handle(StepOutput(t, plan.step_id))
+        if engine.state.requests["a"].state == "finished":
+            return r
+    return None
+
+
+def test_request_outgrowing_the_device_fails_instead_of_preempting_itself() -> None:
+    """A running request whose sequence outgrows the whole device, while its own stores are
+    in flight, used to preempt itself and wait in the queue for ever (it could never be
+    admitted again). It fails with a reason, and its queue is not parked behind it."""
+    from kvlife.lifecycle.config import EngineConfig, TierConfig
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival
+    from kvlife.policies.stack import PolicyStack
+
+    config = EngineConfig(block_tokens=4, device_blocks=6, max_batched_tokens=16, ranks=1,
+                          tiers=(TierConfig("host", capacity_blocks=8),))
+    engine = Engine(config, PolicyStack([]), reference=True)
+    engine.handle(Arrival(0.0, "a", 18, (1, 2, 3, 4)))
+    finished_at = _drive_with_lagging_stores(engine, 50)
+    a = engine.state.requests["a"]
+    assert finished_at is not None, f"stuck in {a.state} after {a.preemptions} preemption(s)"
+    assert a.finish_reason == "error" and a.preemptions == 0
+    # It computed until its sequence filled the 6 blocks (24 tokens); the token sampled
+    # from the 24th would need a 7th block.
+    assert a.prompt_tokens + a.generated == 6 * 4 + 1
+
+
+def test_a_preempted_head_that_can_never_fit_again_fails_and_the_queue_moves() -> None:
+    """A request preempted by another one after its generated tokens filled the device:
+    re-admitting it needs more blocks than the device has. It fails at the head of the
+    queue; the request behind it is admitted and finishes."""
+    from kvlife.lifecycle.config import EngineConfig
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival
+    from kvlife.policies.stack import PolicyStack
+
+    config = EngineConfig(block_tokens=4, device_blocks=6, max_batched_tokens=16, ranks=1, tiers=())
+    engine = Engine(config, PolicyStack([]), reference=True)
+    a = engine.state.requests
+    engine.handle(Arrival(0.0, "a", 18, ()))
+    # Grow "a" to 25 known tokens (24 computed in 6 blocks, one sampled), then put it back in the queue as a preemption
+    # by a newer request would.
+    from kvlife.lifecycle.engine.events import StepOutput, StepPlan, Tick
+
+    t = 0.0
+    while a["a"].prompt_tokens + a["a"].generated < 25:
+        plans = [c for c in engine.handle(Tick(t)) if isinstance(c, StepPlan)]
+        t += 1.0
+        for plan in plans:
+            engine.handle(StepOutput(t, plan.step_id))
+    engine.scheduler._preempt(a["a"])
+    engine.handle(Arrival(t, "b", 6, ()))
+    for _ in range(20):
+        plans = [c for c in engine.handle(Tick(t)) if isinstance(c, StepPlan)]
+        t += 1.0
+        for plan in plans:
+            engine.handle(StepOutput(t, plan.step_id, finished=(("b", "stopped"),) if a["b"].generated else ()))
+        if a["b"].state == "finished":
+            break
+    assert a["a"].state == "finished" and a["a"].finish_reason == "error"
+    assert a["b"].state == "finished" and a["b"].finish_reason == "stopped"

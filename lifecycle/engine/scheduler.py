@@ -60,6 +60,11 @@ def _schedule(req: Request, n: int) -> Entry:
     return (req, n, samples)
 
 
+def _outgrown(req: Request, need: int, capacity: int) -> str:
+    return (f"needs {len(req.block_table) + need} blocks for {req.computed} computed tokens and the chunk, "
+            f"the device has {capacity}")
+
+
 class Scheduler:
     def __init__(self, state: EngineState, lifecycle: Lifecycle, transfers: Transfers) -> None:
         self.state = state
@@ -97,13 +102,14 @@ class Scheduler:
             need = -(-(req.computed + n) // bt) - len(req.block_table)  # state.blocks_for, inlined
             if need > 0:
                 if need > pool.free:
+                    if len(req.block_table) + need > pool.capacity:
+                        # It outgrew the whole device: preempting anything (itself included,
+                        # while its own stores or step are in flight) could never make room.
+                        self.lifecycle.finish(req, "failed", "error", _outgrown(req, need, pool.capacity))
+                        break
                     stuck = False
                     while need > pool.free:
                         victim = running[-1]
-                        if victim is req and len(running) == 1 and not state.jobs and not state.steps:
-                            self.lifecycle.finish(req, "failed", "error",
-                                                  f"needs {need} more blocks and nothing else holds any")
-                            break
                         if state.defer_frees and state.last_step_with(victim) is not None:
                             stuck = True  # its blocks cannot be given back yet: wait for the step
                             break
@@ -203,6 +209,13 @@ class Scheduler:
                 continue
             if req.request_id in state.prefetch_waits and self.transfers.prefetch_gate(req) == "deferred":
                 index += 1
+                continue
+            if state.blocks_for(req.known_tokens + 1) > state.pool.capacity:
+                # A head that can never fit (its generated tokens grew it past the device
+                # before a preemption) must not park the queue behind it (vllm#57841).
+                lifecycle.finish(req, "failed", "error",
+                                 f"needs {state.blocks_for(req.known_tokens + 1)} blocks for its "
+                                 f"{req.known_tokens} known tokens and the next, the device has {state.pool.capacity}")
                 continue
             candidates = state.hit_candidates(req)
             lookup = req.lookup
