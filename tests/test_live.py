@@ -143,12 +143,27 @@ def test_disk_full_mid_run_fails_stores_and_loads_of_them_miss(tmp_path: Path, m
     assert sum(outcome.summary["finished"].values()) == 120
     assert outcome.stats.mismatches == 0
     assert any(e.get("event") == "disk_write_failed" for e in outcome.stats.tier_events)
-    failed_stores = [r for _, r in read_trace(tmp_path / "full.jsonl")
-                     if r["kind"] == "job_done" and r["op"] == "store" and r["failed"] > 0]
+    records = [r for _, r in read_trace(tmp_path / "full.jsonl")]
+    failed_stores = [r for r in records if r["kind"] == "job_done" and r["op"] == "store" and r["failed"] > 0]
     assert failed_stores, "the engine records the failed stores"
-    # whatever failed to store is not in the index, so it can never be served
+    # Whatever failed to store is not in the index, so it can never be served: a hash that
+    # only ever went to disk in stores that failed is neither indexed nor loaded from disk.
+    blocks_of = {r["job"]: r["blocks"] for r in records if r["kind"] == "job" and r["op"] == "store"}
+    failed_ids = {r["job"] for r in failed_stores if r["failed"] == blocks_of[r["job"]]}  # wholly failed
+    stored: dict[int, set[int]] = {}  # hash -> store jobs that wrote it to disk
+    for r in records:
+        if r["kind"] == "job" and r["op"] == "store":
+            for block_hash, _, tier in r["moves"]:
+                if tier == "disk":
+                    stored.setdefault(block_hash, set()).add(r["job"])
+    only_failed = {h for h, jobs in stored.items() if jobs <= failed_ids}
+    assert only_failed, "some blocks were written only by stores that failed"
     disk = outcome.result.engine.tiers["disk"]
     disk.check_accounting()
+    assert not any(disk.contains(h) for h in only_failed)
+    loaded_from_disk = {block_hash for r in records if r["kind"] == "job" and r["op"] == "load"
+                        for block_hash, _, tier in r["moves"] if tier == "disk"}
+    assert not loaded_from_disk & only_failed
 
 
 def test_rank_polls_copies_that_finish_later_without_new_messages() -> None:
