@@ -245,10 +245,16 @@ def _with_ranks(aggregator: type[RankAggregator]) -> Callable[..., Engine]:
 
 
 # ---- 11. a head that can never fit parks the queue (vllm#57841) ------------------------------------
-class QueuesOversizedPrompts(Engine):
+class _AdmitsWhatNeverFits(Scheduler):
+    def _never_fits(self, req: Request) -> bool:
+        return False
+
+
+class QueuesOversizedPrompts(_with_scheduler(_AdmitsWhatNeverFits)):  # type: ignore[misc]
     """vllm#57841: requests parked forever behind a head that can never be scheduled. A
-    prompt larger than the whole device is queued instead of failed at arrival; FIFO
-    admission stops at it, every tick, and nothing behind it ever runs."""
+    prompt larger than the whole device is queued instead of failed at arrival (and the
+    admission's own check is gone too); FIFO admission stops at it, every tick, and nothing
+    behind it ever runs."""
 
     def _on_arrival(self, event: Arrival) -> None:
         pool = self.state.pool

@@ -210,13 +210,8 @@ class Scheduler:
             if req.request_id in state.prefetch_waits and self.transfers.prefetch_gate(req) == "deferred":
                 index += 1
                 continue
-            if state.blocks_for(req.known_tokens + 1) > state.pool.capacity:
-                # A head that can never fit (its generated tokens grew it past the device
-                # before a preemption) must not park the queue behind it (vllm#57841).
-                lifecycle.finish(req, "failed", "error",
-                                 f"needs {state.blocks_for(req.known_tokens + 1)} blocks for its "
-                                 f"{req.known_tokens} known tokens and the next, the device has {state.pool.capacity}")
-                continue
+            if self._never_fits(req):
+                continue  # failed: a head that can never fit must not park the queue (vllm#57841)
             candidates = state.hit_candidates(req)
             lookup = req.lookup
             if lookup is not None and not req.lookup_async \
@@ -268,6 +263,17 @@ class Scheduler:
                 break  # FIFO: no overtaking when memory is short
             index += 1  # deferred by the admission policy
         return budget
+
+    def _never_fits(self, req: Request) -> bool:
+        """Fail ``req`` if its known tokens and the next need more blocks than the whole
+        device (its generated tokens grew it past the device before a preemption)."""
+        state = self.state
+        need = state.blocks_for(req.known_tokens + 1)
+        if need <= state.pool.capacity:
+            return False
+        self.lifecycle.finish(req, "failed", "error", f"needs {need} blocks for its {req.known_tokens} known "
+                              f"tokens and the next, the device has {state.pool.capacity}")
+        return True
 
     def _record_reuse(self, req: Request, candidates: tuple[int, ...]) -> None:
         """A kept async answer is used again: trace its age and what left the tiers since."""
