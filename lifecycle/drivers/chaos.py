@@ -16,8 +16,9 @@ connector may legally do to the scheduler:
   flags: that is a liveness hole of the protocol, not of the engine, and is not generated.
   Dropping needs ``engine.transfer_deadline_ms`` (``ChaosError`` otherwise);
 - **lookup answers** (``LookupAnswer``): *delayed*, *duplicated* (the copy carries the same
-  answer, and may come long after, when the request's epoch has moved on: an old-epoch
-  answer while a newer lookup is pending) and so *reordered*. Never dropped here: a lost
+  answer; half the copies come up to ``max_duplicate_ms`` later, the other half are kept
+  back until the request submits its next lookup, of a newer epoch, and arrive while that
+  one is pending: an old-epoch answer) and so *reordered*. Never dropped here: a lost
   answer is recovered only by a lookup deadline (``DROP_LOOKUP_ANSWERS`` is the seam for it);
 - **step outputs** (``StepOutput``): *delayed* (a slow step; only while a single step can be
   in flight, so outputs never overtake each other: vLLM returns them in order) and
@@ -32,7 +33,7 @@ run's. ``counts`` says how many of each perturbation the run made.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -91,6 +92,8 @@ class Chaos:
         self._made = {"report": 0, "answer": 0}
         self._delivered = {"report": -1, "answer": -1}
         self._delayed_steps: set[int] = set()
+        # Copies of answers kept back, by request, for its next lookup (``replay``).
+        self._replays: dict[str, Delivery] = {}
 
     def _delay(self) -> float:
         return self.rng.uniform(0.0, self.rates.max_delay_ms)
@@ -134,8 +137,20 @@ class Chaos:
         deliveries: list[tuple[float, Any]] = [(first, tagged)]
         if rng.random() < rates.answer_duplicate:
             self.counts["answers_duplicated"] += 1
-            deliveries.append((first + self._later(), Delivery(answer, -1)))
+            if rng.random() < 0.5:
+                deliveries.append((first + self._later(), Delivery(answer, -1)))
+            else:  # kept back until the request asks again (``replay``)
+                self._replays[answer.request_id] = Delivery(answer, -1)
         return deliveries
+
+    def replay(self, request_id: str, epoch: int) -> Delivery | None:
+        """The request submits a lookup of ``epoch``: a copy kept back of an answer to one
+        of its older lookups, to arrive while the new one is pending (or None)."""
+        kept = self._replays.get(request_id)
+        if kept is None or cast(LookupAnswer, kept.event).epoch >= epoch:
+            return None
+        del self._replays[request_id]
+        return kept
 
     def delay_step(self, now: float, step_id: int, alone: bool) -> float | None:
         """A step ends at ``now``: a later time its output comes at instead, or None.

@@ -512,6 +512,10 @@ class Simulator:
         keys = len(command.block_hashes)
         t = self.lookups.submit(key, keys, now) if keys else now
         self._pending_lookup[key] = command.block_hashes
+        if self.chaos is not None:  # an answer to an older lookup of it, kept back until now
+            stale = self.chaos.replay(command.request_id, command.epoch)
+            if stale is not None:
+                self._push(now, stale)
         self._push(t, LookupAnswer(t, command.request_id, command.epoch, ()))
 
     def _answer_lookup(self, event: LookupAnswer) -> tuple[LookupAnswer, bool]:
