@@ -161,7 +161,7 @@ class _Req:
     failed_from: int | None = None  # 12: first block position whose load failed for it
     # 10: the device blocks of its leading full blocks that passed in epoch passed_epoch (and
     # hold the same provenance since: InvariantObserver._set_device).
-    passed: Any = ()
+    passed: list[int] = attrs.Factory(list)
     passed_epoch: int = -1
 
     def hash_at(self, i: int) -> int:
@@ -915,11 +915,10 @@ class InvariantObserver:
         # written tokens in place (a long decode would re-read its whole context every step).
         # A replaced block drops the request's passed blocks (_set_device); the block table's
         # prefix is compared whole.
-        passed = req.passed if req.passed_epoch == req.epoch else ()
+        passed: list[int] = req.passed if req.passed_epoch == req.epoch else []
         start = len(passed)
         if start and (start > len(table) or tuple(table[:start]) != tuple(passed)):
             start = 0
-        if not start:
             passed = []
         req.passed, req.passed_epoch = passed, req.epoch
         readers = self._readers
