@@ -50,7 +50,9 @@ def burst(n: int = 200) -> list[WorkloadRequest]:
 
 def run(config: RunConfig, workload: list[WorkloadRequest], stack: str | PolicyStack = "",
         trace: Path | None = None, engine_factory: Callable[..., Engine] | None = None) -> RunOutcome:
-    policies = stack if isinstance(stack, PolicyStack) else load_stack(tuple(s for s in stack.split(",") if s))
+    if isinstance(stack, str):  # named in the config too, so the trace header replays
+        config = attrs.evolve(config, policies=tuple(s for s in stack.split(",") if s))
+    policies = stack if isinstance(stack, PolicyStack) else load_stack(config.policies)
     return run_workload(config, workload, stack=policies, trace_path=trace, engine_factory=engine_factory)
 
 
@@ -85,6 +87,13 @@ def test_same_chaos_seed_same_trace_byte_for_byte(tmp_path: Path) -> None:
     run(chaos(CONFIG, 8), workload, "async-lookup", paths[2])
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert paths[0].read_bytes() != paths[2].read_bytes()
+    # What the engine did under chaos is a valid trace, and replays exactly.
+    from kvlife.lifecycle.traces.replay import replay
+    from kvlife.lifecycle.traces.validate import validate
+
+    report = validate(paths[0])
+    assert report.ok and report.findings == ()
+    assert replay(paths[0]).identical
 
 
 def test_the_check_alone_changes_nothing_the_engine_does(tmp_path: Path) -> None:
