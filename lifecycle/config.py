@@ -519,6 +519,13 @@ class SimConfig:
     # How recorded arrival times are replayed: "recorded", or "spread": requests sharing a
     # timestamp arrive evenly up to the next one (``kvlife.lifecycle.workloads.arrivals``).
     arrivals: str = attrs.field(default="recorded", validator=_choice(*ARRIVALS))
+    # An adversarial driver (``kvlife.lifecycle.drivers.chaos``): rank reports, lookup answers
+    # and step outputs delayed, duplicated, reordered and dropped within the protocol's rules,
+    # from this seed (None: a plain run). Needs engine.transfer_deadline_ms (``chaos_problem``).
+    chaos: int | None = attrs.field(default=None, validator=_optional(_seed))
+    # The invariant observer beside the engine (``kvlife.lifecycle.drivers.online_check``);
+    # a chaos run always checks.
+    check: bool = attrs.field(default=False, validator=_boolean)
 
 
 # [sim] keys of the old linear cost model, and what replaced them (a config naming one gets
@@ -832,6 +839,9 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
         raise fail("policies.stack", f"must be an array of policy names, got {describe(stack)}",
                    "policies", 0, "stack")
     config = RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live)
+    chaos = chaos_problem(config)
+    if chaos is not None:
+        raise fail("sim.chaos", chaos, "sim", 0, "chaos")
     if check_profiles:
         from kvlife.lifecycle.drivers.physics import resolve
         from kvlife.lifecycle.profiles import ProfileError
@@ -852,6 +862,20 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
                 message += " (engine.device_blocks is derived from sim.model and sim.hardware; set it)"
             raise fail(field, message, *_split_field(field))
     return config
+
+
+def chaos_problem(config: RunConfig) -> str | None:
+    """What is wrong with a chaos run of ``config``: it drops rank reports, which only a
+    transfer deadline recovers (``kvlife.lifecycle.drivers.chaos.check_config``)."""
+    if config.sim.chaos is None:
+        return None
+    from kvlife.lifecycle.drivers.chaos import ChaosError, check_config
+
+    try:
+        check_config(config.engine.transfer_deadline_ms)
+    except ChaosError as exc:
+        return str(exc)
+    return None
 
 
 def is_fit_error(field: str, message: str) -> bool:

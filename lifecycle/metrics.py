@@ -250,5 +250,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("simulated time (s)", format_value(summary["simulated_s"])),
         ("wall time (s)", format_value(summary["wall_s"])),
     ]
+    if "chaos" in summary:  # kvlife run --chaos: what the adversary did
+        chaos = {k: v for k, v in summary["chaos"].items() if k != "seed" and v}
+        rows.append((f"chaos (seed {summary['chaos']['seed']})", format_value(chaos)))
+    if "check" in summary:  # kvlife run --check / --chaos: the invariant observer's findings
+        from kvlife.lifecycle.drivers.online_check import describe
+
+        rows.append(("invariant check", describe(summary["check"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

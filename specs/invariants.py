@@ -159,6 +159,10 @@ class _Req:
     hit_state: str | None = None
     hit_due: int | None = None  # hit blocks to compare with the engine's count at the end of the handling
     failed_from: int | None = None  # 12: first block position whose load failed for it
+    # 10: the device blocks of its leading full blocks that passed in epoch passed_epoch (and
+    # hold the same provenance since: InvariantObserver._set_device).
+    passed: list[int] = attrs.Factory(list)
+    passed_epoch: int = -1
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -262,6 +266,19 @@ class InvariantObserver:
         # Provenance (10): device block -> what it holds; (tier, hash) -> what that copy holds.
         self._device: dict[int, _Prov] = {}
         self._tier: dict[tuple[str, int], _Prov] = {}
+        # 10: device block -> requests that count it among their passed blocks (_Req.passed).
+        self._readers: dict[int, set[str]] = {}
+
+    def _set_device(self, block: int, prov: _Prov) -> None:
+        """A device block holds something new: requests whose passed blocks (10) include it
+        check it again."""
+        self._device[block] = prov
+        readers = self._readers.pop(block, None)
+        if readers:
+            for rid in readers:
+                req = self.requests.get(rid)
+                if req is not None:
+                    req.passed_epoch = -1
 
     def seed_tier(self, tier: str, hashes: Iterable[int]) -> None:
         """Copies a tier held before the run started (a warm tier): complete and confirmed."""
@@ -446,13 +463,13 @@ class InvariantObserver:
                 _drop(self._loading_hashes, move.block_hash, job)
                 if move.block_hash in job.failed:
                     self._bad_in_tier[(move.tier, move.block_hash)] = job.job_id
-                    self._device[move.device_block] = _Prov(None, 0, 0, bad=f"load job {job.job_id} failed")
+                    self._set_device(move.device_block, _Prov(None, 0, 0, bad=f"load job {job.job_id} failed"))
                     self._failed_load(job, move.block_hash)
                 elif job.timed_out:
-                    self._device[move.device_block] = _Prov(None, 0, 0, bad=f"load job {job.job_id} timed out")
+                    self._set_device(move.device_block, _Prov(None, 0, 0, bad=f"load job {job.job_id} timed out"))
                 else:
                     source = job.sources.get(move.block_hash, _Prov(move.block_hash, bt, bt))
-                    self._device[move.device_block] = attrs.evolve(source, writer=None)
+                    self._set_device(move.device_block, attrs.evolve(source, writer=None))
             elif move.block_hash not in job.failed and not job.timed_out:
                 # A store rewrote the slot: the tier holds good bytes again (and a failed
                 # store leaves bad ones, judged by 10, not by an earlier failed load: 12).
@@ -801,7 +818,7 @@ class InvariantObserver:
                 if req is not None:
                     self._check_retry(job, req, move.block_hash)
                 if not self.from_trace:
-                    self._device[move.device_block] = _Prov(None, 0, 0, bad=f"load job {job.job_id} in flight")
+                    self._set_device(move.device_block, _Prov(None, 0, 0, bad=f"load job {job.job_id} in flight"))
                 continue
             # A store: 5 (the request computed those tokens), then 10 (the device block holds them).
             unconfirmed = False
@@ -872,8 +889,10 @@ class InvariantObserver:
                 continue
             first = entry.computed_before // bt
             last = (entry.computed_before + entry.num_tokens - 1) // bt
-            for i, block in enumerate(entry.block_table):
-                for job in self._busy_blocks.get(block, ()):
+            table = entry.block_table
+            busy = self._busy_blocks
+            for i, block in enumerate(table) if busy and not busy.keys().isdisjoint(table) else ():
+                for job in busy.get(block, ()):
                     if job.kind == "load" or first <= i <= last:
                         self._fail(2, f"step {plan.step_id}: {entry.request_id} "
                                       f"{'writes' if first <= i <= last else 'reads'} device block {block} "
@@ -891,7 +910,19 @@ class InvariantObserver:
         bt = self.block_tokens
         before, n, table = entry.computed_before, entry.num_tokens, entry.block_table
         me = (req.request_id, req.epoch)
-        for i in range(-(-before // bt)):
+        # Full blocks that passed for this request in this epoch still pass while the device
+        # holds the very same provenance objects in them: those only ever gain confirmed or
+        # written tokens in place (a long decode would re-read its whole context every step).
+        # A replaced block drops the request's passed blocks (_set_device); the block table's
+        # prefix is compared whole.
+        passed: list[int] = req.passed if req.passed_epoch == req.epoch else []
+        start = len(passed)
+        if start and (start > len(table) or tuple(table[:start]) != tuple(passed)):
+            start = 0
+            passed = []
+        req.passed, req.passed_epoch = passed, req.epoch
+        readers = self._readers
+        for i in range(start, -(-before // bt)):
             need = min(bt, before - i * bt)
             if i >= len(table):
                 self._fail(10, f"step {step_id}: {req.request_id} reads {before} cached tokens with a block table "
@@ -905,6 +936,9 @@ class InvariantObserver:
                 self._fail(10, f"step {step_id}: {req.request_id} reads device block {table[i]} as its block {i} "
                                f"({what}: tokens {i * bt}..{i * bt + need - 1}), but it {_describe(prov, need, key)}")
                 return
+            if need == bt and len(passed) == i:
+                passed.append(table[i])
+                readers.setdefault(table[i], set()).add(req.request_id)
         end = before + n
         for i in range(before // bt, -(-end // bt)):
             if i >= len(table):
@@ -921,7 +955,7 @@ class InvariantObserver:
                     and current.filled >= upto:
                 pass  # a loaded or hit block recomputed in part: the same tokens again
             else:
-                self._device[block] = _Prov(key, upto, 0, me)
+                self._set_device(block, _Prov(key, upto, 0, me))
             writes.append((block, key, upto, me))
 
     # ---- end of inputs -------------------------------------------------------------------------

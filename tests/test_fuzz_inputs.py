@@ -196,6 +196,8 @@ INSIDE: dict[str, st.SearchStrategy[Any]] = {
     "sim.rank_jitter_ms": st.floats(0, 1e9),
     "sim.max_output_tokens": st.integers(1, 1 << 24),
     "sim.time_scale": st.floats(1e-6, 1e6) | st.sampled_from([1e-6, 1e6]),
+    "sim.chaos": st.integers(-(2**63), INT64_MAX),
+    "sim.check": st.booleans(),
     "live.num_layers": st.integers(1, 64),
     "live.num_kv_heads": st.integers(1, 64),
     "live.head_dim": st.integers(1, 256),
@@ -366,7 +368,9 @@ def test_config_files(scratch: Path, drawn: tuple[Document, dict[str, Any]]) -> 
     elif outcome.code == 2:  # a combination (a TP degree the model refuses, a model that does not fit)
         check_file_refusal(outcome, path, doc.where, None)
     else:
-        assert outcome.code == 0, outcome
+        # 1: the invariant check (sim.check, or sim.chaos) found a violation (an unsafe stack).
+        checked = values.get("sim.check") is True or "sim.chaos" in values
+        assert outcome.code == 0 or (outcome.code == 1 and checked), outcome
         assert strict_json(outcome.out)["kind"] == "run"
 
 
@@ -420,7 +424,8 @@ def test_config_text_that_is_not_toml(scratch: Path, text: str) -> None:
 # ---- command lines ------------------------------------------------------------------------------
 # Flags that mirror a config key: each takes that key's rule (one rule, two surfaces).
 MIRRORED = {"--device-blocks": "engine.device_blocks", "--ranks": "engine.ranks", "--seed": "sim.seed",
-            "--time-scale": "sim.time_scale", "--tp": "sim.tp", "--hardware": "sim.hardware", "--model": "sim.model"}
+            "--time-scale": "sim.time_scale", "--tp": "sim.tp", "--hardware": "sim.hardware", "--model": "sim.model",
+            "--chaos": "sim.chaos", "--transfer-deadline": "engine.transfer_deadline_ms"}
 WORDS = st.sampled_from(["0", "-1", "1", "2", "3", "8", "2.5", "1e3", "nan", "inf", "-inf", "true", "", "x", "1_0",
                          "9223372036854775808", "1e-7", "0.5", "100000000000", " 4", "0x10", "NaN", "1e400"])
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,10 @@ import attrs
 
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers import interrupts
+from kvlife.lifecycle.drivers.online_check import describe as describe_check
 from kvlife.lifecycle.drivers.physics import resolve
 from kvlife.lifecycle.drivers.simulator import Progress, SimResult, Simulator
+from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.metrics import summarize
 from kvlife.lifecycle.traces.trace import TraceWriter
 from kvlife.lifecycle.workloads.mooncake import WorkloadError, WorkloadRequest
@@ -40,10 +42,17 @@ class RunOutcome:
 
     def problems(self) -> list[str]:
         """What makes the run a failure (exit code 1), one line each (as ``LiveOutcome``)."""
+        problems = []
         stranded = self.summary["stranded"]
         if stranded:
-            return [f"{stranded} request(s) never finished (stranded); see the summary and the trace"]
-        return []
+            problems.append(f"{stranded} request(s) never finished (stranded); see the summary and the trace")
+        check = self.summary.get("check")
+        if check is not None and check["violations"]:
+            problems.append(f"invariant check: {describe_check(check)}")
+            problems += [f"  {line}" for line in check["first"]]
+            if check["violations"] > len(check["first"]):
+                problems.append(f"  ... and {check['violations'] - len(check['first'])} more")
+        return problems
 
     @property
     def exit_code(self) -> int:
@@ -90,13 +99,17 @@ def run_workload(
     *,
     size: int | None = None,
     keep_requests: bool = False,
+    engine_factory: Callable[..., Engine] | None = None,
 ) -> RunOutcome:
     """Simulate ``workload`` (a list, or a stream in arrival order whose length ``size`` is
     given when known: the trace header and progress report it). The trace header holds the
     config with its derived values filled in (device blocks, ranks) and a ``setup`` object
     saying what was derived and how; so does the summary. ``device_blocks_origin`` names
     where a set device size came from (``"--device-blocks"``), for those two descriptions.
-    Finished requests leave the engine as the run goes unless ``keep_requests``."""
+    Finished requests leave the engine as the run goes unless ``keep_requests``.
+    ``sim.chaos`` and ``sim.check`` (``drivers.chaos``, ``drivers.online_check``) add
+    ``chaos`` (perturbation counts) and ``check`` (violations per invariant) to the summary;
+    ``engine_factory`` (tests: a broken engine of ``tests/bug_zoo.py``) keeps requests."""
     if size is None and isinstance(workload, Sequence):
         size = len(workload)
     workload = require_requests(workload, workload_name)
@@ -109,9 +122,13 @@ def run_workload(
     meta = {"name": workload_name, "requests": size}
     with interrupts.held(), recording(trace_path, config, stack, workload=meta, setup=setup) as writer:
         sim = Simulator(config, workload, stack, writer.record if writer else None, progress, size=size,
-                        keep_requests=keep_requests)
+                        keep_requests=keep_requests or engine_factory is not None, engine_factory=engine_factory)
         result = sim.run()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, physics.block_bytes)
     summary["setup"] = setup
+    if result.chaos is not None:
+        summary["chaos"] = result.chaos
+    if result.check is not None:
+        summary["check"] = result.check
     return RunOutcome(result, summary, writer.lines if writer else 0)

@@ -53,8 +53,10 @@ import attrs
 
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers import interrupts
+from kvlife.lifecycle.drivers.chaos import Chaos, Delivery
 from kvlife.lifecycle.drivers.links import Link
 from kvlife.lifecycle.drivers.lookup_service import LookupService
+from kvlife.lifecycle.drivers.online_check import OnlineCheck
 from kvlife.lifecycle.drivers.physics import Physics, rank_links, resolve
 from kvlife.lifecycle.engine.core import Engine, Recorder
 from kvlife.lifecycle.engine.events import (
@@ -95,6 +97,10 @@ class SimResult:
     # The requests that left the engine (keep_requests=False), folded; the summary adds
     # those still in engine.requests (``RequestTotals.of``).
     retired: RequestTotals | None = None
+    # ``--chaos``: how many of each perturbation (``drivers.chaos``); None: a plain run.
+    chaos: dict[str, Any] | None = None
+    # ``--check`` (or ``--chaos``): the online observer's findings (``drivers.online_check``).
+    check: dict[str, Any] | None = None
 
 
 class _LinkWake:
@@ -134,6 +140,7 @@ class Simulator:
         *,
         size: int | None = None,
         keep_requests: bool = True,
+        engine_factory: Callable[..., Engine] | None = None,
     ) -> None:
         # Derived values (device blocks, ranks) filled in; a config resolved already stays as it is.
         self.config, self.physics = resolve(config)
@@ -148,8 +155,23 @@ class Simulator:
             self._arrivals = iter(workload)
         self.size = size if size is not None else (len(workload) if isinstance(workload, Sized) else None)
         self.retired = None if keep_requests else RequestTotals()
-        self.engine = Engine(config.engine, policies, recorder=recorder, reference=reference,
-                             retire=None if keep_requests else self._retire)
+        # --chaos: an adversary between the completions and the engine; --check (implied by
+        # --chaos): the invariant observer beside the engine, between it and the recorder.
+        self.chaos = Chaos(config.sim.chaos, config.engine.transfer_deadline_ms) if config.sim.chaos is not None \
+            else None
+        self.check = OnlineCheck(config.engine, policies, recorder) \
+            if config.sim.check or self.chaos is not None else None
+        if self.check is not None:
+            recorder = self.check.record
+        if engine_factory is not None:  # a deliberately broken engine (tests/bug_zoo.py)
+            if not keep_requests or reference:
+                raise ValueError("an engine_factory engine keeps its requests and has no reference mode")
+            self.engine = engine_factory(config.engine, policies, recorder=recorder)
+        else:
+            self.engine = Engine(config.engine, policies, recorder=recorder, reference=reference,
+                                 retire=None if keep_requests else self._retire)
+        if self.check is not None:
+            self.check.attach(self.engine)
         self._requests = self.engine.requests  # the engine's own dict (read only)
         self.rng = random.Random(config.sim.seed)
         self.progress = progress
@@ -245,8 +267,18 @@ class Simulator:
                 self._start_transfer(now, event.command)
                 continue
             if kind is StepPlan:  # the step ends: its output, with the requests that stop
+                if self.chaos is not None:
+                    later = self.chaos.delay_step(now, event.step_id, alone=self._max_in_flight == 1)
+                    if later is not None:
+                        self._push(later, event)
+                        continue
                 self._steps_in_flight -= 1
-                self._feed(now, StepOutput(now, event.step_id, step_finishes(event, self._requests, self._stops)))
+                output = StepOutput(now, event.step_id, step_finishes(event, self._requests, self._stops))
+                self._feed(now, output)
+                if self.chaos is not None:
+                    stale = self.chaos.duplicate_step(now, output)
+                    if stale is not None:
+                        self._push(*stale)
                 if self._held:
                     held, self._held = self._held, []
                     for completion in held:
@@ -258,6 +290,11 @@ class Simulator:
                     continue
             elif kind is LookupAnswer:
                 event, instant = self._answer_lookup(event)
+                if self.chaos is not None:
+                    on_time = self._route_answer(now, event)
+                    if on_time is None:
+                        continue
+                    event = on_time
                 if self._steps_in_flight and not self._exact and not instant:
                     self._held.append(event)
                     continue
@@ -270,7 +307,12 @@ class Simulator:
                     if self._tick_pending or self._steps_in_flight >= self._max_in_flight:
                         continue  # a regular tick comes anyway (after the step in flight)
                 self._tick_pending = False
-            self._feed(now, event)
+            elif kind is Delivery:  # --chaos: a completion the adversary held back or copied
+                event = self._delivered(now, event)
+                if self._steps_in_flight and not self._exact:
+                    self._held.append(event)
+                    continue
+            self._feed(now, event)  # (--chaos: a stale copy of a step output, too)
         if self.progress is not None:
             self.progress(engine.state_counts["finished"], self._total())
         engine.check_invariants()
@@ -280,14 +322,20 @@ class Simulator:
             for req in engine.state.unfinished():
                 engine.recorder({"kind": "warning", "t": now, "what": "stranded", "origin": "driver",
                                  "req": req.request_id, "state": req.state})
+        if self.check is not None:
+            self.check.finish()
         return SimResult(engine, self.workload, now, self._events, stranded,
-                         self.critical_path_lookup_ms, self.physics, self.retired)
+                         self.critical_path_lookup_ms, self.physics, self.retired,
+                         chaos=self.chaos.summary() if self.chaos is not None else None,
+                         check=self.check.summary() if self.check is not None else None)
 
     def _feed(self, now: float, event: InputEvent) -> None:
         """Hand one input to the engine and carry out its commands."""
         engine = self.engine
         state = engine.state
         commands = engine.handle(event)
+        if self.check is not None:
+            self.check.handled()
         self._events += 1
         if self.check_every is not None and self._events % self.check_every == 0:
             engine.check_invariants()
@@ -321,14 +369,50 @@ class Simulator:
             self._push(now, Tick(now))
         wake = state.next_wakeup() if state.prefetch_waits else None
         if wake is not None and wake not in self._wakeup_times:
-            self._wakeup_times.add(wake)
-            self._wakeup_seqs.add(self._seq)
-            self._push(wake, Tick(wake))
+            self._push_wakeup(wake)
         if self.progress is not None:
             done = engine.state_counts["finished"]
             if done - self._progress_mark >= 200:
                 self._progress_mark = done
                 self.progress(done, self._total())
+
+    def _push_wakeup(self, t: float) -> None:
+        """A tick at ``t`` even if nothing else happens then (skipped if one comes anyway)."""
+        self._wakeup_times.add(t)
+        self._wakeup_seqs.add(self._seq)
+        self._push(t, Tick(t))
+
+    # ---- chaos ---------------------------------------------------------------------------------
+    def _route_report(self, t: float, report: TransferReport) -> None:
+        """--chaos: a rank report completed at ``t``; queue its deliveries (a dropped one:
+        a tick when the transfer deadline has passed, the report after it)."""
+        deliveries, wake = cast(Chaos, self.chaos).route_report(t, report)
+        if wake is not None and wake not in self._wakeup_times:
+            self._push_wakeup(wake)
+        for when, delivery in deliveries:
+            self._push(when, delivery)
+
+    def _route_answer(self, now: float, answer: LookupAnswer) -> LookupAnswer | None:
+        """--chaos: a lookup answered now; the answer if it is delivered now, else None
+        (its deliveries queued)."""
+        deliveries = cast(Chaos, self.chaos).route_answer(now, answer)
+        on_time = None
+        for when, delivery in deliveries:
+            if when <= now and on_time is None:
+                on_time = self._delivered(now, delivery)
+            else:
+                self._push(when, delivery)
+        return cast(LookupAnswer | None, on_time)
+
+    def _delivered(self, now: float, delivery: Delivery) -> TransferReport | LookupAnswer:
+        """--chaos: a completion reaches the engine's door now (counted), stamped ``now``."""
+        event = delivery.event
+        old_epoch = False
+        if type(event) is LookupAnswer:
+            req = self._requests.get(event.request_id)
+            old_epoch = req is not None and req.state == "lookup_pending" and req.epoch != event.epoch
+        cast(Chaos, self.chaos).delivered(delivery, old_epoch)
+        return _at(event, now)
 
     # ---- steps -------------------------------------------------------------------------------
     def _pay_sync_lookups(self, now: float, key_counts: tuple[int, ...]) -> float:
@@ -413,7 +497,10 @@ class Simulator:
             if entry[0] == 0:
                 del self._rank_jobs[key]
                 t = max(now, done + entry[2])
-                self._push(t, TransferReport(t, key[0], key[1], entry[1]))
+                if self.chaos is None:
+                    self._push(t, TransferReport(t, key[0], key[1], entry[1]))
+                else:
+                    self._route_report(t, TransferReport(t, key[0], key[1], entry[1]))
         self._schedule_wake(link)
 
     # ---- lookups ---------------------------------------------------------------------------
@@ -425,6 +512,10 @@ class Simulator:
         keys = len(command.block_hashes)
         t = self.lookups.submit(key, keys, now) if keys else now
         self._pending_lookup[key] = command.block_hashes
+        if self.chaos is not None:  # an answer to an older lookup of it, kept back until now
+            stale = self.chaos.replay(command.request_id, command.epoch)
+            if stale is not None:
+                self._push(now, stale)
         self._push(t, LookupAnswer(t, command.request_id, command.epoch, ()))
 
     def _answer_lookup(self, event: LookupAnswer) -> tuple[LookupAnswer, bool]:

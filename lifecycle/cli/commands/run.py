@@ -23,13 +23,15 @@ from kvlife.lifecycle.cli.run_options import (
     stream_workload,
     time_scale,
 )
-from kvlife.lifecycle.config import RunConfig, flag_type
+from kvlife.lifecycle.config import ConfigError, RunConfig, chaos_problem, flag_type, key_line
 
 LIVE_SYNTHETIC_REQUESTS = 200
 LIVE_SYNTHETIC_TIME_SCALE = 20.0
 # Flags that only mean something with --live, and the config key each mirrors.
 LIVE_ONLY = {"disk_path": "--disk-path", "redis_url": "--redis-url", "redis_ttl": "--redis-ttl",
              "no_verify": "--no-verify"}
+# Flags of simulated runs only: the adversary and the online invariant check.
+CHECK_FLAGS = {"chaos": "--chaos", "check": "--check"}
 
 
 def register(sub: Any) -> None:
@@ -48,6 +50,17 @@ def register(sub: Any) -> None:
     add_size_flags(parser)
     add_sim_flags(parser)
     parser.add_argument("--trace", metavar="FILE", help="write the JSON-lines trace here (default: no trace)")
+    parser.add_argument("--transfer-deadline", type=flag_type("engine.transfer_deadline_ms"), metavar="MS",
+                        help="a rank that has not reported a transfer this long after it started is declared "
+                             "failed for it (config: engine.transfer_deadline_ms; default: none)")
+    checks = parser.add_argument_group("adversarial and checked runs (simulated; docs/replay-and-check.md)")
+    checks.add_argument("--chaos", type=flag_type("sim.chaos"), metavar="SEED",
+                        help="an adversarial driver: rank reports, lookup answers and step outputs delayed, "
+                             "duplicated, reordered and dropped within the protocol's rules, from this seed; "
+                             "implies --check and needs --transfer-deadline (config: sim.chaos; default: none)")
+    checks.add_argument("--check", action="store_true", default=None,
+                        help="run the invariant observer beside the engine (provenance, budgets, epochs, liveness) "
+                             "and exit 1 on a violation (config: sim.check; default: off)")
     add_json_flag(parser, "the summary")
     live = parser.add_argument_group("live runs (--live)")
     live.add_argument("--live", action="store_true",
@@ -75,7 +88,12 @@ def handle(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"{given[0]} applies to simulated runs; --live moves the real bytes of its own "
                              "small model shape ([live] in the config)")
+        given = [flag for dest, flag in CHECK_FLAGS.items() if getattr(args, dest) is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies to simulated runs; a live run checks its bytes (--no-verify)")
     config = load_run_config(args)
+    if args.transfer_deadline is not None:
+        config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=args.transfer_deadline))
     if args.live:
         return _run_live(args, config)
     return _run_sim(args, config)
@@ -96,7 +114,7 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     from kvlife.lifecycle.drivers.runner import run_workload
     from kvlife.lifecycle.metrics import format_summary
 
-    config = apply_sim(args, apply_sizes(args, config))
+    config = _apply_checks(args, apply_sim(args, apply_sizes(args, config)))
     scale, config = time_scale(args, config, 1.0)
     # A workload file is streamed: read as the run goes, never held whole.
     workload, size, name = stream_workload(args, config, scale)
@@ -118,6 +136,24 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     if args.trace:
         print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
     return exit_code
+
+
+def _apply_checks(args: argparse.Namespace, config: RunConfig) -> RunConfig:
+    """--chaos and --check over the config; a chaos run without a transfer deadline is a
+    one-line error naming the flag (or the config key) that asked for chaos."""
+    sim = config.sim
+    if args.chaos is not None:
+        sim = attrs.evolve(sim, chaos=args.chaos)
+    if args.check:
+        sim = attrs.evolve(sim, check=True)
+    config = attrs.evolve(config, sim=sim)
+    problem = chaos_problem(config)
+    if problem is not None:
+        if args.chaos is not None:
+            raise UsageError(f"argument --chaos: {problem}")
+        line = key_line(args.config, "sim.chaos") if args.config else None
+        raise ConfigError("sim.chaos", problem, args.config, line)
+    return config
 
 
 def _run_live(args: argparse.Namespace, config: RunConfig) -> int:

@@ -1,0 +1,218 @@
+"""The adversarial driver (``kvlife run --chaos``) and the online invariant check (``--check``).
+
+A chaos run perturbs what reaches the engine within the protocol's rules; the observer of
+``specs/invariants.py`` runs beside it. These tests show that the perturbations happen, that
+they are reproducible, that a correct engine and the safe stacks come out clean, and that
+broken engines of ``tests/bug_zoo.py`` a plain run lets through are caught.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from kvlife.lifecycle.config import EngineConfig, RunConfig, TierConfig
+from kvlife.lifecycle.drivers.chaos import PERTURBATIONS
+from kvlife.lifecycle.drivers.runner import RunOutcome, run_workload
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.traces.trace import read_trace
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+from kvlife.lifecycle.workloads.synthetic import synthetic_burst_workload, synthetic_workload
+from kvlife.policies.loading import load_stack
+from kvlife.policies.stack import PolicyStack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bug_zoo import ZOO  # noqa: E402
+
+# Two ranks, two failing tiers, a transfer deadline a dropped report overruns.
+CONFIG = RunConfig(
+    engine=EngineConfig(device_blocks=300, ranks=2, transfer_deadline_ms=30.0,
+                        tiers=(TierConfig("host", 600, failure_rate=0.02),
+                               TierConfig("disk", 4000, failure_rate=0.02))),
+)
+ASYNC = attrs.evolve(CONFIG, engine=attrs.evolve(CONFIG.engine, async_scheduling=True))
+
+
+def chaos(config: RunConfig, seed: int | None, check: bool = True) -> RunConfig:
+    return attrs.evolve(config, sim=attrs.evolve(config.sim, chaos=seed, check=check))
+
+
+def burst(n: int = 200) -> list[WorkloadRequest]:
+    return synthetic_burst_workload(seed=0, num_requests=n)
+
+
+def run(config: RunConfig, workload: list[WorkloadRequest], stack: str | PolicyStack = "",
+        trace: Path | None = None, engine_factory: Callable[..., Engine] | None = None) -> RunOutcome:
+    if isinstance(stack, str):  # named in the config too, so the trace header replays
+        config = attrs.evolve(config, policies=tuple(s for s in stack.split(",") if s))
+    policies = stack if isinstance(stack, PolicyStack) else load_stack(config.policies)
+    return run_workload(config, workload, stack=policies, trace_path=trace, engine_factory=engine_factory)
+
+
+def kvlife(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvlife.lifecycle.cli.main", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+# ---- the perturbations ---------------------------------------------------------------------------
+def test_every_perturbation_happens_and_the_engine_comes_out_clean() -> None:
+    """Sync scheduling (step outputs may be delayed), async lookups (answers to perturb), a
+    burst workload whose requests fail loads and so look up again (old-epoch answers)."""
+    outcome = run(chaos(CONFIG, 1), burst(), "async-lookup,shared-loads")
+    counts = outcome.summary["chaos"]
+    assert counts["seed"] == 1
+    assert all(counts[p] > 0 for p in PERTURBATIONS), counts
+    # Dropped reports were recovered through the deadline, their late reports released the blocks.
+    assert outcome.summary["warnings"]["rank_timeout"] > 0
+    assert outcome.summary["quarantined_jobs"] == 0
+    # Duplicates reached the engine and were ignored as such.
+    assert outcome.summary["warnings"]["unknown_step"] > 0
+    assert outcome.summary["stale_lookup_answers"] >= counts["answers_old_epoch"]
+    assert outcome.summary["check"] == {"violations": 0, "by_invariant": {}, "first": [], "unchecked": []}
+    assert outcome.summary["stranded"] == 0 and outcome.exit_code == 0
+
+
+def test_same_chaos_seed_same_trace_byte_for_byte(tmp_path: Path) -> None:
+    paths = [tmp_path / f"{name}.jsonl" for name in ("a", "b", "c")]
+    workload = burst(120)
+    run(chaos(CONFIG, 7), workload, "async-lookup", paths[0])
+    run(chaos(CONFIG, 7), workload, "async-lookup", paths[1])
+    run(chaos(CONFIG, 8), workload, "async-lookup", paths[2])
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert paths[0].read_bytes() != paths[2].read_bytes()
+    # What the engine did under chaos is a valid trace, and replays exactly.
+    from kvlife.lifecycle.traces.replay import replay
+    from kvlife.lifecycle.traces.validate import validate
+
+    report = validate(paths[0])
+    assert report.ok and report.findings == ()
+    assert replay(paths[0]).identical
+
+
+def test_the_check_alone_changes_nothing_the_engine_does(tmp_path: Path) -> None:
+    plain, checked = tmp_path / "plain.jsonl", tmp_path / "checked.jsonl"
+    workload = synthetic_workload(seed=3, num_requests=80)
+    first = run(CONFIG, workload, "async-lookup", plain)
+    second = run(chaos(CONFIG, None, check=True), workload, "async-lookup", checked)
+    assert "check" not in first.summary and "chaos" not in first.summary
+    assert second.summary["check"]["violations"] == 0
+    assert plain.read_bytes().splitlines()[1:] == checked.read_bytes().splitlines()[1:]
+
+
+def test_step_outputs_are_delayed_only_when_they_cannot_overtake_each_other() -> None:
+    outcome = run(chaos(ASYNC, 2), burst(80))
+    assert outcome.summary["chaos"]["step_outputs_delayed"] == 0
+    assert outcome.summary["chaos"]["step_outputs_duplicated"] > 0
+    assert outcome.summary["check"]["violations"] == 0
+
+
+def test_shared_loads_burst_joins_loads_that_time_out(tmp_path: Path) -> None:
+    """The burst workload's shared prefixes sit in a tier, not on the device, when a burst
+    comes: its requests join the first one's load. Under chaos some of those joined loads are
+    given up at the deadline (a dropped report) and their late reports still come."""
+    path = tmp_path / "burst.jsonl"
+    outcome = run(chaos(CONFIG, 3), burst(), "shared-loads", path)
+    records = [r for _, r in read_trace(path)]
+    joined_jobs = {int(j) for r in records if r["kind"] == "transition" and "joined" in r.get("reason", "")
+                   for j in r["reason"].split("jobs [")[1].rstrip("]").split(", ")}
+    timed_out = {r["job"] for r in records if r["kind"] == "warning" and r.get("what") == "rank_timeout"}
+    assert len(joined_jobs) >= 5
+    assert joined_jobs & timed_out, "no joined load was given up at its deadline"
+    late = {r["job"] for r in records if r["kind"] == "job_done" and r["late"]}
+    assert joined_jobs & timed_out <= late
+    assert outcome.exit_code == 0 and outcome.summary["check"]["violations"] == 0
+
+
+# ---- the online check -------------------------------------------------------------------------------
+@pytest.mark.parametrize("stack", ["baseline", "async-lookup,shared-loads", "early-prefetch,prefetch-timeout",
+                                   "placeholder-safe-stores", "defer-while-loading"])
+def test_safe_stacks_are_clean_under_chaos(stack: str) -> None:
+    outcome = run(chaos(ASYNC, 5), burst(100), stack)
+    assert outcome.summary["check"]["violations"] == 0, outcome.summary["check"]["first"]
+    assert outcome.exit_code == 0
+
+
+def test_unsafe_stores_are_flagged_by_the_simulated_run_check() -> None:
+    outcome = run(chaos(ASYNC, None, check=True), synthetic_workload(seed=1, num_requests=40),
+                  "naive-stores-unsafe")
+    check = outcome.summary["check"]
+    assert set(check["by_invariant"]) <= {"5", "10"} and check["by_invariant"].get("5", 0) > 0, check
+    assert outcome.exit_code == 1
+    assert any(p.startswith("invariant check: ") for p in outcome.problems())
+
+
+ZOO_BY_NAME = {bug.name: bug for bug in ZOO}
+
+
+@pytest.mark.parametrize("name", ["duplicate_report_counted_twice", "stale_lookup_applied",
+                                  "completion_per_rank_handle"])
+def test_a_chaos_run_catches_a_broken_engine_a_plain_run_does_not(name: str) -> None:
+    """The same config, workload and checks: the plain run sees nothing wrong; the chaos run
+    (duplicate rank reports, old-epoch answers) makes the bug show, as a violation of the
+    variant's own invariant or as the broken engine failing outright."""
+    bug = ZOO_BY_NAME[name]
+    workload = burst()
+    plain = run(chaos(ASYNC, None, check=True), workload, bug.stack(), engine_factory=bug.engine_factory)
+    assert plain.summary["check"]["violations"] == 0 and plain.exit_code == 0
+    caught: list[Any] = []
+    for seed in (1, 2):
+        try:
+            outcome = run(chaos(ASYNC, seed), workload, bug.stack(), engine_factory=bug.engine_factory)
+        except (AssertionError, KeyError) as exc:  # the broken engine's own bookkeeping gives way
+            caught.append(type(exc).__name__)
+            continue
+        if str(bug.invariant) in outcome.summary["check"]["by_invariant"]:
+            assert outcome.exit_code == 1
+            caught.append(bug.invariant)
+    assert caught, f"{name}: no chaos seed caught it"
+
+
+def test_the_correct_engine_is_clean_where_the_zoo_is_caught() -> None:
+    outcome = run(chaos(ASYNC, 1), burst(), ZOO_BY_NAME["stale_lookup_applied"].stack())
+    assert outcome.summary["check"]["violations"] == 0
+    assert outcome.summary["chaos"]["answers_old_epoch"] > 0
+
+
+# ---- the command line ---------------------------------------------------------------------------
+def test_cli_chaos_needs_a_transfer_deadline(tmp_path: Path) -> None:
+    outcome = kvlife("run", "--limit", "3", "--chaos", "1")
+    assert outcome.returncode == 2
+    assert outcome.stderr.strip() == (
+        "kvlife run: error: argument --chaos: a chaos run drops rank reports, which only a transfer deadline "
+        "recovers: set engine.transfer_deadline_ms (--transfer-deadline MS)")
+    config = tmp_path / "chaos.toml"
+    config.write_text("[sim]\nseed = 1\nchaos = 4\n")
+    outcome = kvlife("run", "--limit", "3", "--config", str(config))
+    assert outcome.returncode == 2
+    assert outcome.stderr.strip().startswith(f"kvlife: error: {config}:3: field 'sim.chaos': a chaos run drops")
+    outcome = kvlife("run", "--live", "--chaos", "1")
+    assert outcome.returncode == 2 and "--chaos applies to simulated runs" in outcome.stderr
+    assert "Traceback" not in outcome.stderr
+
+
+def test_cli_chaos_json_and_text() -> None:
+    outcome = kvlife("run", "--limit", "30", "--stack", "async-lookup", "--chaos", "3", "--transfer-deadline", "20",
+                     "--json")
+    assert outcome.returncode == 0, outcome.stderr
+    data = json.loads(outcome.stdout)
+    assert data["kind"] == "run" and data["summary"]["chaos"]["seed"] == 3
+    assert set(PERTURBATIONS) <= set(data["summary"]["chaos"])
+    assert data["summary"]["check"]["violations"] == 0
+    assert data["summary"]["setup"] is not None
+    text = kvlife("run", "--limit", "30", "--chaos", "3", "--transfer-deadline", "20")
+    assert text.returncode == 0
+    assert "chaos (seed 3)" in text.stdout and "invariant check              clean" in text.stdout
+
+
+def test_cli_check_exits_1_on_a_violation() -> None:
+    outcome = kvlife("run", "--limit", "20", "--stack", "naive-stores-unsafe", "--check")
+    assert outcome.returncode == 1
+    assert "kvlife run: invariant check: " in outcome.stderr and "invariant 5" in outcome.stderr
+    assert "Traceback" not in outcome.stderr
