@@ -216,3 +216,23 @@ def test_cli_check_exits_1_on_a_violation() -> None:
     assert outcome.returncode == 1
     assert "kvlife run: invariant check: " in outcome.stderr and "invariant 5" in outcome.stderr
     assert "Traceback" not in outcome.stderr
+
+
+# ---- provenance in simulated runs -----------------------------------------------------------------
+@pytest.mark.parametrize(("name", "stack", "workload"), [
+    ("failed_load_published", "", lambda: synthetic_workload(seed=1, num_requests=300)),
+    ("failed_store_visible", "", lambda: synthetic_workload(seed=1, num_requests=300)),
+    ("failed_prefetch_landed", "early-prefetch", lambda: burst(300)),
+])
+def test_provenance_bugs_are_caught_in_a_checked_simulated_run(
+        name: str, stack: str, workload: Callable[[], list[WorkloadRequest]]) -> None:
+    """Issue 11, item 3: a failed load's blocks published, a failed store left visible and
+    a failed prefetch marked landed are invariant 10 findings of an ordinary simulated run
+    with ``--check`` (tiers that fail now and then), not only of live byte checks; the
+    correct engine is clean on the same run."""
+    bug = ZOO_BY_NAME[name]
+    assert bug.invariant == 10
+    broken = run(chaos(CONFIG, None, check=True), workload(), stack, engine_factory=bug.engine_factory)
+    assert broken.summary["check"]["by_invariant"].get("10", 0) > 0 and broken.exit_code == 1
+    correct = run(chaos(CONFIG, None, check=True), workload(), stack)
+    assert correct.summary["check"]["violations"] == 0 and correct.exit_code == 0
