@@ -397,7 +397,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         sharing = cls.sharing if cls.sharing is not None else detect_sharing(stack)
         observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing,
                                      max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
-                                     tier_content_known=True, hit_probe=self._recorded_hit)
+                                     tier_content_known=True, hit_probe=self._recorded_hit,
+                                     lookup_deadline_ms=config.lookup_deadline_ms,
+                                     transfer_deadline_ms=config.transfer_deadline_ms,
+                                     reclaim_deadline_ms=config.reclaim_deadline_ms)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:

@@ -233,7 +233,7 @@ class Simulator:
         engine = self.engine
         queue = self._queue
         pop = heapq.heappop
-        while queue:
+        while queue or self._idle_wake():
             if gate.pending is not None:
                 gate.check()
             now, seq, event = pop(queue)
@@ -283,6 +283,20 @@ class Simulator:
         return SimResult(engine, self.workload, now, self._events, stranded,
                          self.critical_path_lookup_ms, self.physics, self.retired)
 
+    def _push_wake(self, wake: float) -> None:
+        if wake not in self._wakeup_times:
+            self._wakeup_times.add(wake)
+            self._wakeup_seqs.add(self._seq)
+            self._push(wake, Tick(wake))
+
+    def _idle_wake(self) -> bool:
+        """Nothing is queued: if the engine has a deadline ahead, wake for it (True)."""
+        wake = self.engine.state.next_wakeup()
+        if wake is None:
+            return False
+        self._push_wake(wake)
+        return True
+
     def _feed(self, now: float, event: InputEvent) -> None:
         """Hand one input to the engine and carry out its commands."""
         engine = self.engine
@@ -319,11 +333,11 @@ class Simulator:
         ):
             self._tick_pending = True
             self._push(now, Tick(now))
-        wake = state.next_wakeup() if state.prefetch_waits else None
-        if wake is not None and wake not in self._wakeup_times:
-            self._wakeup_times.add(wake)
-            self._wakeup_seqs.add(self._seq)
-            self._push(wake, Tick(wake))
+        # A deadline (prefetch patience, lookup, transfer, reclaim) the engine acts on at
+        # a tick: wake for it unless something queued comes first (it asks again then).
+        wake = state.next_wakeup()
+        if wake is not None and (not self._queue or wake < self._queue[0][0]):
+            self._push_wake(wake)
         if self.progress is not None:
             done = engine.state_counts["finished"]
             if done - self._progress_mark >= 200:
