@@ -296,13 +296,13 @@ class EngineState:
         reclaim = config.reclaim_deadline_ms
         # Jobs are kept in start order: the first one past ``now`` is the soonest.
         if transfer is not None:
-            for job in self.jobs.values():
-                if not job.timed_out and now < job.started_ms + transfer:
-                    soonest = min(soonest, job.started_ms + transfer)
+            for device_job in self.jobs.values():
+                if not device_job.timed_out and now < device_job.started_ms + transfer:
+                    soonest = min(soonest, device_job.started_ms + transfer)
                     break
-        for job in self.jobs.values():
-            if now < job.started_ms + reclaim:
-                soonest = min(soonest, job.started_ms + reclaim)
+        for device_job in self.jobs.values():
+            if now < device_job.started_ms + reclaim:
+                soonest = min(soonest, device_job.started_ms + reclaim)
                 break
         for pull in self.prefetches.values():
             if now < pull.started_ms + reclaim:
