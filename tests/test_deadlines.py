@@ -314,3 +314,30 @@ def test_the_simulator_ends_with_the_default_deadlines_unfired() -> None:
     stats = result.engine.stats
     assert stats.async_lookups > 0 and stats.expired_lookups == 0 and stats.reclaimed_jobs == 0
     assert result.stranded == []
+
+
+def test_validate_and_explain_read_a_reclaim(tmp_path: Any) -> None:
+    """The abort-with-a-silent-rank trace, written as a file: ``kvlife validate`` finds
+    it valid, and ``kvlife explain`` shows the reclaim after the request finished."""
+    from kvlife.lifecycle.config import RunConfig
+    from kvlife.lifecycle.traces.explain import explain
+    from kvlife.lifecycle.traces.trace import TraceWriter
+    from kvlife.lifecycle.traces.validate import validate
+
+    config = _config()
+    path = tmp_path / "reclaim.trace.jsonl"
+    with TraceWriter(path) as writer:
+        writer.write_header(RunConfig(engine=config).to_dict(), ["baseline"], 0)
+        engine = _engine(config, PolicyStack([]), [])
+        engine.state.recorder = writer.record
+        load = _start_load(engine)
+        engine.handle(TransferReport(1.0, load.job_id, 0))
+        engine.handle(Abort(2.0, "a"))
+        engine.handle(Tick(100.0))
+        engine.handle(TransferReport(150.0, load.job_id, 1))
+    report = validate(path)
+    assert report.ok, report.format()
+    lines = explain(path, "a")
+    assert any("finished" in line for line in lines)
+    reclaim = [line for line in lines if "reclaimed" in line]
+    assert len(reclaim) == 1 and "t=100.0: load job 0 reclaimed - reclaim deadline: ranks [1]" in reclaim[0]
