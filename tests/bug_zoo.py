@@ -108,9 +108,9 @@ def _first_rank_done(config: EngineConfig, stack: PolicyStack, tiers: Sequence[T
 
 # ---- 4. finished_sending and finished_recving swapped ---------------------------------------
 class SwappedSendRecvTransfers(Transfers):
-    def job_outcome(self, job: Job, failed: Sequence[int]) -> None:
+    def job_outcome(self, job: Job, failed: Sequence[int], cause: str | None = None) -> None:
         swapped = attrs.evolve(job, kind="store" if job.kind == "load" else "load")
-        super().job_outcome(swapped, failed)
+        super().job_outcome(swapped, failed, cause)
 
 
 class SwappedSendRecv(Engine):
