@@ -462,6 +462,19 @@ class EngineConfig:
         default=None, validator=_optional(_number(0.0, strict=True, maximum=DURATION_MS)))
     # Lookups against a tier are answered by their own latency (async) or paid inline (sync).
     lookup_latency_ms: float = attrs.field(default=1.5, validator=_duration)
+    # An async lookup not answered this long after it was submitted expires: the request
+    # goes back to ``waiting`` as a miss (trigger ``lookup_expired``) and the late answer is
+    # stale. 5 s is the live driver's report deadline and ~3,000x the 1.5 ms lookup
+    # latency: a lookup that old is lost, not slow (vLLM has no such deadline: vllm#49829).
+    lookup_deadline_ms: float = attrs.field(
+        default=5000.0, validator=_number(0.0, strict=True, maximum=DURATION_MS))
+    # A job some rank has not reported this long after it started is given up (as at
+    # ``transfer_deadline_ms``, if it was not already) and its device blocks and tier slots
+    # are reclaimed: an abort during loading or sending never leaks them to a silent rank.
+    # A report that comes later is recorded as late and ignored. vLLM's NIXL connector
+    # frees an aborted request's blocks after VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by default.
+    reclaim_deadline_ms: float = attrs.field(
+        default=480_000.0, validator=_number(0.0, strict=True, maximum=DURATION_MS))
     tiers: tuple[TierConfig, ...] = attrs.field(default=(TierConfig("host", capacity_blocks=8000),))
 
     @tiers.validator

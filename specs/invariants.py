@@ -57,7 +57,7 @@ from kvlife.specs.table import TABLE
 
 IO_WAIT_STATES = ("lookup_pending", "loading", "sending")
 # Triggers after which a request's older lookups are stale (its epoch moved on).
-_EPOCH_BUMPS = frozenset({"preempted", "load_failed", "completed", "aborted", "failed"})
+_EPOCH_BUMPS = frozenset({"preempted", "load_failed", "completed", "aborted", "failed", "lookup_expired"})
 
 INVARIANTS: dict[int, str] = {
     0: "well-formed trace",
@@ -128,6 +128,9 @@ class _Job:
     request_id: str
     moves: tuple[Any, ...] | None = None  # BlockMove (live) or _Move (trace, prefetch); None: unknown
     timed_out: bool = False  # a rank missed the deadline: the engine gave up on its result
+    reclaimed: bool = False  # its blocks were reclaimed at the reclaim deadline: it has ended
+    abandoned: bool = False  # a prefetch its request stopped waiting for: nothing it lands is valid
+    started: float | None = None  # when it started (the job record or command), for its deadlines
     reported: set[int] = attrs.Factory(set)
     failed: set[int] = attrs.Factory(set)
     complete: bool = False  # every rank reported (the observer's own count)
@@ -147,6 +150,7 @@ class _Req:
     state: str = "waiting"
     epoch: int = 0
     lookup_epoch: int | None = None  # epoch of the lookup in flight
+    lookup_t: float | None = None  # when that lookup was submitted (its deadline counts from it)
     outstanding_lookup: bool = False  # a SubmitLookup not yet answered or discarded (12)
     valid_tokens: int = 0  # tokens whose KV is known good (confirmed or hit)
     fresh: bool = False  # admitted; the next step entry tells the hit length
@@ -218,6 +222,9 @@ class InvariantObserver:
         tier_content_known: bool = False,
         hit_probe: Callable[[str], int | None] | None = None,
         finish_after_stores: bool | None = None,
+        lookup_deadline_ms: float | None = None,
+        transfer_deadline_ms: float | None = None,
+        reclaim_deadline_ms: float | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -233,6 +240,14 @@ class InvariantObserver:
         self.tier_content_known = tier_content_known
         # 13: the prefix hit the engine recorded for a request (device + tier blocks).
         self.hit_probe = hit_probe
+        # Deadlines (None: not checked). After every tick, nothing may be past one the engine
+        # acts on at a tick (7); nothing may be acted on before its deadline (1 for a lookup
+        # expired early, 2 for blocks reclaimed under a transfer that may still report).
+        self.lookup_deadline_ms = lookup_deadline_ms
+        self.transfer_deadline_ms = transfer_deadline_ms
+        self.reclaim_deadline_ms = reclaim_deadline_ms
+        self._pending_lookups: dict[str, float] = {}  # rid -> submission time, in submission order
+        self._open_jobs: dict[int, _Job] = {}  # load/store jobs not ended, in start order
         # 11's "finished only after every store is reported": live by default; a trace
         # validator opts in (a trace edited by hand may hold jobs the engine never saw).
         self.finish_after_stores = not from_trace if finish_after_stores is None else finish_after_stores
@@ -329,6 +344,15 @@ class InvariantObserver:
                 for h in blocks:
                     if _is_int(h):
                         self._tier.pop((tier, h), None)
+        elif kind == "reclaim":
+            self._on_reclaim(record)
+        elif kind == "abandon":
+            job_id = record.get("job")
+            job = self.jobs.get(job_id) if _is_int(job_id) else None
+            if job is None or job.kind != "prefetch":
+                self._fail(0, f"abandon record for job {job_id}, which is not a prefetch that started")
+            else:
+                job.abandoned = True
         elif kind == "stale_lookup" and not self._input_is("lookup_answer"):
             self._fail(4, f"stale_lookup record for {record.get('req')} outside a lookup answer")
         elif kind == "warning":
@@ -394,7 +418,7 @@ class InvariantObserver:
                                                        event.prompt_tokens)
         elif kind == "transfer_report":
             job = self.jobs.get(event.job_id)
-            if job is None or job.complete or not 0 <= event.rank < self.ranks:
+            if job is None or job.complete or job.reclaimed or not 0 <= event.rank < self.ranks:
                 return
             if event.rank in job.reported:
                 return  # a duplicate: must change nothing (checked through job_done)
@@ -437,6 +461,7 @@ class InvariantObserver:
 
     def _complete(self, job: _Job) -> None:
         job.complete = True
+        self._open_jobs.pop(job.job_id, None)
         self._completed_now.append(job)
         if job.moves is None:
             return
@@ -447,7 +472,13 @@ class InvariantObserver:
                     # The destination slot was written again: what it holds now is judged by
                     # its provenance (10), not by an earlier failed load of that block (12).
                     self._bad_in_tier.pop((move.dst_tier, move.block_hash), None)
-                if move.block_hash in job.failed:
+                if job.abandoned and move.dst_tier is not None:
+                    # 10: its request went on without it; the engine publishes nothing it lands.
+                    self._tier[(move.dst_tier, move.block_hash)] = _Prov(
+                        None, 0, 0, bad=f"prefetch job {job.job_id} was abandoned at its patience")
+                    if move.block_hash in job.failed:
+                        self._bad_in_tier[(move.tier, move.block_hash)] = job.job_id
+                elif move.block_hash in job.failed:
                     # The engine drops a source copy that failed to be read, as for loads.
                     self._bad_in_tier[(move.tier, move.block_hash)] = job.job_id
                     if move.dst_tier is not None:  # 10: it never landed
@@ -525,9 +556,17 @@ class InvariantObserver:
                 self._fail(4, f"{rid}: answer of epoch {ev.epoch} applied to the lookup of epoch "
                               f"{req.lookup_epoch} (stale)")
             req.outstanding_lookup = False
+        if trigger == "lookup_expired":
+            submitted = self._pending_lookups.get(rid)
+            t = self._t
+            if (self.lookup_deadline_ms is not None and submitted is not None and t is not None
+                    and submitted + self.lookup_deadline_ms > t):
+                self._fail(1, f"{rid}: lookup expired at t={t:g}, before its deadline "
+                              f"t={submitted + self.lookup_deadline_ms:g} (submitted at t={submitted:g})")
+            req.outstanding_lookup = False
         if trigger == "completed" and self.finish_after_stores:
             self._check_finish_after_stores(req)
-        if trigger == "aborted" and req.state == "lookup_pending" and req.lookup_epoch is not None:
+        if trigger in ("aborted", "lookup_expired") and req.state == "lookup_pending" and req.lookup_epoch is not None:
             self._discard_due.append((rid, req.lookup_epoch))
         if req.state == "running" and target != "running":
             self.running -= 1
@@ -538,8 +577,13 @@ class InvariantObserver:
         req.state = target
         if trigger == "lookup_submitted":
             req.lookup_epoch = req.epoch
+            self._pending_lookups.pop(rid, None)
+            if self._t is not None:
+                self._pending_lookups[rid] = self._t
         elif trigger == "lookup_answered":
             req.lookup_epoch = None
+        if source == "lookup_pending":
+            self._pending_lookups.pop(rid, None)
         if trigger in _EPOCH_BUMPS:
             req.epoch += 1
             req.lookup_epoch = None
@@ -573,7 +617,9 @@ class InvariantObserver:
         if job_id in self.jobs:
             self._fail(7, f"job {job_id} started twice")
             return
-        job = self.jobs[job_id] = _Job(job_id, op, rid)
+        job = self.jobs[job_id] = _Job(job_id, op, rid, started=self._t)
+        if op != "prefetch":
+            self._open_jobs[job_id] = job
         if op == "store":
             req = self.requests.get(rid)
             if req is not None:
@@ -696,6 +742,10 @@ class InvariantObserver:
         if job.done_recorded:
             self._fail(3, f"job {job_id} completed twice")
             return
+        if job.reclaimed:
+            self._fail(3, f"job {job_id} completed after it was reclaimed at its deadline (a late report must "
+                          f"be ignored)")
+            return
         job.done_recorded = True
         ev = self._input
         if not (self._input_is("transfer_report") and ev.job_id == job_id):
@@ -720,9 +770,12 @@ class InvariantObserver:
         self._completed_now = []
         for rid, epoch in self._discard_due:
             if not self.from_trace and (rid, epoch) not in self._discarded_now:
-                self._fail(4, f"{rid} aborted in lookup_pending but its lookup (epoch {epoch}) was not discarded")
+                self._fail(4, f"{rid} left lookup_pending (aborted or expired) but its lookup (epoch {epoch}) "
+                              f"was not discarded")
         self._discard_due = []
         self._discarded_now = set()
+        if self._input_is("tick") and self.cut is None:
+            self._check_deadlines()
         if self.max_running is not None and self.running > self.max_running:
             self._fail(11, f"{self.running} requests running, max_running is {self.max_running}")
         if self._hit_due:
@@ -733,6 +786,83 @@ class InvariantObserver:
             except AssertionError as exc:
                 self._fail(2 if "job" in str(exc) else 8, f"engine accounting: {exc}")
         self._input = None
+
+    def _check_deadlines(self) -> None:
+        """7 after a tick: the engine acts on every deadline at a tick, so none may have
+        passed with nothing done: no lookup still pending past ``lookup_deadline_ms``, no
+        job some rank owes a report past ``transfer_deadline_ms`` not given up, none past
+        ``reclaim_deadline_ms`` not reclaimed (its blocks would leak to a silent rank)."""
+        t = self._t
+        if t is None:
+            return
+        deadline = self.lookup_deadline_ms
+        if deadline is not None:
+            for rid, submitted in self._pending_lookups.items():
+                if submitted + deadline > t:
+                    break  # in submission order: the rest are younger
+                self._fail(7, f"{rid}: its lookup of t={submitted:g} is still pending after a tick at t={t:g}, "
+                              f"past its deadline t={submitted + deadline:g} (lookup_deadline_ms {deadline:g})")
+                break
+        transfer, reclaim = self.transfer_deadline_ms, self.reclaim_deadline_ms
+        if transfer is None and reclaim is None:
+            return
+        for job in self._open_jobs.values():
+            started = job.started
+            if started is None:
+                continue
+            if reclaim is not None and t >= started + reclaim:
+                missing = sorted(set(range(self.ranks)) - job.reported)
+                self._fail(7, f"{job.kind} job {job.job_id} of {job.request_id}: ranks {missing} silent since "
+                              f"t={started:g}, yet not reclaimed after a tick at t={t:g} (reclaim_deadline_ms "
+                              f"{reclaim:g}): its blocks leak")
+                return
+            if transfer is not None and not job.timed_out and t - started >= transfer:
+                missing = sorted(set(range(self.ranks)) - job.reported)
+                self._fail(7, f"{job.kind} job {job.job_id} of {job.request_id}: ranks {missing} silent since "
+                              f"t={started:g}, yet not given up after a tick at t={t:g} (transfer_deadline_ms "
+                              f"{transfer:g})")
+                return
+            if (reclaim is None or t < started + reclaim) and (transfer is None or t - started < transfer):
+                break  # in start order: the rest are younger
+
+    def _on_reclaim(self, record: dict[str, Any]) -> None:
+        """The engine reclaimed a job some rank never reported: its blocks go back (no longer
+        busy: freeing them is not 2), what it moved holds nothing usable (10), and a report
+        for it later must change nothing (3). Only at its deadline (2 before)."""
+        job_id = record.get("job")
+        job = self.jobs.get(job_id) if _is_int(job_id) else None
+        if job is None:
+            self._fail(0, f"reclaim record for job {job_id}, which never started")
+            return
+        if job.complete or job.reclaimed:
+            self._fail(3, f"{job.kind} job {job_id} reclaimed after it had ended")
+            return
+        t = self._t
+        if (self.reclaim_deadline_ms is not None and job.started is not None and t is not None
+                and t < job.started + self.reclaim_deadline_ms):
+            self._fail(2, f"{job.kind} job {job_id} reclaimed at t={t:g}, before its deadline "
+                          f"t={job.started + self.reclaim_deadline_ms:g}: ranks "
+                          f"{sorted(set(range(self.ranks)) - job.reported)} may still be moving its blocks")
+            return
+        job.reclaimed = True
+        self._open_jobs.pop(job.job_id, None)
+        if job.moves is None:
+            return
+        for move in job.moves:
+            if job.kind == "prefetch":
+                if move.dst_tier is not None:
+                    self._tier[(move.dst_tier, move.block_hash)] = _Prov(
+                        None, 0, 0, bad=f"prefetch job {job.job_id} was reclaimed")
+                continue
+            _drop(self._busy_blocks, move.device_block, job)
+            if job.kind == "load":
+                _drop(self._loading_hashes, move.block_hash, job)
+                self._device[move.device_block] = _Prov(None, 0, 0, bad=f"load job {job.job_id} was reclaimed")
+            else:
+                self._tier[(move.tier, move.block_hash)] = _Prov(
+                    None, 0, 0, bad=f"store job {job.job_id} was reclaimed")
+        if job.kind == "store":
+            self._store_ended(job)
 
     def _check_hits(self) -> None:
         """13: what the engine recorded as a request's prefix hit is what its first
@@ -791,7 +921,8 @@ class InvariantObserver:
     def _on_start(self, command: Any, kind: str) -> None:
         job = self.jobs.get(command.job_id)
         if job is None:  # no recorder attached: the command alone opens the job
-            job = self.jobs[command.job_id] = _Job(command.job_id, kind, command.request_id)
+            job = self.jobs[command.job_id] = _Job(command.job_id, kind, command.request_id, started=self._t)
+            self._open_jobs[command.job_id] = job
             req = self.requests.get(command.request_id)
             if kind == "store" and req is not None:
                 req.stores.append(job)
@@ -963,7 +1094,7 @@ class InvariantObserver:
         """Invariant 7 once inputs stop: every job ended on every rank, every request finished."""
         self.end_input()
         self._line = None
-        open_jobs = [job for job in self.jobs.values() if not job.complete]
+        open_jobs = [job for job in self.jobs.values() if not job.complete and not job.reclaimed]
         waiting_on_io = [(rid, req) for rid, req in self.requests.items() if req.state in IO_WAIT_STATES]
         if self.cut is not None:
             # Cut short: the reports and answers this work waited for never had a chance.

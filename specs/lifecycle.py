@@ -31,14 +31,18 @@ class RequestLifecycle(StateMachine):
     lookup_submitted = waiting.to(lookup_pending)
     # The answer for this request's current epoch arrived (stale ones never get here).
     lookup_answered = lookup_pending.to(waiting)
+    # No answer within ``engine.lookup_deadline_ms``: back in the queue as a miss, in a new
+    # epoch, so the answer that may still come is stale.
+    lookup_expired = lookup_pending.to(waiting)
     # Admitted with an external hit: device blocks allocated, a load job started.
     load_started = waiting.to(loading)
     # Admitted with nothing to load: scheduled for compute this tick.
     admitted = waiting.to(running)
     # Every rank reported the load and nothing failed.
     load_done = loading.to(running)
-    # Every rank reported the load and some blocks failed: recompute from the first bad
-    # block, which means queueing again with a shorter hit.
+    # Every rank reported the load and some blocks failed, or the load was given up at its
+    # transfer (or reclaim) deadline: recompute from the first bad block, which means
+    # queueing again with a shorter hit.
     load_failed = loading.to(waiting)
     # Out of device blocks: back to the queue (its in-flight stores keep their blocks).
     preempted = running.to(waiting)

@@ -208,6 +208,10 @@ class World:
     drain_chaos: bool
     explorer: Explorer | None
     swarm: tuple[tuple[str, int], ...] = ()  # weight multipliers of the rare actions (swarm testing)
+    # engine.lookup_deadline_ms and engine.reclaim_deadline_ms: the defaults, or short ones
+    # that the clock (time_passes, the drain) passes often.
+    lookup_deadline: float = 5000.0
+    reclaim_deadline: float = 480_000.0
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -226,6 +230,9 @@ class World:
             drain_chaos=rng.random() < 0.7,
             explorer=explorer,
             swarm=tuple((a.name, rng.choice((0, 1, 1, 3))) for a in ACTIONS if a.swarm),
+            # Drawn last: the draws above stay what they were for a given seed.
+            lookup_deadline=rng.choice([5000.0, 20.0, 20.0]),
+            reclaim_deadline=rng.choice([480_000.0, 60.0, 60.0]),
         )
 
 
@@ -368,6 +375,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.old_lookups: list[tuple[str, int, tuple[str, ...] | None]] = []  # answered or discarded
         self.jobs: dict[int, tuple[Any, list[int]]] = {}
         self.sent_reports: list[tuple[int, int]] = []
+        # Reports the driver lost (a silent rank): (job, rank, command). Only a deadline ends
+        # their jobs; some come late (a late report after a reclaim must change nothing).
+        self.silent: list[tuple[int, int, Any]] = []
         self.steps: list[Any] = []
         self.delivered_steps: list[int] = []
         self.corrupt: set[tuple[str, int]] = set()
@@ -392,12 +402,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         explorer, deadline, async_scheduling = world.explorer, world.deadline, world.async_scheduling
         config = cls.engine_config if cls.engine_config is not None else _world_config(
             world.tiers, world.ranks, world.eviction)
-        config = attrs.evolve(config, async_scheduling=async_scheduling, transfer_deadline_ms=deadline)
+        config = attrs.evolve(config, async_scheduling=async_scheduling, transfer_deadline_ms=deadline,
+                              lookup_deadline_ms=world.lookup_deadline, reclaim_deadline_ms=world.reclaim_deadline)
         stack = _with_explorer(_build_stack(cls.stack), explorer)
         sharing = cls.sharing if cls.sharing is not None else detect_sharing(stack)
         observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing,
                                      max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
-                                     tier_content_known=True, hit_probe=self._recorded_hit)
+                                     tier_content_known=True, hit_probe=self._recorded_hit,
+                                     lookup_deadline_ms=config.lookup_deadline_ms,
+                                     transfer_deadline_ms=config.transfer_deadline_ms,
+                                     reclaim_deadline_ms=config.reclaim_deadline_ms)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -421,7 +435,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.swarm = dict(world.swarm)
         self.log.append(f"world {seed}: engine: {config.device_blocks} device blocks of {config.block_tokens} tokens, "
                         f"{config.ranks} ranks, tiers {[t.name for t in config.tiers]}, async scheduling "
-                        f"{async_scheduling}, deadline {deadline}, stack {list(stack.names)}, sharing {sharing}, "
+                        f"{async_scheduling}, deadline {deadline}, lookup deadline {world.lookup_deadline}, "
+                        f"reclaim deadline {world.reclaim_deadline}, stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
 
@@ -605,7 +620,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def time_passes(self) -> None:
         """Nothing happens for a while: the next input comes after the transfer deadline
-        (or after the next prefetch patience runs out)."""
+        (or after the engine's next deadline: a prefetch patience, a lookup, a reclaim)."""
         jump = (self.deadline or 0.0) + 1.0
         wake = self.engine.next_wakeup()
         if wake is not None:
@@ -746,6 +761,33 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.sent_reports.append((job_id, rank))
         self.feed(TransferReport(self._now(), job_id, rank, tuple(sorted(failed))))
 
+    def lose_lookup(self, i: int) -> None:
+        """The lookup service loses a lookup: its answer never comes (or, much later, as
+        a stale one). Only the lookup deadline gets its request going again."""
+        rid, epoch, _, then = self.lookups.pop(i % len(self.lookups))
+        self.old_lookups.append((rid, epoch, then))
+        self.log.append(f"(the lookup of {rid} epoch {epoch} is lost)")
+
+    def silence_rank(self, i: int, rank: int) -> None:
+        """A rank of a job in flight goes silent on it: its report never comes (unless
+        late). Only the transfer or reclaim deadline ends the job and gives its blocks back."""
+        job_id = sorted(self.jobs)[i % len(self.jobs)]
+        command, remaining = self.jobs[job_id]
+        silent = remaining.pop(rank % len(remaining))
+        if not remaining:
+            del self.jobs[job_id]
+        self.silent.append((job_id, silent, command))
+        self.log.append(f"(rank {silent} goes silent on job {job_id})")
+
+    def silent_rank_reports(self, i: int) -> None:
+        """A rank that went silent reports after all: a late report if its job was given
+        up or reclaimed meanwhile, else just a slow one."""
+        from kvlife.lifecycle.engine.events import TransferReport
+
+        job_id, rank, _ = self.silent.pop(i % len(self.silent))
+        self.sent_reports.append((job_id, rank))
+        self.feed(TransferReport(self._now(), job_id, rank, ()))
+
     def _late_jobs(self) -> list[int]:
         """Jobs the engine gave up on at their deadline, some rank still to report, whose
         requests have moved on: those with a request running again if any, else those
@@ -837,7 +879,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         the protocol: old lookup answers while a newer lookup is pending, the remaining
         reports of a job given up at its deadline now that its requests run again, a
         later step's output first, stale step outputs, duplicate reports with failures,
-        and now and then the clock jumping past the transfer deadline."""
+        reports of ranks that went silent (late), and now and then the clock jumping past
+        the transfer deadline."""
         if self._superseded() and self.lookups and rng.random() < 0.7:
             self.old_answer_while_pending(rng.randrange(8))
         if self._late_jobs() and rng.random() < 0.7:
@@ -848,6 +891,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.stale_step_output(rng.randrange(8), rng.random() < 0.3)
         if self.sent_reports and rng.random() < 0.1:
             self.duplicate_report(rng.randrange(16), rng.random() < 0.5)
+        if self.silent and rng.random() < 0.2:
+            self.silent_rank_reports(rng.randrange(8))  # late, most likely: after a deadline
         if self.deadline is not None and rng.random() < 0.1:
             self.time_passes()
             if len(self.steps) < self.max_in_flight:
@@ -1001,6 +1046,9 @@ ACTIONS: tuple[Action, ...] = (
     Action("pull_fails", 8, lambda self: bool(self._pulls()), (("i", st.integers(0, 7)), ("rank", st.integers(0, 3))),
            swarm=False),
     Action("load_deadline", 3, lambda self: self.deadline is not None and bool(self._loads()), swarm=False),
+    Action("lose_lookup", 2, lambda self: bool(self.lookups), (("i", st.integers(0, 7)),)),
+    Action("silence_rank", 2, lambda self: bool(self.jobs), (("i", st.integers(0, 7)), ("rank", st.integers(0, 3)))),
+    Action("silent_rank_reports", 2, lambda self: bool(self.silent), (("i", st.integers(0, 7)),)),
     Action("duplicate_report", 3, lambda self: bool(self.sent_reports),
            (("i", st.integers(0, 15)), ("fail", st.booleans()))),
     Action("bogus_report", 1, args=(("kind", st.sampled_from(["unknown_job", "bad_rank"])),)),

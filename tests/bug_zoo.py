@@ -5,7 +5,8 @@ catch every one of them within its default budget, naming one invariant for each
 
 The first generation (1-9) are the recurring connector bugs of docs/design.md; the
 second (10-21) the bugs reported against vLLM and LMCache in 2026 (issue 11) and the
-provenance bugs that only a symbolic content model sees. Variants never edit the real
+provenance bugs that only a symbolic content model sees; the last two break deadlines (a
+lookup that never expires, a silent rank's blocks never reclaimed). Variants never edit the real
 code: they subclass a part of the engine (``Transfers``, named by an ``Engine`` subclass's
 ``transfers_class``; ``Scheduler``, swapped in by an ``Engine`` subclass) or ``Engine``'s
 own event handlers, swap a broken ``RankAggregator`` into ``engine.state.ranks``, or put a
@@ -107,9 +108,9 @@ def _first_rank_done(config: EngineConfig, stack: PolicyStack, tiers: Sequence[T
 
 # ---- 4. finished_sending and finished_recving swapped ---------------------------------------
 class SwappedSendRecvTransfers(Transfers):
-    def job_outcome(self, job: Job, failed: Sequence[int]) -> None:
+    def job_outcome(self, job: Job, failed: Sequence[int], cause: str | None = None) -> None:
         swapped = attrs.evolve(job, kind="store" if job.kind == "load" else "load")
-        super().job_outcome(swapped, failed)
+        super().job_outcome(swapped, failed, cause)
 
 
 class SwappedSendRecv(Engine):
@@ -501,6 +502,27 @@ class PrefetchIgnoresFailures(Engine):
     transfers_class = PrefetchIgnoresFailuresTransfers
 
 
+class NeverExpiresLookups(Engine):
+    """vllm#49829's other half: a lookup that never answers keeps its request in
+    lookup_pending for ever (no lookup deadline)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lifecycle.expire_lookups = lambda: None  # type: ignore[method-assign]
+
+
+class NeverReclaimsTransfers(Transfers):
+    """A job some rank never reports keeps its blocks for ever, even after its request
+    was aborted (what VLLM_NIXL_ABORT_REQUEST_TIMEOUT exists for)."""
+
+    def reclaim_jobs(self, deadline: float) -> None:
+        return
+
+
+class NeverReclaims(Engine):
+    transfers_class = NeverReclaimsTransfers
+
+
 @attrs.frozen
 class ZooBug:
     name: str
@@ -556,6 +578,12 @@ ZOO: tuple[ZooBug, ...] = (
            "issue 11 (content provenance)", engine_factory=_with_scheduler(RegistersEarlyScheduler)),
     ZooBug("failed_prefetch_landed", "prefetch blocks marked landed after a failure", 10,
            "issue 11 (content provenance)", engine_factory=PrefetchIgnoresFailures),
+    ZooBug("lookup_never_expires", "an unanswered lookup pending for ever (no lookup deadline)", 7,
+           "vllm#49829; issue 11 (deadlines are transitions)", lambda: PolicyStack([AsyncLookups()]),
+           NeverExpiresLookups),
+    ZooBug("silent_rank_never_reclaimed", "a job a rank never reports holds its blocks for ever", 7,
+           "vLLM VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s); issue 11 (deadlines are transitions)",
+           engine_factory=NeverReclaims),
 )
 
 __all__ = ["ZOO", "LeaksPreemptedScheduler", "ZooBug"]

@@ -115,7 +115,8 @@ def test_seed_that_is_not_an_integer(tmp_path: Path, capsys: pytest.CaptureFixtu
         ("[engine]\ntiers = []\n",
          "FILE:2: field 'engine.tiers': unknown key (tiers are [[tiers]] tables of their own)"),
         ("[engine]\nzzz = 1\n", "FILE:2: field 'engine.zzz': unknown key (known: block_tokens, device_blocks, "
-         "max_batched_tokens, max_running, ranks, async_scheduling, transfer_deadline_ms, lookup_latency_ms)"),
+         "max_batched_tokens, max_running, ranks, async_scheduling, transfer_deadline_ms, lookup_latency_ms, "
+         "lookup_deadline_ms, reclaim_deadline_ms)"),
     ],
 )
 def test_unknown_keys_are_refused_in_every_section(tmp_path: Path, text: str, expected: str) -> None:
@@ -247,10 +248,12 @@ NUMBER_FIELDS = sorted(field for field, rule in _rules().items() if rule.kind ==
 
 
 def test_every_number_field_is_found() -> None:
-    """The 16 float fields of the config (the issue found NaN accepted in 12 of the 13 it had;
-    the live runtime's Redis timeout, breaker back-off and stall timeout came later)."""
+    """The 18 float fields of the config (the issue found NaN accepted in 12 of the 13 it had;
+    the live runtime's Redis timeout, breaker back-off and stall timeout came later, the
+    lookup and reclaim deadlines later still)."""
     assert NUMBER_FIELDS == [
-        "engine.lookup_latency_ms", "engine.transfer_deadline_ms", "live.redis_breaker_backoff_s",
+        "engine.lookup_deadline_ms", "engine.lookup_latency_ms", "engine.reclaim_deadline_ms",
+        "engine.transfer_deadline_ms", "live.redis_breaker_backoff_s",
         "live.redis_timeout_s", "live.stall_timeout_s", "sim.attention_efficiency",
         "sim.gpu_memory_utilization", "sim.lookup_per_key_ms", "sim.mbu", "sim.mfu", "sim.rank_jitter_ms",
         "sim.step_overhead_ms", "sim.time_scale", "tiers.bandwidth_gbps", "tiers.failure_rate", "tiers.latency_ms"]

@@ -175,6 +175,8 @@ INSIDE: dict[str, st.SearchStrategy[Any]] = {
     "engine.async_scheduling": st.booleans(),
     "engine.transfer_deadline_ms": st.floats(1e-3, 1e9) | st.just(1e9),
     "engine.lookup_latency_ms": st.floats(0, 1e9) | st.just(0),
+    "engine.lookup_deadline_ms": st.floats(1e-3, 1e9) | st.just(1e9),
+    "engine.reclaim_deadline_ms": st.floats(1e-3, 1e9) | st.just(1e9),
     "tiers.capacity_blocks": st.integers(1, 5000),
     "tiers.eviction": st.sampled_from(["lru", "arc"]),
     "tiers.bandwidth_gbps": st.floats(1e-6, 1e6) | st.sampled_from([1e-6, 1e6]),

@@ -251,7 +251,8 @@ def test_early_prefetch_pulls_disk_hits_into_host_and_waits_for_them() -> None:
     assert len(prefetch) == 1
     assert [(m.block_hash, m.src_tier, m.dst_tier) for m in prefetch[0].moves] == [
         (1, "disk", "host"), (2, "disk", "host"), (3, "disk", "host")]
-    assert engine.next_wakeup() is None  # wait_complete: no deadline to wake up for
+    # wait_complete: no patience deadline to wake up for, only the pull's reclaim deadline
+    assert engine.next_wakeup() == 1.0 + engine.config.reclaim_deadline_ms
     # the scheduler defers it while the pull is in flight (fallback patience: wait)
     assert not any(isinstance(c, StepPlan | StartLoad) for c in engine.handle(Tick(1.0)))
     assert engine.requests["a"].state == "waiting"

@@ -74,6 +74,7 @@ DESIGN_EDGES = {
     ("waiting", "aborted"): "finished",
     ("waiting", "failed"): "finished",
     ("lookup_pending", "lookup_answered"): "waiting",
+    ("lookup_pending", "lookup_expired"): "waiting",
     ("lookup_pending", "aborted"): "finished",
     ("loading", "load_done"): "running",
     ("loading", "load_failed"): "waiting",
@@ -145,3 +146,15 @@ def test_spec_command_prints_mermaid(capsys: pytest.CaptureFixture[str]) -> None
     assert out.startswith("stateDiagram-v2")
     assert "loading --> waiting" in out
     assert "[*] --> waiting" in out
+
+
+def test_design_doc_embeds_the_diagram_the_spec_generates(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/design.md shows the Mermaid diagram of the spec; a new trigger must show there."""
+    from pathlib import Path
+
+    assert main(["spec", "--format", "mermaid"]) == 0
+    generated = capsys.readouterr().out.strip()
+    design = (Path(__file__).parent.parent / "docs" / "design.md").read_text()
+    embedded = design.split("```mermaid\n", 1)[1].split("```", 1)[0].strip()
+    assert embedded == generated
+    assert "lookup_pending --> waiting : Lookup expired" in embedded

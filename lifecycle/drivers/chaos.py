@@ -18,8 +18,9 @@ connector may legally do to the scheduler:
 - **lookup answers** (``LookupAnswer``): *delayed*, *duplicated* (the copy carries the same
   answer; half the copies come up to ``max_duplicate_ms`` later, the other half are kept
   back until the request submits its next lookup, of a newer epoch, and arrive while that
-  one is pending: an old-epoch answer) and so *reordered*. Never dropped here: a lost
-  answer is recovered only by a lookup deadline (``DROP_LOOKUP_ANSWERS`` is the seam for it);
+  one is pending: an old-epoch answer) and so *reordered*; and *dropped*: the lookup service
+  lost it, and only the engine's lookup deadline (``engine.lookup_deadline_ms``, always set)
+  moves the request on, ``lookup_pending -> waiting`` as a miss (``lookup_expired``);
 - **step outputs** (``StepOutput``): *delayed* (a slow step; only while a single step can be
   in flight, so outputs never overtake each other: vLLM returns them in order) and
   *duplicated*: a stale copy of an output already delivered arrives later.
@@ -39,13 +40,9 @@ import attrs
 
 from kvlife.lifecycle.engine.events import LookupAnswer, StepOutput, TransferReport
 
-# Lookup answers are not dropped until the engine has a lookup deadline to recover them
-# (issue 11, item 2); set True then, with the deadline's check in ``check_config``.
-DROP_LOOKUP_ANSWERS = False
-
 PERTURBATIONS = (
     "reports_delayed", "reports_duplicated", "reports_dropped", "reports_reordered",
-    "answers_delayed", "answers_duplicated", "answers_reordered", "answers_old_epoch",
+    "answers_delayed", "answers_duplicated", "answers_reordered", "answers_old_epoch", "answers_dropped",
     "step_outputs_delayed", "step_outputs_duplicated",
 )
 
@@ -63,6 +60,7 @@ class ChaosRates:
     report_drop: float = 0.05
     answer_delay: float = 0.3
     answer_duplicate: float = 0.15
+    answer_drop: float = 0.03  # recovered by the engine's lookup deadline (always set)
     step_delay: float = 0.1
     step_duplicate: float = 0.1
     max_delay_ms: float = 20.0  # a delayed report, answer or step output: up to this much later
@@ -128,6 +126,9 @@ class Chaos:
     def route_answer(self, now: float, answer: LookupAnswer) -> list[tuple[float, Any]]:
         """A lookup answered at ``now`` (its tiers read then): its deliveries."""
         rng, rates = self.rng, self.rates
+        if rng.random() < rates.answer_drop:
+            self.counts["answers_dropped"] += 1
+            return []  # lost: the lookup deadline moves the request on
         tagged = Delivery(answer, self._made["answer"])
         self._made["answer"] += 1
         first = now

@@ -255,7 +255,7 @@ class Simulator:
         engine = self.engine
         queue = self._queue
         pop = heapq.heappop
-        while queue:
+        while queue or self._idle_wake():
             if gate.pending is not None:
                 gate.check()
             now, seq, event = pop(queue)
@@ -329,6 +329,21 @@ class Simulator:
                          chaos=self.chaos.summary() if self.chaos is not None else None,
                          check=self.check.summary() if self.check is not None else None)
 
+    def _push_wake(self, wake: float) -> None:
+        """A tick at ``wake`` even if nothing else happens then (skipped if one comes anyway)."""
+        if wake not in self._wakeup_times:
+            self._wakeup_times.add(wake)
+            self._wakeup_seqs.add(self._seq)
+            self._push(wake, Tick(wake))
+
+    def _idle_wake(self) -> bool:
+        """Nothing is queued: if the engine has a deadline ahead, wake for it (True)."""
+        wake = self.engine.state.next_wakeup()
+        if wake is None:
+            return False
+        self._push_wake(wake)
+        return True
+
     def _feed(self, now: float, event: InputEvent) -> None:
         """Hand one input to the engine and carry out its commands."""
         engine = self.engine
@@ -367,28 +382,24 @@ class Simulator:
         ):
             self._tick_pending = True
             self._push(now, Tick(now))
-        wake = state.next_wakeup() if state.prefetch_waits else None
-        if wake is not None and wake not in self._wakeup_times:
-            self._push_wakeup(wake)
+        # A deadline (prefetch patience, lookup, transfer, reclaim) the engine acts on at
+        # a tick: wake for it unless something queued comes first (it asks again then).
+        wake = state.next_wakeup()
+        if wake is not None and (not self._queue or wake < self._queue[0][0]):
+            self._push_wake(wake)
         if self.progress is not None:
             done = engine.state_counts["finished"]
             if done - self._progress_mark >= 200:
                 self._progress_mark = done
                 self.progress(done, self._total())
 
-    def _push_wakeup(self, t: float) -> None:
-        """A tick at ``t`` even if nothing else happens then (skipped if one comes anyway)."""
-        self._wakeup_times.add(t)
-        self._wakeup_seqs.add(self._seq)
-        self._push(t, Tick(t))
-
     # ---- chaos ---------------------------------------------------------------------------------
     def _route_report(self, t: float, report: TransferReport) -> None:
         """--chaos: a rank report completed at ``t``; queue its deliveries (a dropped one:
         a tick when the transfer deadline has passed, the report after it)."""
         deliveries, wake = cast(Chaos, self.chaos).route_report(t, report)
-        if wake is not None and wake not in self._wakeup_times:
-            self._push_wakeup(wake)
+        if wake is not None:
+            self._push_wake(wake)
         for when, delivery in deliveries:
             self._push(when, delivery)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvlife.lifecycle.engine.events import FreeBlocks, SubmitLookup
+from kvlife.lifecycle.engine.events import DiscardLookup, FreeBlocks, SubmitLookup
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.state import EngineState
 from kvlife.policies.stack import PolicyStack
@@ -104,8 +104,37 @@ class Lifecycle:
         state.stats.async_lookups += 1
         req.async_lookups += 1
         req.lookup = None
+        req.lookup_submitted_ms = state.now
+        state.lookup_timers.append((state.now + state.config.lookup_deadline_ms, req.request_id, req.async_lookups))
         state.commands.append(SubmitLookup(req.request_id, req.epoch, state.hit_candidates(req)))
         self.move(req, "lookup_submitted", reason)
+
+    def expire_lookups(self) -> None:
+        """Every async lookup still unanswered at its deadline (``lookup_deadline_ms`` after
+        it went out, not before) is given up: the driver is told to discard it, the request
+        goes back to ``waiting`` (``lookup_expired``) in a new epoch, so the answer, if it
+        ever comes, is stale, and it goes on as a miss: no external hit this time (if it is
+        not admitted, the next consideration looks up again, within MAX_ASYNC_LOOKUPS)."""
+        state = self.state
+        timers = state.lookup_timers
+        now = state.now
+        while timers and timers[0][0] <= now:
+            due, rid, count = timers.popleft()
+            req = state.requests.get(rid)
+            if req is None or req.state != "lookup_pending" or req.async_lookups != count:
+                continue  # answered, discarded or submitted again since
+            state.stats.expired_lookups += 1
+            state.commands.append(DiscardLookup(rid, req.epoch))
+            state.wants_prefetch.pop(rid, None)  # an early prefetch needed that answer
+            req.epoch += 1
+            req.lookup = ()
+            req.lookup_async = True
+            req.lookup_answered_ms = now
+            req.lookup_uses = 0
+            self.move(req, "lookup_expired",
+                      f"lookup deadline: no answer {now - req.lookup_submitted_ms:g} ms after it was submitted at "
+                      f"t={req.lookup_submitted_ms:g} (deadline {state.config.lookup_deadline_ms:g} ms): "
+                      f"treated as a miss; its answer is stale now")
 
     def finish(self, req: Request, trigger: str, reason: str, why: str) -> None:
         """Take ``req`` out of its queue, release its blocks and fire ``trigger`` (completed,

@@ -50,6 +50,11 @@ class RankAggregator:
     def in_flight(self, job_id: int) -> bool:
         return job_id in self._jobs
 
+    def close(self, job_id: int) -> None:
+        """Stop waiting for a job's reports (reclaimed at its deadline): a later report
+        for it is UNKNOWN_JOB here; the engine records it as late."""
+        self._jobs.pop(job_id, None)
+
     def missing_ranks(self, job_id: int) -> tuple[int, ...]:
         pending = self._jobs[job_id]
         return tuple(r for r, done in enumerate(pending.reported) if not done)

@@ -20,7 +20,7 @@ class Request:
     block_tokens: int
     max_tokens: int | None = None  # the request's output limit, when the arrival says
     state: str = "waiting"
-    # Bumped on preemption, abort and failed load: a lookup answer for an older epoch
+    # Bumped on preemption, abort, failed load and lookup expiry: a lookup answer for an older epoch
     # is stale and never applied (invariant 4).
     epoch: int = 0
     generated: int = 0
@@ -33,6 +33,7 @@ class Request:
     lookup_answered_ms: float = 0.0  # when that answer arrived
     lookup_uses: int = 0  # admissions that answer has been considered for
     async_lookups: int = 0  # async lookups submitted over the request's life (bounded: MAX_ASYNC_LOOKUPS)
+    lookup_submitted_ms: float = 0.0  # when its last async lookup went out (its deadline counts from it)
     stored_blocks: int = 0  # leading blocks already handed to a store
     registered_blocks: int = 0  # leading blocks published in the device cache
     # Known tokens when last admitted (or when its load was started): the prefill runs

@@ -76,8 +76,13 @@ class Scheduler:
         state = self.state
         config = state.config
         state.stats.ticks += 1
+        # Deadlines first, so what they release is admitted in this very tick.
+        if state.lookup_timers and state.lookup_timers[0][0] <= state.now:
+            self.lifecycle.expire_lookups()
         if config.transfer_deadline_ms is not None:
             self.transfers.expire_jobs(config.transfer_deadline_ms)
+        if state.jobs or state.prefetches:
+            self.transfers.reclaim_jobs(config.reclaim_deadline_ms)
         budget = config.max_batched_tokens
         bt = config.block_tokens
         running = state.running

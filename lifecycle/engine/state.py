@@ -12,7 +12,7 @@ parts change it.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -40,7 +40,7 @@ class Job:
     moves: tuple[BlockMove, ...]
     started_ms: float
     waiters: list[tuple[str, int]]  # (request id, epoch) told when the job completes
-    timed_out: bool = False
+    timed_out: bool = False  # given up at its deadline: quarantined until reported or reclaimed
 
 
 @attrs.define(slots=True, eq=False)
@@ -58,6 +58,9 @@ class PrefetchJob:
     deadline_ms: float  # started_ms + the patience the policy chose when it started
     patience_policy: str
     deferred: bool = False  # its request has been deferred at least once waiting for it
+    # Patience ran out and its request went on without it: whatever lands later is not
+    # published in the host tier (the engine no longer vouches for the copy).
+    abandoned: bool = False
 
 
 @attrs.define
@@ -84,6 +87,9 @@ class Stats:
     blocks_prefetched: int = 0
     prefetch_waits: int = 0  # admissions deferred to wait for a prefetch
     prefetch_gave_up: int = 0  # patience ran out: the missing blocks are computed instead
+    expired_lookups: int = 0  # async lookups unanswered at engine.lookup_deadline_ms (a miss)
+    reclaimed_jobs: int = 0  # jobs whose blocks were reclaimed at engine.reclaim_deadline_ms
+    late_reports: int = 0  # rank reports for a job already reclaimed (ignored)
 
 
 # A scheduled step's entry, kept until its output arrives: (request, its epoch then, tokens, samples).
@@ -99,6 +105,7 @@ class EngineState:
         "prefetches", "prefetch_waits", "wants_prefetch", "sync_lookup_version", "transfer_version",
         "stats", "commands", "next_job_id", "next_step_id", "next_seq", "last_output_step",
         "defer_frees", "deferred_frees", "retire", "retired", "retiring", "retire_mark",
+        "lookup_timers", "reclaimed",
     )
 
     def __init__(
@@ -153,6 +160,13 @@ class EngineState:
         # (a transfer report arrived). rid -> transfer version at the last sync lookup.
         self.sync_lookup_version: dict[str, int] = {}
         self.transfer_version = 0
+        # Deadlines of the async lookups submitted, in submission order (so in deadline
+        # order): (due, request id, its ``async_lookups`` count then). An entry whose lookup
+        # was answered, discarded or submitted again is stale and skipped.
+        self.lookup_timers: deque[tuple[float, str, int]] = deque()
+        # Jobs reclaimed at their deadline: job id -> the ranks whose report may still come
+        # (recorded as late and ignored; the entry goes when the last one came).
+        self.reclaimed: dict[int, set[int]] = {}
 
         self.stats = Stats()
         self.commands: list[Command] = []  # what the event being handled asks the driver to do
@@ -257,17 +271,48 @@ class EngineState:
         )
 
     def next_wakeup(self) -> float | None:
-        """Earliest future time at which a request's prefetch patience runs out: a driver
-        should tick then even if nothing else happens (the core never sets timers)."""
-        soonest: float | None = None
+        """Earliest future time at which a deadline passes: a request's prefetch patience
+        runs out, an async lookup expires (``lookup_deadline_ms``), a job's transfer or
+        reclaim deadline passes. A driver should tick then even if nothing else happens
+        (the core never sets timers; deadlines are acted on by the next tick)."""
+        now = self.now
+        soonest = math.inf
         for rid, job in self.prefetch_waits.items():
             if self.requests[rid].epoch != job.epoch or job.job_id not in self.prefetches:
                 continue
-            if not math.isfinite(job.deadline_ms):
-                continue  # wait_complete: the prefetch's own report wakes the scheduler
-            if self.now < job.deadline_ms and (soonest is None or job.deadline_ms < soonest):
+            if now < job.deadline_ms < soonest:  # inf (wait_complete): its own report wakes it
                 soonest = job.deadline_ms
-        return soonest
+        timers = self.lookup_timers
+        while timers and not self._lookup_timer_live(timers[0]):
+            timers.popleft()  # answered, discarded or submitted again: forget it
+        for timer in timers:
+            if timer[0] >= soonest:
+                break
+            if timer[0] > now and self._lookup_timer_live(timer):
+                soonest = timer[0]
+                break
+        config = self.config
+        transfer = config.transfer_deadline_ms
+        reclaim = config.reclaim_deadline_ms
+        # Jobs are kept in start order: the first one past ``now`` is the soonest.
+        if transfer is not None:
+            for device_job in self.jobs.values():
+                if not device_job.timed_out and now < device_job.started_ms + transfer:
+                    soonest = min(soonest, device_job.started_ms + transfer)
+                    break
+        for device_job in self.jobs.values():
+            if now < device_job.started_ms + reclaim:
+                soonest = min(soonest, device_job.started_ms + reclaim)
+                break
+        for pull in self.prefetches.values():
+            if now < pull.started_ms + reclaim:
+                soonest = min(soonest, pull.started_ms + reclaim)
+                break
+        return soonest if soonest != math.inf else None
+
+    def _lookup_timer_live(self, timer: tuple[float, str, int]) -> bool:
+        req = self.requests.get(timer[1])
+        return req is not None and req.state == "lookup_pending" and req.async_lookups == timer[2]
 
     def stranded(self) -> list[str]:
         """Invariant 7 once inputs have stopped: every request not finished, as

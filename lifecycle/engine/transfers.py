@@ -10,9 +10,21 @@ rank has reported it (``kvlife.lifecycle.engine.ranks``); then the pins go
 on it are told (``job_outcome``): a load's requests are ready for the next tick to take
 into ``running``, or go back to ``waiting`` to recompute what failed; a finished request
 in ``sending`` finishes once its last store is done and a scheduler step has run since it
-finished (vLLM's ``finished_sending`` comes with a later step's worker output). A rank
-that stays silent past the deadline fails the job for its requests (``expire_jobs``),
-but the job's blocks stay held until the late report comes (invariant 2).
+finished (vLLM's ``finished_sending`` comes with a later step's worker output).
+
+Deadlines, each acted on by the tick (``Scheduler.tick``) and each traced with its reason:
+
+- a rank that stays silent past ``transfer_deadline_ms`` fails the job for its requests
+  (``expire_jobs``: a ``rank_timeout`` warning; a load's requests move ``load_failed``
+  with a "transfer deadline" reason, a store's request in ``sending`` finishes), but the
+  job's blocks stay held (quarantined) until the late report comes (invariant 2);
+- past ``reclaim_deadline_ms`` a job some rank never reported is given up if it was not
+  already, and its device blocks and tier slots are reclaimed (``reclaim_jobs``: a
+  ``reclaim`` record): an abort during loading or sending never leaks them to a silent
+  rank (vLLM: VLLM_NIXL_ABORT_REQUEST_TIMEOUT). A report for it afterwards is a
+  ``late_report`` warning and changes nothing;
+- a prefetch whose request's patience ran out is abandoned (``prefetch_gate``: an
+  ``abandon`` record); whatever it lands later is not published in the host tier.
 """
 
 from __future__ import annotations
@@ -107,7 +119,9 @@ class Transfers:
     def on_report(self, event: TransferReport) -> None:
         """One rank's report on a job: a prefetch, or a device load or store."""
         self.state.transfer_version += 1
-        if event.job_id in self.state.prefetches:
+        if event.job_id in self.state.reclaimed:
+            self.on_late_report(event)
+        elif event.job_id in self.state.prefetches:
             self.on_prefetch_report(event)
         else:
             self.on_transfer_report(event)
@@ -126,6 +140,21 @@ class Transfers:
         self.release_job(job, outcome.failed)
         if not job.timed_out:
             self.job_outcome(job, outcome.failed)
+
+    def on_late_report(self, event: TransferReport) -> None:
+        """A report for a job reclaimed at its deadline: recorded as late, ignored."""
+        state = self.state
+        missing = state.reclaimed[event.job_id]
+        if event.rank not in missing:
+            status = "duplicate" if 0 <= event.rank < state.ranks.world_size else "bad_rank"
+            self.lifecycle.warn(status + "_report", job=event.job_id, rank=event.rank)
+            return
+        missing.discard(event.rank)
+        if not missing:
+            del state.reclaimed[event.job_id]
+        state.stats.late_reports += 1
+        self.lifecycle.warn("late_report", job=event.job_id, rank=event.rank,
+                            note="the job was reclaimed at its deadline: this report is ignored")
 
     def release_job(self, job: Job, failed: Sequence[int]) -> None:
         """Unpin what a finished job moved: tier slots, device block references; a failed
@@ -162,8 +191,9 @@ class Transfers:
         if freed:
             self.lifecycle.free_blocks(freed)
 
-    def job_outcome(self, job: Job, failed: Sequence[int]) -> None:
-        """Tell the requests a job was for how it went (``failed``: its failed blocks)."""
+    def job_outcome(self, job: Job, failed: Sequence[int], cause: str | None = None) -> None:
+        """Tell the requests a job was for how it went (``failed``: its failed blocks;
+        ``cause``: why, when it was given up at a deadline rather than reported)."""
         state = self.state
         bad = set(failed)
         if job.kind == "store":
@@ -171,8 +201,9 @@ class Transfers:
             owner.store_jobs -= 1
             if owner.state == "sending" and owner.store_jobs == 0:
                 if state.sent_released(owner):
-                    self.lifecycle.finish(owner, "completed", owner.finish_reason or "stopped",
-                                          "every rank reported its stores")
+                    why = "every rank reported its stores" if cause is None else \
+                        f"its last store, job {job.job_id}, was given up: {cause}"
+                    self.lifecycle.finish(owner, "completed", owner.finish_reason or "stopped", why)
                 else:
                     state.sent.append(owner)  # see EngineState.sent
             return
@@ -184,7 +215,7 @@ class Transfers:
             req.load_failed.extend(m.block_hash for m in job.moves if m.block_hash in bad
                                    and m.block_hash in req.hashes)
             if not req.load_jobs:
-                self.load_finished(req)
+                self.load_finished(req, None if cause is None else f"job {job.job_id} was given up: {cause}")
 
     def release_sent(self) -> None:
         """Finish the requests in ``sending`` whose stores are done, once released (see
@@ -201,8 +232,9 @@ class Transfers:
                 keep.append(req)
         state.sent = keep
 
-    def load_finished(self, req: Request) -> None:
-        """Every load ``req`` waited for is done: run it, or recompute what failed."""
+    def load_finished(self, req: Request, cause: str | None = None) -> None:
+        """Every load ``req`` waited for is done: run it, or recompute what failed
+        (``cause``: the last one was given up at a deadline)."""
         state = self.state
         lifecycle = self.lifecycle
         if not req.load_failed:
@@ -213,8 +245,9 @@ class Transfers:
             return
         failed = len(req.load_failed)
         action = lifecycle.ask(req, "on_load_failure", failed)
+        what = f"{failed} blocks failed to load" if cause is None else f"{failed} blocks not loaded ({cause})"
         if action == "fail":
-            lifecycle.finish(req, "failed", "error", f"{failed} blocks failed to load")
+            lifecycle.finish(req, "failed", "error", what)
             return
         position = {h: i for i, h in enumerate(req.hashes)}
         first_bad = min((position[h] for h in req.load_failed if h in position), default=0)
@@ -227,7 +260,7 @@ class Transfers:
         req.computed = req.confirmed = 0
         req.admitted_tokens = 0
         state.holding.remove(req)
-        lifecycle.move(req, "load_failed", f"{failed} blocks failed to load: recompute them")
+        lifecycle.move(req, "load_failed", f"{what}: recompute them")
         state.waiting.insert(0, req)  # it held KV blocks: first in line, as in vLLM
 
     def expire_jobs(self, deadline: float) -> None:
@@ -237,18 +270,69 @@ class Transfers:
         for job in list(state.jobs.values()):
             if job.timed_out or state.now - job.started_ms < deadline:
                 continue
-            job.timed_out = True
-            state.stats.rank_timeouts += 1
-            missing = state.ranks.missing_ranks(job.job_id)
-            self.lifecycle.warn("rank_timeout", job=job.job_id, ranks=list(missing),
-                                note="job failed on those ranks; its blocks stay held until they report")
-            if job.kind == "load":
-                # Nobody may join a load that has already been given up on.
-                for move in job.moves:
-                    owner = state.in_flight_loads.get(move.block_hash)
-                    if owner is not None and owner[0] == job.job_id:
-                        del state.in_flight_loads[move.block_hash]
-            self.job_outcome(job, [m.block_hash for m in job.moves])
+            self.give_up(job, "job failed on those ranks; its blocks stay held until they report",
+                         f"transfer deadline: ranks {list(state.ranks.missing_ranks(job.job_id))} silent "
+                         f"{state.now - job.started_ms:g} ms after it started (deadline {deadline:g} ms)")
+
+    def give_up(self, job: Job, note: str, cause: str) -> None:
+        """Stop waiting for ``job``'s result: its requests see every block failed (``cause``
+        says why in their transitions); its blocks stay held until reported or reclaimed."""
+        state = self.state
+        job.timed_out = True
+        state.stats.rank_timeouts += 1
+        missing = state.ranks.missing_ranks(job.job_id)
+        self.lifecycle.warn("rank_timeout", job=job.job_id, ranks=list(missing), note=note)
+        if job.kind == "load":
+            # Nobody may join a load that has already been given up on.
+            for move in job.moves:
+                owner = state.in_flight_loads.get(move.block_hash)
+                if owner is not None and owner[0] == job.job_id:
+                    del state.in_flight_loads[move.block_hash]
+        self.job_outcome(job, [m.block_hash for m in job.moves], cause)
+
+    def reclaim_jobs(self, deadline: float) -> None:
+        """Jobs (and prefetches) some rank has not reported ``deadline`` ms after they
+        started: given up if they were not already, then their device blocks and tier slots
+        are reclaimed (a ``reclaim`` record first, then the ``free``). Reports that come
+        later are ``late_report`` warnings (``on_late_report``)."""
+        state = self.state
+        now = state.now
+        # Jobs are kept in start order: stop at the first one not yet due.
+        for job in list(state.jobs.values()):
+            if now < job.started_ms + deadline:
+                break
+            missing = list(state.ranks.missing_ranks(job.job_id))
+            silent = f"ranks {missing} silent {now - job.started_ms:g} ms after it started"
+            if not job.timed_out:
+                self.give_up(job, f"reclaim deadline ({deadline:g} ms): job failed on those ranks",
+                             f"reclaim deadline: {silent} (deadline {deadline:g} ms)")
+            self._reclaim(job.job_id, job.kind, job.request_id, missing, len(job.moves), silent, deadline)
+            del state.jobs[job.job_id]
+            self.release_job(job, ())
+        for pull in list(state.prefetches.values()):
+            if now < pull.started_ms + deadline:
+                break
+            missing = list(state.ranks.missing_ranks(pull.job_id))
+            self._reclaim(pull.job_id, "prefetch", pull.request_id, missing, len(pull.moves),
+                          f"ranks {missing} silent {now - pull.started_ms:g} ms after it started", deadline)
+            del state.prefetches[pull.job_id]
+            if state.prefetch_waits.get(pull.request_id) is pull:
+                del state.prefetch_waits[pull.request_id]
+            host = state.tiers[pull.moves[0].dst_tier]
+            for move in pull.moves:
+                state.tiers[move.src_tier].complete_load([move.block_hash])
+            host.complete_store([m.block_hash for m in pull.moves], ok=False)
+
+    def _reclaim(self, job_id: int, op: str, rid: str, missing: list[int], blocks: int, silent: str,
+                 deadline: float) -> None:
+        state = self.state
+        state.ranks.close(job_id)
+        state.reclaimed[job_id] = set(missing)
+        state.stats.reclaimed_jobs += 1
+        self.lifecycle.record({"kind": "reclaim", "t": state.now, "job": job_id, "op": op, "req": rid,
+                               "ranks": missing, "blocks": blocks,
+                               "reason": f"reclaim deadline: {silent} (deadline {deadline:g} ms); its blocks "
+                                         f"are given back and a later report is ignored"})
 
     # ---- prefetch: lower tiers into the host tier, started at arrival ------------------------
     def start_prefetch(self, req: Request) -> None:
@@ -318,15 +402,22 @@ class Transfers:
                 lost.append(move.block_hash)
             else:
                 landed.append(move.block_hash)
-        host.complete_store(landed, ok=True)
-        host.complete_store(lost, ok=False)
+        if job.abandoned:
+            # Its request went on without it: nothing it brought is published.
+            host.complete_store(landed + lost, ok=False)
+        else:
+            host.complete_store(landed, ok=True)
+            host.complete_store(lost, ok=False)
         state.stats.failed_blocks += len(lost)
-        self.lifecycle.record({"kind": "job_done", "t": state.now, "job": job.job_id, "op": "prefetch",
-                               "failed": len(lost), "late": False})
+        done = {"kind": "job_done", "t": state.now, "job": job.job_id, "op": "prefetch",
+                "failed": len(lost), "late": False}
+        if job.abandoned:
+            done["abandoned"] = True
+        self.lifecycle.record(done)
         if state.prefetch_waits.get(job.request_id) is job:
             del state.prefetch_waits[job.request_id]
         req = state.requests.get(job.request_id)
-        if req is None or req.epoch != job.epoch or req.lookup is None:
+        if job.abandoned or req is None or req.epoch != job.epoch or req.lookup is None:
             return
         # The owner now reads the landed blocks from the host tier, and computes from the
         # first block that failed to land.
@@ -363,9 +454,14 @@ class Transfers:
         while keep < min(len(lookup), len(candidates)) and candidates[keep] not in in_flight:
             keep += 1
         state.stats.prefetch_gave_up += 1
+        job.abandoned = True
+        reason = (f"patience ran out after {state.now - job.started_ms:.1f} ms: "
+                  f"{len(lookup) - keep} hit blocks still in flight are computed")
         self.lifecycle.record({"kind": "decision", "t": state.now, "req": req.request_id,
                                "point": "prefetch_patience", "policy": job.patience_policy, "value": "compute",
-                               "reason": f"patience ran out after {state.now - job.started_ms:.1f} ms: "
-                                         f"{len(lookup) - keep} hit blocks still in flight are computed"})
+                               "reason": reason})
+        self.lifecycle.record({"kind": "abandon", "t": state.now, "job": job.job_id, "op": "prefetch",
+                               "req": req.request_id,
+                               "reason": f"prefetch deadline: {reason}; what it lands later is not published"})
         req.lookup = lookup[:keep]
         return "go"

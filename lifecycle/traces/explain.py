@@ -26,6 +26,9 @@ def _detail(record: dict[str, Any]) -> str | None:
         tiers_field = record.get("tiers")
         tiers = ", ".join(f"{k} {v}" for k, v in tiers_field.items()) if isinstance(tiers_field, dict) else ""
         return f"{record.get('op')} job {record.get('job')} started: {record.get('blocks')} blocks ({tiers})"
+    if kind in ("reclaim", "abandon"):
+        what = "reclaimed" if kind == "reclaim" else "abandoned"
+        return f"{record.get('op')} job {record.get('job')} {what} - {record.get('reason')}"
     if kind == "stale_lookup":
         return (f"stale lookup answer (epoch {record.get('epoch')}, current {record.get('current_epoch')}) "
                 f"dropped")
@@ -68,6 +71,10 @@ def explain_lines(timeline: Timeline, request_id: str, path: str = "trace") -> l
         end = seg.end
         if seg.state == "finished":
             out.append(f"  t={seg.start:>12,.1f}  finished")
+            # Its jobs may outlive it: a transfer reclaimed at its deadline after an abort.
+            for line, record in records:
+                if line > seg.start_line and record.get("kind") == "reclaim":
+                    out.append(f"  {'':14}    . t={record.get('t', 0.0):,.1f}: {_detail(record)}")
             break
         duration = (end if end is not None else timeline.end_t) - seg.start
         totals[seg.state] = totals.get(seg.state, 0.0) + duration

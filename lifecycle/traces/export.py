@@ -126,6 +126,12 @@ def read_timeline(path: str | Path) -> Timeline:
             if span is not None:
                 span.end = t
                 span.args.update(failed=record.get("failed"), late=record.get("late"))
+        elif kind == "reclaim":  # a job some rank never reported ends at its reclaim deadline
+            job = _int(record.get("job"))
+            span = jobs.get(job) if job is not None else None
+            if span is not None and span.end is None:
+                span.end = t
+                span.args.update(reclaimed=True, silent_ranks=record.get("ranks"))
         if isinstance(rid, str):
             records.setdefault(rid, []).append((number, record))
     return Timeline(header, end_t, segments, arrivals, list(steps.values()), list(jobs.values()), ticks, records)

@@ -140,7 +140,8 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     observer = InvariantObserver(
         config.ranks, config.block_tokens, sharing=sharing, from_trace=True,
         max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
-        finish_after_stores=True,
+        finish_after_stores=True, lookup_deadline_ms=config.lookup_deadline_ms,
+        transfer_deadline_ms=config.transfer_deadline_ms, reclaim_deadline_ms=config.reclaim_deadline_ms,
     )
     last_t = float("-inf")
     for number, raw in body:
