@@ -87,9 +87,7 @@ def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]
     spans = []
     for node in ast.walk(tree):
         targets: list[ast.expr | None] = []
-        if isinstance(node, ast.arg):
-            targets.append(node.annotation)
-        elif isinstance(node, ast.AnnAssign):
+        if isinstance(node, ast.arg | ast.AnnAssign):
             targets.append(node.annotation)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             targets.append(node.returns)
@@ -238,8 +236,10 @@ def _score(counts: Counter[str]) -> str:
     return f"{100 * (counts['killed'] + counts['timeout']) / judged:.0f} %" if judged else "-"
 
 
-def run(session: Path, sample: int | None, seed: int, fresh: bool) -> int:
+def run(session: Path, sample: int | None, seed: int, fresh: bool, scope: str | None = None) -> int:
     config = pyproject_config()
+    if scope is not None:
+        config["test-command"] += f" --scope {scope}"
     session.parent.mkdir(parents=True, exist_ok=True)
     cr_config = session.with_suffix(".toml")
     write_cosmic_ray_config(config, cr_config)
@@ -258,13 +258,13 @@ def run(session: Path, sample: int | None, seed: int, fresh: bool) -> int:
     return report(session, show_survivors=True)
 
 
-def rerun_survivors(session: Path) -> int:
+def rerun_survivors(session: Path, scope: str | None) -> int:
     known = equivalents()
     again = [m["job_id"] for m in mutants(session) if classify(m, known) == "survived"]
     with _db(session) as db:
         db.executemany("DELETE FROM work_results WHERE job_id = ?", [(j,) for j in again])
     print(f"{len(again)} survivors to run again")
-    return run(session, None, 0, fresh=False)
+    return run(session, None, 0, fresh=False, scope=scope)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,15 +277,20 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--all", action="store_true", help="run every mutant (hours on a laptop)")
     run_p.add_argument("--seed", type=int, default=11, help="sampling seed")
     run_p.add_argument("--resume", action="store_true", help="continue an interrupted session")
-    for p in (run_p, sub.add_parser("report", help="print the table of a session"),
-              sub.add_parser("rerun", help="run the survivors of a session again")):
+    rerun_p = sub.add_parser("rerun", help="run the survivors of a session again")
+    for p in (run_p, rerun_p):
+        p.add_argument("--scope", choices=("owner", "all"), default=None,
+                       help="the detector's stacks (default: pyproject's test-command, the default stack and "
+                            "a mutated policy's own stacks)")
+    for p in (run_p, sub.add_parser("report", help="print the table of a session"), rerun_p):
         p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
     sub.choices["report"].add_argument("--survivors", action="store_true", help="print every survivor's diff")
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.session, None if args.all else args.sample, args.seed, fresh=not args.resume)
+        return run(args.session, None if args.all else args.sample, args.seed, fresh=not args.resume,
+                   scope=args.scope)
     if args.command == "rerun":
-        return rerun_survivors(args.session)
+        return rerun_survivors(args.session, args.scope)
     return report(args.session, args.survivors)
 
 

@@ -6,6 +6,13 @@ means ``kvlife check`` caught it (1: a counterexample; 2: the CLI refused to sta
 a mutant that breaks a policy's loading; 3: a stack ran past its time limit, a hang).
 It stops at the first stack that finds something.
 
+Which stacks: ``--scope owner`` (what pyproject's test-command uses) runs ``kvlife check``
+with the default stack, and for a mutant inside a policy's module the built-in stacks
+that use that policy, so a policy's code is run at all; ``--scope all`` runs every
+built-in stack (survivors of the first are run again this way: ``scripts/mutation.py
+rerun --scope all``). Counterexamples are not shrunk (``--no-shrink``): shrinking only
+shortens them and the verdict is the same.
+
 Each stack is run through the CLI's own entry point (``kvlife check --stack NAME``) in this
 one process, so the engine is imported once, mutated; ``naive-stores-unsafe`` is left out
 (it is unsafe on purpose and fails on the unmodified engine).
@@ -63,9 +70,10 @@ def mutated_files() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def ordered(stacks: list[str], changed: list[str]) -> list[str]:
-    first = [s for path in changed for s in POLICY_STACKS.get(path, ()) if s in stacks]
-    return list(dict.fromkeys([*first, *stacks]))
+def ordered(stacks: list[str], changed: list[str], scope: str) -> list[str]:
+    """The default stack, then the stacks that use a changed policy, then (scope all) the rest."""
+    owners = [s for path in changed for s in POLICY_STACKS.get(path, ()) if s in stacks]
+    return list(dict.fromkeys(["baseline", *owners, *(stacks if scope == "all" else [])]))
 
 
 def _timed_out(signum: int, frame: FrameType | None) -> None:
@@ -78,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--stacks", default=None,
                         help="semicolon-separated stacks to check (default: every built-in but the unsafe one)")
+    parser.add_argument("--scope", choices=("owner", "all"), default="owner",
+                        help="owner: the default stack plus the stacks of a mutated policy; all: every built-in")
     parser.add_argument("--examples", type=int, default=None, help="checker examples (default: the CLI's)")
     parser.add_argument("--steps", type=int, default=None, help="checker steps (default: the CLI's)")
     parser.add_argument("--per-stack-timeout", type=float, default=180.0, help="seconds before a stack is a hang")
@@ -86,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))  # this checkout's kvlife (the one being mutated)
     from kvlife.lifecycle.cli.main import main as kvlife
 
-    stacks = args.stacks.split(";") if args.stacks else ordered(builtin_stacks(), mutated_files())
+    stacks = args.stacks.split(";") if args.stacks else ordered(builtin_stacks(), mutated_files(), args.scope)
     budget = ([] if args.examples is None else ["--examples", str(args.examples)]) + (
         [] if args.steps is None else ["--steps", str(args.steps)])
     signal.signal(signal.SIGALRM, _timed_out)
@@ -96,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.alarm(max(1, int(args.per_stack_timeout)))
         try:
             with contextlib.redirect_stdout(out):
-                code = kvlife(["check", "--stack", stack, *budget])
+                code = kvlife(["check", "--stack", stack, "--no-shrink", *budget])
         except SystemExit as exc:  # argparse refusing the stack: the CLI failed to run it
             code = exc.code if isinstance(exc.code, int) else 2
         finally:

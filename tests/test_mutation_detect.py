@@ -1,0 +1,85 @@
+"""The mutation detector (scripts/mutation_detect.py) is what the mutation score counts:
+it must pass the unmodified engine and catch a mutant. Both run on a copy of the sources
+at a small budget (the score itself uses the CLI default); and the runner's configuration
+is Cosmic Ray's own format, written from pyproject."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import mutation  # noqa: E402
+
+# A reference-count bug: a block shared through the prefix cache gains no reference, so
+# the second request's release frees it under the first (invariant 2 or 8, or a leak).
+MUTANT = ("lifecycle/engine/blocks.py", "        self.refs[block] += 1\n        return block\n",
+          "        return block\n")
+
+
+def _copy(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for folder in ("lifecycle", "policies", "specs", "transfer"):
+        shutil.copytree(ROOT / folder, root / folder, ignore=ignore)
+    shutil.copytree(ROOT / "kvlife", root / "kvlife", symlinks=True, ignore=ignore)
+    (root / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "mutation_detect.py", root / "scripts")
+    return root
+
+
+def _detect(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "scripts/mutation_detect.py", "--stacks", "baseline;shared-loads",
+                           "--examples", "30", "--steps", "30", "--per-stack-timeout", "120"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_detector_passes_the_engine_and_catches_a_refcount_mutant(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    clean = _detect(root)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "--stack baseline passed" in clean.stdout and "--stack shared-loads passed" in clean.stdout
+    path, before, after = MUTANT
+    source = (root / path).read_text()
+    assert source.count(before) == 1, "the mutant's target moved: update MUTANT"
+    (root / path).write_text(source.replace(before, after))
+    caught = _detect(root)
+    assert caught.returncode == 1, caught.stdout + caught.stderr
+    assert "caught by --stack baseline" in caught.stdout and "invariant" in caught.stdout
+    assert "Traceback" not in caught.stdout + caught.stderr
+
+
+def test_cosmic_ray_config_is_written_from_pyproject(tmp_path: Path) -> None:
+    config = mutation.pyproject_config()
+    assert config["module-path"] == ["lifecycle/engine", "policies"]
+    out = tmp_path / "session.toml"
+    mutation.write_cosmic_ray_config(config, out)
+    written = tomllib.loads(out.read_text())["cosmic-ray"]
+    assert written["test-command"] == f"{sys.executable} scripts/mutation_detect.py"
+    assert written["distributor"]["name"] == "local"
+    assert written["filters"]["operators-filter"]["exclude-operators"] == \
+        config["filters"]["operators-filter"]["exclude-operators"]
+
+
+def test_mutations_inside_annotations_are_found(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f(a: int | None, b=1 + 2) -> list[int]:\n    x: int | str = a or b\n    return [x]\n")
+    spans = mutation.annotation_spans(module)
+    assert mutation._inside((1, 12), spans)  # the `|` of `int | None`
+    assert not mutation._inside((1, 29), spans)  # the `+` of a default value
+    assert mutation._inside((2, 11), spans)
+    assert not mutation._inside((2, 19), spans)  # `or` in the value
+
+
+@pytest.mark.parametrize(("k", "n"), [(90, 100), (0, 10), (10, 10)])
+def test_wilson_interval_contains_the_estimate(k: int, n: int) -> None:
+    low, high = mutation.wilson(k, n)
+    assert 0.0 <= low <= k / n <= high <= 1.0
