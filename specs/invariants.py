@@ -47,7 +47,7 @@ handling (live; in trace mode the next input record closes the previous one) and
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
@@ -61,7 +61,7 @@ _EPOCH_BUMPS = frozenset({"preempted", "load_failed", "completed", "aborted", "f
 
 INVARIANTS: dict[int, str] = {
     0: "well-formed trace",
-    1: "legal transitions; finished absorbs",
+    1: "legal transitions; finished absorbs; a fail decision finishes",
     2: "no block freed or reused under an in-flight transfer",
     3: "a job is done only after every rank reported it exactly once",
     4: "lookup answers apply only to the epoch that asked",
@@ -73,7 +73,7 @@ INVARIANTS: dict[int, str] = {
     10: "provenance: hits, loads, joins and stores read only complete, confirmed blocks",
     11: "token budget and max_running; finished only after every store is reported",
     12: "bounded work: one lookup at a time, no retry of a copy that failed to load",
-    13: "hit accounting: a request's recorded hit is what its first admission skipped",
+    13: "accounting: a request's recorded hit is what its first admission skipped; counters match the trace",
 }
 
 
@@ -214,6 +214,7 @@ class InvariantObserver:
         tier_content_known: bool = False,
         hit_probe: Callable[[str], int | None] | None = None,
         finish_after_stores: bool | None = None,
+        stats_probe: Callable[[], Any] | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -229,6 +230,11 @@ class InvariantObserver:
         self.tier_content_known = tier_content_known
         # 13: the prefix hit the engine recorded for a request (device + tier blocks).
         self.hit_probe = hit_probe
+        # 13: the engine's counters (``engine.stats``), checked against what its records say.
+        self.stats_probe = stats_probe
+        self.tally = CounterTally()
+        # 1: requests whose on_load_failure decision said "fail" in this handling.
+        self._must_fail: set[str] = set()
         # 11's "finished only after every store is reported": live by default; a trace
         # validator opts in (a trace edited by hand may hold jobs the engine never saw).
         self.finish_after_stores = not from_trace if finish_after_stores is None else finish_after_stores
@@ -288,12 +294,20 @@ class InvariantObserver:
         if kind == "input":
             self.end_input()
             self._line = line
+            if self.stats_probe is not None:
+                self.tally.feed(record)
             self._on_input(record)
             return
         self._line = line if line is not None else self._line
         t = record.get("t")
         if isinstance(t, (int, float)) and not isinstance(t, bool):
             self._t = float(t)
+        if self.stats_probe is not None:
+            self.tally.feed(record)
+        if kind == "decision" and record.get("point") == "on_load_failure" and record.get("value") == "fail":
+            self._must_fail.add(str(record.get("req")))
+        elif kind == "transition" and record.get("to") == "finished":
+            self._must_fail.discard(str(record.get("req")))
         if kind == "transition":
             self._on_transition(record)
         elif kind == "job":
@@ -710,6 +724,13 @@ class InvariantObserver:
             self._fail(11, f"{self.running} requests running, max_running is {self.max_running}")
         if self._hit_due:
             self._check_hits()
+        for rid in sorted(self._must_fail):
+            state = self.requests[rid].state if rid in self.requests else "?"
+            self._fail(1, f"{rid}: on_load_failure said fail, yet it went on in {state} instead of finishing")
+        self._must_fail = set()
+        if self.stats_probe is not None and self._input is not None:
+            for problem in self.tally.compare(self.stats_probe()):
+                self._fail(13, f"engine counters disagree with its trace: {problem}")
         if self.accounting is not None and self._input is not None:
             try:
                 self.accounting()
@@ -951,6 +972,60 @@ class InvariantObserver:
 
     def states(self) -> dict[str, str]:
         return {rid: req.state for rid, req in self.requests.items()}
+
+
+class CounterTally:
+    """13, counters: what the engine's records say its counters (``engine.stats``, which
+    ``kvlife run`` reports) must be. Each counter is incremented where the engine writes
+    the record counted here; a counter that drifts from its records misreports the run."""
+
+    JOBS = {"load": ("loads", "blocks_loaded"), "store": ("stores", "blocks_stored"),
+            "prefetch": ("prefetches", "blocks_prefetched")}
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.warnings: Counter[str] = Counter()
+        self.defers: Counter[str] = Counter()
+
+    def feed(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind == "input":
+            if record.get("type") == "tick":
+                self.counts["ticks"] += 1
+        elif kind == "step":
+            self.counts["steps"] += 1
+        elif kind == "job" and record.get("op") in self.JOBS:
+            jobs, blocks = self.JOBS[str(record.get("op"))]
+            self.counts[jobs] += 1
+            self.counts[blocks] += int(record.get("blocks") or 0)
+        elif kind == "transition" and record.get("trigger") == "preempted":
+            self.counts["preemptions"] += 1
+        elif kind == "warning":
+            self.warnings[str(record.get("what"))] += 1
+        elif kind == "decision" and record.get("point") == "admission" and record.get("value") == "defer":
+            self.defers[str(record.get("policy"))] += 1
+
+    def compare(self, stats: Any) -> list[str]:
+        problems = []
+        for name in ("ticks", "steps", "preemptions", *(n for pair in self.JOBS.values() for n in pair)):
+            value = getattr(stats, name, None)
+            if isinstance(value, int) and value != self.counts[name]:
+                problems.append(f"stats.{name} is {value}, the trace says {self.counts[name]}")
+        warnings = getattr(stats, "warnings", None)
+        if isinstance(warnings, dict) and {k: v for k, v in warnings.items() if v} != dict(self.warnings):
+            problems.append(f"stats.warnings is {dict(warnings)}, the trace has {dict(self.warnings)}")
+        timeouts = getattr(stats, "rank_timeouts", None)
+        if isinstance(timeouts, int) and timeouts != self.warnings["rank_timeout"]:
+            problems.append(f"stats.rank_timeouts is {timeouts}, the trace warns {self.warnings['rank_timeout']}")
+        deferrals, waits = getattr(stats, "deferrals", None), getattr(stats, "prefetch_waits", None)
+        # A deferral is an admission decision to defer (recorded when it changes) or a wait
+        # for a prefetch (stats.prefetch_waits, by the patience policy).
+        if isinstance(deferrals, dict) and isinstance(waits, int) and (
+                sum(deferrals.values()) != sum(self.defers.values()) + waits
+                or any(deferrals.get(p, 0) < n for p, n in self.defers.items())):
+            problems.append(f"stats.deferrals is {dict(deferrals)}: the trace has {dict(self.defers)} "
+                                f"admission deferrals and stats.prefetch_waits is {waits}")
+        return problems
 
 
 def _describe(prov: _Prov, need: int, key: int | None = None) -> str:

@@ -397,7 +397,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         sharing = cls.sharing if cls.sharing is not None else detect_sharing(stack)
         observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing,
                                      max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
-                                     tier_content_known=True, hit_probe=self._recorded_hit)
+                                     tier_content_known=True, hit_probe=self._recorded_hit,
+                                     stats_probe=self._stats)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -424,6 +425,10 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"{async_scheduling}, deadline {deadline}, stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
+
+    def _stats(self) -> Any:
+        """The engine's counters (13 checks them against its records), None if it has none."""
+        return getattr(getattr(self.engine, "state", None), "stats", None)
 
     def _recorded_hit(self, rid: str) -> int | None:
         """The prefix hit the engine recorded for ``rid`` (device + tier blocks), for 13."""
