@@ -765,6 +765,7 @@ class InvariantObserver:
 
         for command in commands:
             if isinstance(command, SubmitLookup):
+                self.tally.counts["async_lookups"] += 1
                 self._on_submit_lookup(command)
             elif isinstance(command, DiscardLookup):
                 self._discarded_now.add((command.request_id, command.epoch))
@@ -982,18 +983,32 @@ class CounterTally:
     JOBS = {"load": ("loads", "blocks_loaded"), "store": ("stores", "blocks_stored"),
             "prefetch": ("prefetches", "blocks_prefetched")}
 
+    COUNTED = ("ticks", "steps", "sync_lookups", "async_lookups", "stale_lookup_answers", "failed_lookups",
+               "failed_blocks", "preemptions", "prefetch_gave_up", "loads", "blocks_loaded", "stores",
+               "blocks_stored", "prefetches", "blocks_prefetched")
+
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
         self.warnings: Counter[str] = Counter()
         self.defers: Counter[str] = Counter()
+        self._failed_answer = False  # the lookup answer being handled says the lookup failed
 
     def feed(self, record: dict[str, Any]) -> None:
         kind = record.get("kind")
         if kind == "input":
-            if record.get("type") == "tick":
+            kind_in = record.get("type")
+            if kind_in == "tick":
                 self.counts["ticks"] += 1
+            self._failed_answer = kind_in == "lookup_answer" and record.get("tiers") is None
         elif kind == "step":
             self.counts["steps"] += 1
+            self.counts["sync_lookups"] += int(record.get("sync_lookups") or 0)
+        elif kind == "stale_lookup":
+            self.counts["stale_lookup_answers"] += 1
+        elif kind == "job_done":
+            self.counts["failed_blocks"] += int(record.get("failed") or 0)
+        elif kind == "transition" and record.get("trigger") == "lookup_answered" and self._failed_answer:
+            self.counts["failed_lookups"] += 1
         elif kind == "job" and record.get("op") in self.JOBS:
             jobs, blocks = self.JOBS[str(record.get("op"))]
             self.counts[jobs] += 1
@@ -1004,10 +1019,12 @@ class CounterTally:
             self.warnings[str(record.get("what"))] += 1
         elif kind == "decision" and record.get("point") == "admission" and record.get("value") == "defer":
             self.defers[str(record.get("policy"))] += 1
+        elif kind == "decision" and record.get("point") == "prefetch_patience" and record.get("value") == "compute":
+            self.counts["prefetch_gave_up"] += 1
 
     def compare(self, stats: Any) -> list[str]:
         problems = []
-        for name in ("ticks", "steps", "preemptions", *(n for pair in self.JOBS.values() for n in pair)):
+        for name in self.COUNTED:
             value = getattr(stats, name, None)
             if isinstance(value, int) and value != self.counts[name]:
                 problems.append(f"stats.{name} is {value}, the trace says {self.counts[name]}")
