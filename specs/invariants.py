@@ -63,7 +63,7 @@ INVARIANTS: dict[int, str] = {
     0: "well-formed trace",
     1: "legal transitions; finished absorbs; a fail decision finishes",
     2: "no block freed or reused under an in-flight transfer",
-    3: "a job is done only after every rank reported it exactly once",
+    3: "a job is done only after every rank reported it exactly once; given up at its deadline",
     4: "lookup answers apply only to the epoch that asked",
     5: "stores cover only computed tokens",
     6: "no two in-flight loads bring the same block (load sharing on)",
@@ -215,6 +215,7 @@ class InvariantObserver:
         hit_probe: Callable[[str], int | None] | None = None,
         finish_after_stores: bool | None = None,
         stats_probe: Callable[[], Any] | None = None,
+        transfer_deadline_ms: float | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -233,6 +234,10 @@ class InvariantObserver:
         # 13: the engine's counters (``engine.stats``), checked against what its records say.
         self.stats_probe = stats_probe
         self.tally = CounterTally()
+        # 3: with a transfer deadline, a load or store is given up (a rank_timeout warning)
+        # at the first tick at or past started + deadline, and never before.
+        self.transfer_deadline_ms = transfer_deadline_ms
+        self._job_started: dict[int, float] = {}  # open loads and stores not given up
         # 1: requests whose on_load_failure decision said "fail" in this handling.
         self._must_fail: set[str] = set()
         # 11's "finished only after every store is reported": live by default; a trace
@@ -304,6 +309,8 @@ class InvariantObserver:
             self._t = float(t)
         if self.stats_probe is not None:
             self.tally.feed(record)
+        if self.transfer_deadline_ms is not None:
+            self._deadline_record(kind, record)
         if kind == "decision" and record.get("point") == "on_load_failure" and record.get("value") == "fail":
             self._must_fail.add(str(record.get("req")))
         elif kind == "transition" and record.get("to") == "finished":
@@ -724,6 +731,12 @@ class InvariantObserver:
             self._fail(11, f"{self.running} requests running, max_running is {self.max_running}")
         if self._hit_due:
             self._check_hits()
+        if self.transfer_deadline_ms is not None and getattr(self._input, "type", None) == "tick":
+            now, deadline = float(self._input.t), self.transfer_deadline_ms
+            for job_id, started in sorted(self._job_started.items()):
+                if now - started >= deadline:
+                    self._fail(3, f"job {job_id} started at t={started:g} is past its {deadline:g} ms deadline at "
+                                  f"t={now:g}, yet the tick did not give it up")
         for rid in sorted(self._must_fail):
             state = self.requests[rid].state if rid in self.requests else "?"
             self._fail(1, f"{rid}: on_load_failure said fail, yet it went on in {state} instead of finishing")
@@ -737,6 +750,19 @@ class InvariantObserver:
             except AssertionError as exc:
                 self._fail(2 if "job" in str(exc) else 8, f"engine accounting: {exc}")
         self._input = None
+
+    def _deadline_record(self, kind: Any, record: dict[str, Any]) -> None:
+        job_id, t = record.get("job"), record.get("t")
+        if kind == "job" and record.get("op") in ("load", "store") and _is_int(job_id) and isinstance(t, int | float):
+            self._job_started[job_id] = float(t)
+        elif kind == "job_done" and _is_int(job_id):
+            self._job_started.pop(job_id, None)
+        elif kind == "warning" and record.get("what") == "rank_timeout" and _is_int(job_id):
+            started = self._job_started.pop(job_id, None)
+            deadline = self.transfer_deadline_ms
+            if started is not None and deadline is not None and isinstance(t, int | float) and t - started < deadline:
+                self._fail(3, f"job {job_id} given up at t={t:g}, before its deadline "
+                              f"(started t={started:g}, {deadline:g} ms)")
 
     def _check_hits(self) -> None:
         """13: what the engine recorded as a request's prefix hit is what its first

@@ -398,7 +398,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing,
                                      max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
                                      tier_content_known=True, hit_probe=self._recorded_hit,
-                                     stats_probe=self._stats)
+                                     stats_probe=self._stats, transfer_deadline_ms=deadline)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
