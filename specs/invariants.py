@@ -216,6 +216,7 @@ class InvariantObserver:
         finish_after_stores: bool | None = None,
         stats_probe: Callable[[], Any] | None = None,
         transfer_deadline_ms: float | None = None,
+        published_probe: Callable[[int], bool] | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -234,6 +235,11 @@ class InvariantObserver:
         # 13: the engine's counters (``engine.stats``), checked against what its records say.
         self.stats_probe = stats_probe
         self.tally = CounterTally()
+        # 13: is this block hash published in the engine's device prefix cache? Every full
+        # block a step output confirms must be (checked at the end of that handling).
+        self.published_probe = published_probe
+        self._publish_due: list[tuple[str, int, int]] = []  # (request, block position, hash)
+        self._undelivered: set[int] = set()  # planned steps whose own output has not come
         # 3: with a transfer deadline, a load or store is given up (a rank_timeout warning)
         # at the first tick at or past started + deadline, and never before.
         self.transfer_deadline_ms = transfer_deadline_ms
@@ -417,6 +423,16 @@ class InvariantObserver:
         between voids them."""
         if step_id not in self._steps:
             return
+        self._undelivered.discard(step_id)
+        if self.published_probe is not None and not any(s < step_id for s in self._undelivered):
+            # In order (every earlier step's own output came): the engine publishes
+            # every block this output completes (a block it read from a hit or a load was
+            # published then, and may since have been evicted in favour of another copy).
+            bt = self.block_tokens
+            for rid, epoch, before, n in self._steps[step_id]:
+                req = self.requests.get(rid)
+                if req is not None and req.state == "running" and req.epoch == epoch:
+                    self._publish_due += [(rid, i, req.hash_at(i)) for i in range(before // bt, (before + n) // bt)]
         while self._step_order and self._step_order[0] <= step_id:
             done = self._step_order.popleft()
             for rid, epoch, before, n in self._steps.pop(done, ()):
@@ -435,6 +451,8 @@ class InvariantObserver:
         if step_id in self._steps:
             return  # a reused step id: the first plan keeps it
         self._steps[step_id] = entries
+        if self.published_probe is not None:
+            self._undelivered.add(step_id)
         if writes:
             self._step_writes[step_id] = writes
         self._step_order.append(step_id)
@@ -737,6 +755,14 @@ class InvariantObserver:
                 if now - started >= deadline:
                     self._fail(3, f"job {job_id} started at t={started:g} is past its {deadline:g} ms deadline at "
                                   f"t={now:g}, yet the tick did not give it up")
+        if self._publish_due:
+            due, self._publish_due = self._publish_due, []
+            probe = self.published_probe
+            missing = [(rid, i, h) for rid, i, h in due if probe is not None and not probe(h)]
+            if missing:
+                rid, i, h = missing[0]
+                self._fail(13, f"{rid}: block {i} (hash {h}) was confirmed by a step output but is not published in "
+                               f"the device prefix cache ({len(missing)} such blocks)")
         for rid in sorted(self._must_fail):
             state = self.requests[rid].state if rid in self.requests else "?"
             self._fail(1, f"{rid}: on_load_failure said fail, yet it went on in {state} instead of finishing")

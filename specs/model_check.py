@@ -398,7 +398,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing,
                                      max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
                                      tier_content_known=True, hit_probe=self._recorded_hit,
-                                     stats_probe=self._stats, transfer_deadline_ms=deadline)
+                                     stats_probe=self._stats, transfer_deadline_ms=deadline,
+                                     published_probe=self._published)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -425,6 +426,11 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"{async_scheduling}, deadline {deadline}, stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
+
+    def _published(self, block_hash: int) -> bool:
+        """Is ``block_hash`` in the engine's device prefix cache (13)? True if it has none."""
+        pool = getattr(getattr(self.engine, "state", None), "pool", None)
+        return pool is None or pool.block_of(block_hash) is not None
 
     def _stats(self) -> Any:
         """The engine's counters (13 checks them against its records), None if it has none."""
