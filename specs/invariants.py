@@ -217,6 +217,7 @@ class InvariantObserver:
         stats_probe: Callable[[], Any] | None = None,
         transfer_deadline_ms: float | None = None,
         published_probe: Callable[[int], bool] | None = None,
+        tier_probe: Callable[[str, int], bool] | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -240,6 +241,9 @@ class InvariantObserver:
         self.published_probe = published_probe
         self._publish_due: list[tuple[str, int, int]] = []  # (request, block position, hash)
         self._undelivered: set[int] = set()  # planned steps whose own output has not come
+        # 13: does the engine's tier hold this block? A prefetch that landed put it there.
+        self.tier_probe = tier_probe
+        self._landed_due: list[tuple[int, str, int]] = []  # (prefetch job, tier, hash)
         # 3: with a transfer deadline, a load or store is given up (a rank_timeout warning)
         # at the first tick at or past started + deadline, and never before.
         self.transfer_deadline_ms = transfer_deadline_ms
@@ -478,6 +482,8 @@ class InvariantObserver:
                 elif move.dst_tier is not None:
                     self._tier[(move.dst_tier, move.block_hash)] = attrs.evolve(
                         job.sources.get(move.block_hash, _Prov(move.block_hash, bt, bt)), writer=None)
+                    if self.tier_probe is not None:
+                        self._landed_due.append((job.job_id, move.dst_tier, move.block_hash))
             return
         for move in job.moves:
             _drop(self._busy_blocks, move.device_block, job)
@@ -755,6 +761,12 @@ class InvariantObserver:
                 if now - started >= deadline:
                     self._fail(3, f"job {job_id} started at t={started:g} is past its {deadline:g} ms deadline at "
                                   f"t={now:g}, yet the tick did not give it up")
+        if self._landed_due:
+            due_landed, self._landed_due = self._landed_due, []
+            for job_id, tier, h in due_landed:
+                if self.tier_probe is not None and not self.tier_probe(tier, h):
+                    self._fail(13, f"prefetch job {job_id} landed block {h} in {tier}, yet {tier} does not hold it")
+                    break
         if self._publish_due:
             due, self._publish_due = self._publish_due, []
             probe = self.published_probe

@@ -399,7 +399,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                                      max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
                                      tier_content_known=True, hit_probe=self._recorded_hit,
                                      stats_probe=self._stats, transfer_deadline_ms=deadline,
-                                     published_probe=self._published)
+                                     published_probe=self._published, tier_probe=self._in_tier)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -426,6 +426,11 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"{async_scheduling}, deadline {deadline}, stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
+
+    def _in_tier(self, tier: str, block_hash: int) -> bool:
+        """Does the engine's ``tier`` hold ``block_hash`` (13)? True if it cannot tell."""
+        tiers = getattr(getattr(self.engine, "state", None), "tiers", None)
+        return not isinstance(tiers, dict) or tier not in tiers or bool(tiers[tier].contains(block_hash))
 
     def _published(self, block_hash: int) -> bool:
         """Is ``block_hash`` in the engine's device prefix cache (13)? True if it has none."""
