@@ -35,26 +35,58 @@ def _copy(tmp_path: Path) -> Path:
     return root
 
 
-def _detect(root: Path) -> subprocess.CompletedProcess[str]:
+def _detect(root: Path, *budget: str, stacks: str = "baseline;shared-loads") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "scripts/mutation_detect.py", "--stacks", "baseline;shared-loads",
-                           "--examples", "30", "--steps", "30", "--per-stack-timeout", "120"],
+    return subprocess.run([sys.executable, "scripts/mutation_detect.py", "--stacks", stacks, *budget,
+                           "--per-stack-timeout", "120"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _mutate(root: Path, path: str, before: str, after: str) -> None:
+    source = (root / path).read_text()
+    assert source.count(before) == 1, f"the mutant's target moved in {path}: update it"
+    (root / path).write_text(source.replace(before, after))
 
 
 def test_detector_passes_the_engine_and_catches_a_refcount_mutant(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    clean = _detect(root)
+    small = ("--examples", "30", "--steps", "30")
+    clean = _detect(root, *small)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "--stack baseline passed" in clean.stdout and "--stack shared-loads passed" in clean.stdout
-    path, before, after = MUTANT
-    source = (root / path).read_text()
-    assert source.count(before) == 1, "the mutant's target moved: update MUTANT"
-    (root / path).write_text(source.replace(before, after))
-    caught = _detect(root)
+    _mutate(root, *MUTANT)
+    caught = _detect(root, *small)
     assert caught.returncode == 1, caught.stdout + caught.stderr
     assert "caught by --stack baseline" in caught.stdout and "invariant" in caught.stdout
     assert "Traceback" not in caught.stdout + caught.stderr
+
+
+# Survivors of the first mutation run, each now caught at the CLI's default budget by the
+# check added for it (docs/replay-and-check.md, "Mutation score"): (file, line, mutant line,
+# the invariant that catches it, a phrase of the finding).
+FORMER_SURVIVORS = [
+    ("lifecycle/engine/lifecycle.py", "warnings[what] = warnings.get(what, 0) + 1",
+     "warnings[what] = warnings.get(what, 1) + 1", 13, "stats.warnings"),
+    ("lifecycle/engine/scheduler.py", "state.stats.steps += 1", "state.stats.steps += 0", 13, "stats.steps"),
+    ("lifecycle/engine/transfers.py", 'if action == "fail":', 'if action < "fail":', 1, "on_load_failure said fail"),
+    ("lifecycle/engine/transfers.py", "state.now - job.started_ms < deadline", "state.now // job.started_ms < deadline",
+     3, "deadline"),
+    ("lifecycle/engine/blocks.py", "        if block_hash in self.cached:", "        if not block_hash in self.cached:",
+     13, "not published"),
+    ("lifecycle/engine/transfers.py", "host.complete_store(landed, ok=True)", "host.complete_store(landed, ok=False)",
+     13, "does not hold it"),
+]
+
+
+@pytest.mark.parametrize(("path", "before", "after", "invariant", "phrase"), FORMER_SURVIVORS,
+                         ids=[f"{p.rsplit('/', 1)[-1]}:{b.strip()[:30]}" for p, b, *_ in FORMER_SURVIVORS])
+def test_former_survivor_is_caught_at_the_default_budget(tmp_path: Path, path: str, before: str, after: str,
+                                                         invariant: int, phrase: str) -> None:
+    root = _copy(tmp_path)
+    _mutate(root, path, before, after)
+    caught = _detect(root, stacks="baseline")
+    assert caught.returncode == 1, caught.stdout + caught.stderr
+    assert f"invariant {invariant} (" in caught.stdout and phrase in caught.stdout, caught.stdout
 
 
 def test_cosmic_ray_config_is_written_from_pyproject(tmp_path: Path) -> None:
