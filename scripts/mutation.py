@@ -16,7 +16,10 @@ real bug looks like), mutations inside type annotations (never evaluated under
 ``from __future__ import annotations``: equivalent by construction), and, unless
 ``--all``, every mutant outside a seeded random sample stratified per file (each file gets
 its share of the sample, at least one). Survivors listed in ``scripts/mutation-equivalent.txt``
-(path, operator and the source line; one line saying why) are reported as equivalent.
+(path, operator and the source line; one line saying why) are reported as equivalent, or
+as text-only when the reason starts with "text-only" (the mutant changes a reason string
+or a diagnostic field, no decision, state or block: reported apart, and the score is
+given both without and with them).
 
 Cosmic Ray changes the checkout's files while it runs: run it in a clean checkout you are
 not editing (``git clone`` this repository somewhere and run it there); an interrupted run
@@ -189,7 +192,9 @@ def classify(m: dict[str, Any], known: dict[tuple[str, str, str], str]) -> str:
             else "killed"
     if m["test"] == "survived":
         key = (m["path"], m["operator"].removeprefix("core/"), source_line(m["path"], m["line"]))
-        return "equivalent" if key in known else "survived"
+        if key not in known:
+            return "survived"
+        return "text-only" if known[key].startswith("text-only") else "equivalent"
     return "incompetent"
 
 
@@ -209,9 +214,9 @@ def report(session: Path, show_survivors: bool) -> int:
     for m in mutants(session):
         verdict = classify(m, known)
         per_file[m["path"]][verdict] += 1
-        if verdict in ("survived", "equivalent") and show_survivors:
+        if verdict in ("survived", "text-only", "equivalent") and show_survivors:
             survivors.append((m, verdict))
-    columns = ("killed", "timeout", "survived", "equivalent", "incompetent", "pending")
+    columns = ("killed", "timeout", "survived", "text-only", "equivalent", "incompetent", "pending")
     print(f"| file | {' | '.join(columns)} | score |")
     print("|---|" + "---:|" * (len(columns) + 1))
     total: Counter[str] = Counter()
@@ -223,8 +228,13 @@ def report(session: Path, show_survivors: bool) -> int:
     print("| **all** | " + " | ".join(f"**{total[c]}**" for c in columns) + f" | **{_score(total)}** |")
     caught, judged = total["killed"] + total["timeout"], total["killed"] + total["timeout"] + total["survived"]
     low, high = wilson(caught, judged)
-    print(f"\nkilled (incl. timeouts) / non-equivalent: {caught}/{judged}; 95 % Wilson interval "
-          f"{100 * low:.1f}-{100 * high:.1f} %; {total['skipped']} mutants skipped (filtered or not sampled)")
+    print(f"\nkilled (incl. timeouts) / non-equivalent, text-only left out: {caught}/{judged} "
+          f"({100 * caught / max(judged, 1):.1f} %; 95 % Wilson interval {100 * low:.1f}-{100 * high:.1f} %)")
+    strict = judged + total["text-only"]
+    low, high = wilson(caught, strict)
+    print(f"killed / non-equivalent, text-only counted as survivors: {caught}/{strict} "
+          f"({100 * caught / max(strict, 1):.1f} %; {100 * low:.1f}-{100 * high:.1f} %); "
+          f"{total['skipped']} mutants skipped (filtered, out of scope or not sampled)")
     for m, verdict in survivors:
         print(f"\n{verdict}: {m['path']}:{m['line']} {m['operator']} (job {m['job_id'][:8]})")
         print((m["diff"] or "").strip())

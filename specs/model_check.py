@@ -926,6 +926,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.log.append(f"--- drain: inputs stop; every outstanding answer, report and output is delivered{late}"
                         f"{chaotic}")
         outstanding = [r for r in engine.requests.values() if r.state != "finished"]
+        # What the engine reports as unfinished (its `stranded` list) is what the observer saw.
+        unfinished = getattr(getattr(engine, "state", None), "unfinished", None)
+        if callable(unfinished):
+            said = sorted(r.request_id for r in unfinished())
+            seen = sorted(rid for rid, state in self.observer.states().items() if state != "finished")
+            if said != seen:
+                self._raise(Violation(7, f"the engine reports {said or 'nothing'} unfinished, the trace has "
+                                         f"{seen or 'nothing'}"))
         bound = DRAIN_BASE + DRAIN_PER_TOKEN * sum(r.prompt_tokens + self.outputs.get(r.request_id, 1)
                                                    for r in outstanding)
         stalled = parked = ticks = 0
