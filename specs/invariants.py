@@ -47,7 +47,7 @@ handling (live; in trace mode the next input record closes the previous one) and
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import Any, TypeGuard
 
@@ -61,9 +61,9 @@ _EPOCH_BUMPS = frozenset({"preempted", "load_failed", "completed", "aborted", "f
 
 INVARIANTS: dict[int, str] = {
     0: "well-formed trace",
-    1: "legal transitions; finished absorbs",
+    1: "legal transitions; finished absorbs; a fail decision finishes",
     2: "no block freed or reused under an in-flight transfer",
-    3: "a job is done only after every rank reported it exactly once",
+    3: "a job is done only after every rank reported it exactly once; given up at its deadline",
     4: "lookup answers apply only to the epoch that asked",
     5: "stores cover only computed tokens",
     6: "no two in-flight loads bring the same block (load sharing on)",
@@ -73,7 +73,7 @@ INVARIANTS: dict[int, str] = {
     10: "provenance: hits, loads, joins and stores read only complete, confirmed blocks",
     11: "token budget and max_running; finished only after every store is reported",
     12: "bounded work: one lookup at a time, no retry of a copy that failed to load",
-    13: "hit accounting: a request's recorded hit is what its first admission skipped",
+    13: "accounting: a request's recorded hit is what its first admission skipped; counters match the trace",
 }
 
 
@@ -225,6 +225,9 @@ class InvariantObserver:
         lookup_deadline_ms: float | None = None,
         transfer_deadline_ms: float | None = None,
         reclaim_deadline_ms: float | None = None,
+        stats_probe: Callable[[], Any] | None = None,
+        published_probe: Callable[[int], bool] | None = None,
+        tier_probe: Callable[[str, int], bool] | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -248,6 +251,22 @@ class InvariantObserver:
         self.reclaim_deadline_ms = reclaim_deadline_ms
         self._pending_lookups: dict[str, float] = {}  # rid -> submission time, in submission order
         self._open_jobs: dict[int, _Job] = {}  # load/store jobs not ended, in start order
+        # 13: the engine's counters (``engine.stats``), checked against what its records say.
+        self.stats_probe = stats_probe
+        self.tally = CounterTally()
+        # 13: is this block hash published in the engine's device prefix cache? Every full
+        # block a step output confirms must be (checked at the end of that handling).
+        self.published_probe = published_probe
+        self._publish_due: list[tuple[str, int, int]] = []  # (request, block position, hash)
+        self._undelivered: set[int] = set()  # planned steps whose own output has not come
+        # 13: does the engine's tier hold this block? A prefetch that landed put it there.
+        self.tier_probe = tier_probe
+        self._landed_due: list[tuple[int, str, int]] = []  # (prefetch job, tier, hash)
+        # 3: with a transfer deadline, a load or store is given up (a rank_timeout warning)
+        # at the first tick at or past started + deadline, and never before.
+        self._job_started: dict[int, float] = {}  # open loads and stores not given up
+        # 1: requests whose on_load_failure decision said "fail" in this handling.
+        self._must_fail: set[str] = set()
         # 11's "finished only after every store is reported": live by default; a trace
         # validator opts in (a trace edited by hand may hold jobs the engine never saw).
         self.finish_after_stores = not from_trace if finish_after_stores is None else finish_after_stores
@@ -320,12 +339,22 @@ class InvariantObserver:
         if kind == "input":
             self.end_input()
             self._line = line
+            if self.stats_probe is not None:
+                self.tally.feed(record)
             self._on_input(record)
             return
         self._line = line if line is not None else self._line
         t = record.get("t")
         if isinstance(t, (int, float)) and not isinstance(t, bool):
             self._t = float(t)
+        if self.stats_probe is not None:
+            self.tally.feed(record)
+        if self.transfer_deadline_ms is not None:
+            self._deadline_record(kind, record)
+        if kind == "decision" and record.get("point") == "on_load_failure" and record.get("value") == "fail":
+            self._must_fail.add(str(record.get("req")))
+        elif kind == "transition" and record.get("to") == "finished":
+            self._must_fail.discard(str(record.get("req")))
         if kind == "transition":
             self._on_transition(record)
         elif kind == "job":
@@ -437,6 +466,16 @@ class InvariantObserver:
         between voids them."""
         if step_id not in self._steps:
             return
+        self._undelivered.discard(step_id)
+        if self.published_probe is not None and not any(s < step_id for s in self._undelivered):
+            # In order (every earlier step's own output came): the engine publishes
+            # every block this output completes (a block it read from a hit or a load was
+            # published then, and may since have been evicted in favour of another copy).
+            bt = self.block_tokens
+            for rid, epoch, before, n in self._steps[step_id]:
+                req = self.requests.get(rid)
+                if req is not None and req.state == "running" and req.epoch == epoch:
+                    self._publish_due += [(rid, i, req.hash_at(i)) for i in range(before // bt, (before + n) // bt)]
         while self._step_order and self._step_order[0] <= step_id:
             done = self._step_order.popleft()
             for rid, epoch, before, n in self._steps.pop(done, ()):
@@ -455,6 +494,8 @@ class InvariantObserver:
         if step_id in self._steps:
             return  # a reused step id: the first plan keeps it
         self._steps[step_id] = entries
+        if self.published_probe is not None:
+            self._undelivered.add(step_id)
         if writes:
             self._step_writes[step_id] = writes
         self._step_order.append(step_id)
@@ -487,6 +528,8 @@ class InvariantObserver:
                 elif move.dst_tier is not None:
                     self._tier[(move.dst_tier, move.block_hash)] = attrs.evolve(
                         job.sources.get(move.block_hash, _Prov(move.block_hash, bt, bt)), writer=None)
+                    if self.tier_probe is not None:
+                        self._landed_due.append((job.job_id, move.dst_tier, move.block_hash))
             return
         for move in job.moves:
             _drop(self._busy_blocks, move.device_block, job)
@@ -780,6 +823,30 @@ class InvariantObserver:
             self._fail(11, f"{self.running} requests running, max_running is {self.max_running}")
         if self._hit_due:
             self._check_hits()
+        if self.transfer_deadline_ms is not None and getattr(self._input, "type", None) == "tick":
+            now, deadline = float(self._input.t), self.transfer_deadline_ms
+            for job_id, started in sorted(self._job_started.items()):
+                if now - started >= deadline:
+                    self._fail(3, f"job {job_id} started at t={started:g} is past its {deadline:g} ms deadline at "
+                                  f"t={now:g}, yet the tick did not give it up")
+        if self._landed_due:
+            due_landed, self._landed_due = self._landed_due, []
+            for job_id, tier, h in due_landed:
+                if self.tier_probe is not None and not self.tier_probe(tier, h):
+                    self._fail(13, f"prefetch job {job_id} landed block {h} in {tier}, yet {tier} does not hold it")
+                    break
+        if self._publish_due:
+            due, self._publish_due = self._publish_due, []
+            probe = self.published_probe
+            missing = [(rid, i, h) for rid, i, h in due if probe is not None and not probe(h)]
+            if missing:
+                rid, i, h = missing[0]
+                self._fail(13, f"{rid}: block {i} (hash {h}) was confirmed by a step output but is not published in "
+                               f"the device prefix cache ({len(missing)} such blocks)")
+        for rid in sorted(self._must_fail):
+            state = self.requests[rid].state if rid in self.requests else "?"
+            self._fail(1, f"{rid}: on_load_failure said fail, yet it went on in {state} instead of finishing")
+        self._must_fail = set()
         if self.accounting is not None and self._input is not None:
             try:
                 self.accounting()
@@ -864,6 +931,19 @@ class InvariantObserver:
         if job.kind == "store":
             self._store_ended(job)
 
+    def _deadline_record(self, kind: Any, record: dict[str, Any]) -> None:
+        job_id, t = record.get("job"), record.get("t")
+        if kind == "job" and record.get("op") in ("load", "store") and _is_int(job_id) and isinstance(t, int | float):
+            self._job_started[job_id] = float(t)
+        elif kind == "job_done" and _is_int(job_id):
+            self._job_started.pop(job_id, None)
+        elif kind == "warning" and record.get("what") == "rank_timeout" and _is_int(job_id):
+            started = self._job_started.pop(job_id, None)
+            deadline = self.transfer_deadline_ms
+            if started is not None and deadline is not None and isinstance(t, int | float) and t - started < deadline:
+                self._fail(3, f"job {job_id} given up at t={t:g}, before its deadline "
+                              f"(started t={started:g}, {deadline:g} ms)")
+
     def _check_hits(self) -> None:
         """13: what the engine recorded as a request's prefix hit is what its first
         admission skipped (checked once the handling that started its first chunk ended)."""
@@ -891,6 +971,7 @@ class InvariantObserver:
 
         for command in commands:
             if isinstance(command, SubmitLookup):
+                self.tally.counts["async_lookups"] += 1
                 self._on_submit_lookup(command)
             elif isinstance(command, DiscardLookup):
                 self._discarded_now.add((command.request_id, command.epoch))
@@ -1094,6 +1175,11 @@ class InvariantObserver:
         """Invariant 7 once inputs stop: every job ended on every rank, every request finished."""
         self.end_input()
         self._line = None
+        if self.stats_probe is not None:
+            # Once inputs stop (the counters only grow, so a drift shows at the end; a bug
+            # that breaks a rule and, through it, a counter is reported by its rule first).
+            for problem in self.tally.compare(self.stats_probe()):
+                self._fail(13, f"engine counters disagree with its trace: {problem}")
         open_jobs = [job for job in self.jobs.values() if not job.complete and not job.reclaimed]
         waiting_on_io = [(rid, req) for rid, req in self.requests.items() if req.state in IO_WAIT_STATES]
         if self.cut is not None:
@@ -1116,6 +1202,76 @@ class InvariantObserver:
 
     def states(self) -> dict[str, str]:
         return {rid: req.state for rid, req in self.requests.items()}
+
+
+class CounterTally:
+    """13, counters: what the engine's records say its counters (``engine.stats``, which
+    ``kvlife run`` reports) must be. Each counter is incremented where the engine writes
+    the record counted here; a counter that drifts from its records misreports the run."""
+
+    JOBS = {"load": ("loads", "blocks_loaded"), "store": ("stores", "blocks_stored"),
+            "prefetch": ("prefetches", "blocks_prefetched")}
+
+    COUNTED = ("ticks", "steps", "sync_lookups", "async_lookups", "stale_lookup_answers", "failed_lookups",
+               "failed_blocks", "preemptions", "prefetch_gave_up", "loads", "blocks_loaded", "stores",
+               "blocks_stored", "prefetches", "blocks_prefetched")
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.warnings: Counter[str] = Counter()
+        self.defers: Counter[str] = Counter()
+        self._failed_answer = False  # the lookup answer being handled says the lookup failed
+
+    def feed(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind == "input":
+            kind_in = record.get("type")
+            if kind_in == "tick":
+                self.counts["ticks"] += 1
+            self._failed_answer = kind_in == "lookup_answer" and record.get("tiers") is None
+        elif kind == "step":
+            self.counts["steps"] += 1
+            self.counts["sync_lookups"] += int(record.get("sync_lookups") or 0)
+        elif kind == "stale_lookup":
+            self.counts["stale_lookup_answers"] += 1
+        elif kind == "job_done":
+            self.counts["failed_blocks"] += int(record.get("failed") or 0)
+        elif kind == "transition" and record.get("trigger") == "lookup_answered" and self._failed_answer:
+            self.counts["failed_lookups"] += 1
+        elif kind == "job" and record.get("op") in self.JOBS:
+            jobs, blocks = self.JOBS[str(record.get("op"))]
+            self.counts[jobs] += 1
+            self.counts[blocks] += int(record.get("blocks") or 0)
+        elif kind == "transition" and record.get("trigger") == "preempted":
+            self.counts["preemptions"] += 1
+        elif kind == "warning":
+            self.warnings[str(record.get("what"))] += 1
+        elif kind == "decision" and record.get("point") == "admission" and record.get("value") == "defer":
+            self.defers[str(record.get("policy"))] += 1
+        elif kind == "decision" and record.get("point") == "prefetch_patience" and record.get("value") == "compute":
+            self.counts["prefetch_gave_up"] += 1
+
+    def compare(self, stats: Any) -> list[str]:
+        problems = []
+        for name in self.COUNTED:
+            value = getattr(stats, name, None)
+            if isinstance(value, int) and value != self.counts[name]:
+                problems.append(f"stats.{name} is {value}, the trace says {self.counts[name]}")
+        warnings = getattr(stats, "warnings", None)
+        if isinstance(warnings, dict) and {k: v for k, v in warnings.items() if v} != dict(self.warnings):
+            problems.append(f"stats.warnings is {dict(warnings)}, the trace has {dict(self.warnings)}")
+        timeouts = getattr(stats, "rank_timeouts", None)
+        if isinstance(timeouts, int) and timeouts != self.warnings["rank_timeout"]:
+            problems.append(f"stats.rank_timeouts is {timeouts}, the trace warns {self.warnings['rank_timeout']}")
+        deferrals, waits = getattr(stats, "deferrals", None), getattr(stats, "prefetch_waits", None)
+        # A deferral is an admission decision to defer (recorded when it changes) or a wait
+        # for a prefetch (stats.prefetch_waits, by the patience policy).
+        if isinstance(deferrals, dict) and isinstance(waits, int) and (
+                sum(deferrals.values()) != sum(self.defers.values()) + waits
+                or any(deferrals.get(p, 0) < n for p, n in self.defers.items())):
+            problems.append(f"stats.deferrals is {dict(deferrals)}: the trace has {dict(self.defers)} "
+                                f"admission deferrals and stats.prefetch_waits is {waits}")
+        return problems
 
 
 def _describe(prov: _Prov, need: int, key: int | None = None) -> str:

@@ -411,7 +411,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                                      tier_content_known=True, hit_probe=self._recorded_hit,
                                      lookup_deadline_ms=config.lookup_deadline_ms,
                                      transfer_deadline_ms=config.transfer_deadline_ms,
-                                     reclaim_deadline_ms=config.reclaim_deadline_ms)
+                                     reclaim_deadline_ms=config.reclaim_deadline_ms,
+                                     stats_probe=self._stats, published_probe=self._published,
+                                     tier_probe=self._in_tier)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -439,6 +441,20 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"reclaim deadline {world.reclaim_deadline}, stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
+
+    def _in_tier(self, tier: str, block_hash: int) -> bool:
+        """Does the engine's ``tier`` hold ``block_hash`` (13)? True if it cannot tell."""
+        tiers = getattr(getattr(self.engine, "state", None), "tiers", None)
+        return not isinstance(tiers, dict) or tier not in tiers or bool(tiers[tier].contains(block_hash))
+
+    def _published(self, block_hash: int) -> bool:
+        """Is ``block_hash`` in the engine's device prefix cache (13)? True if it has none."""
+        pool = getattr(getattr(self.engine, "state", None), "pool", None)
+        return pool is None or pool.block_of(block_hash) is not None
+
+    def _stats(self) -> Any:
+        """The engine's counters (13 checks them against its records), None if it has none."""
+        return getattr(getattr(self.engine, "state", None), "stats", None)
 
     def _recorded_hit(self, rid: str) -> int | None:
         """The prefix hit the engine recorded for ``rid`` (device + tier blocks), for 13."""
@@ -955,6 +971,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.log.append(f"--- drain: inputs stop; every outstanding answer, report and output is delivered{late}"
                         f"{chaotic}")
         outstanding = [r for r in engine.requests.values() if r.state != "finished"]
+        # What the engine reports as unfinished (its `stranded` list) is what the observer saw.
+        unfinished = getattr(getattr(engine, "state", None), "unfinished", None)
+        if callable(unfinished):
+            said = sorted(r.request_id for r in unfinished())
+            seen = sorted(rid for rid, state in self.observer.states().items() if state != "finished")
+            if said != seen:
+                self._raise(Violation(7, f"the engine reports {said or 'nothing'} unfinished, the trace has "
+                                         f"{seen or 'nothing'}"))
         bound = DRAIN_BASE + DRAIN_PER_TOKEN * sum(r.prompt_tokens + self.outputs.get(r.request_id, 1)
                                                    for r in outstanding)
         stalled = parked = ticks = 0

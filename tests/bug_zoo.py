@@ -418,7 +418,10 @@ class FailedStoreVisibleTransfers(Transfers):
     tier index lists the block, lookups hit it, loads read bytes that were never written."""
 
     def release_job(self, job: Job, failed: Sequence[int]) -> None:
-        super().release_job(job, () if job.kind == "store" else failed)
+        if job.kind == "store":  # counted as failed (the counters stay right), kept as good
+            self.state.stats.failed_blocks += len(set(failed) & {move.block_hash for move in job.moves})
+            failed = ()
+        super().release_job(job, failed)
 
 
 class FailedStoreVisible(Engine):

@@ -27,6 +27,9 @@ def register(sub: Any) -> None:
                         help="max steps per example")
     parser.add_argument("--random", action="store_true",
                         help="fresh random examples (default: derandomized, the same every run)")
+    parser.add_argument("--no-shrink", action="store_true",
+                        help="report the first counterexample as found, unshrunk (a faster verdict, a longer "
+                             "counterexample; the mutation detector uses it)")
     parser.add_argument("--sharing", choices=("auto", "on", "off"), default="auto",
                         help="check invariant 6 (no duplicate in-flight loads): auto detects a joining stack")
     add_json_flag(parser, "the verdict")
@@ -43,7 +46,7 @@ def handle(args: argparse.Namespace) -> int:
     sharing = {"auto": None, "on": True, "off": False}[args.sharing]
     started = time.perf_counter()
     result = run_check(stack, examples=args.examples, steps=args.steps, sharing=sharing,
-                       derandomize=not args.random)
+                       derandomize=not args.random, shrink=not args.no_shrink)
     wall = time.perf_counter() - started
     name = ", ".join(stack) or "baseline"
     if args.json:

@@ -1,0 +1,308 @@
+"""Mutation testing of the engine and the built-in policies, scored by ``kvlife check``.
+
+    python scripts/mutation.py run [--sample N | --all] [--seed S] [--session PATH]
+    python scripts/mutation.py report [--session PATH] [--survivors]
+    python scripts/mutation.py rerun [--session PATH]      # survivors again (after a checker change)
+
+The tool is Cosmic Ray (``pip install -e .[mutation]``), configured in pyproject.toml under
+``[tool.cosmic-ray]``: it mutates ``lifecycle/engine/`` and ``policies/`` in place, one
+mutant at a time, and runs ``scripts/mutation_detect.py`` (``kvlife check`` at its default
+budget on every built-in stack). Cosmic Ray reads its own TOML with a top-level
+``cosmic-ray`` table, so this script writes that file into the session's folder from
+pyproject's ``[tool.cosmic-ray]`` (the one place the configuration lives).
+
+Before the run the session is filtered: operators pyproject excludes (replacements no
+real bug looks like), mutations inside type annotations (never evaluated under
+``from __future__ import annotations``: equivalent by construction), and, unless
+``--all``, every mutant outside a seeded random sample stratified per file (each file gets
+its share of the sample, at least one). Survivors listed in ``scripts/mutation-equivalent.txt``
+(path, operator and the source line; one line saying why) are reported as equivalent, or
+as text-only when the reason starts with "text-only" (the mutant changes a reason string
+or a diagnostic field, no decision, state or block: reported apart, and the score is
+given both without and with them).
+
+Cosmic Ray changes the checkout's files while it runs: run it in a clean checkout you are
+not editing (``git clone`` this repository somewhere and run it there); an interrupted run
+is undone with ``git checkout -- lifecycle policies``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import random
+import re
+import sqlite3
+import subprocess
+import sys
+import tomllib
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+EQUIVALENT_FILE = ROOT / "scripts" / "mutation-equivalent.txt"
+DEFAULT_SESSION = ROOT / ".mutation" / "session.sqlite"
+
+
+def pyproject_config() -> dict[str, Any]:
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        config: dict[str, Any] = tomllib.load(handle)["tool"]["cosmic-ray"]
+    return config
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def write_cosmic_ray_config(config: dict[str, Any], path: Path) -> None:
+    """pyproject's [tool.cosmic-ray] as Cosmic Ray's own file (tables become [cosmic-ray.x])."""
+    lines: list[str] = []
+
+    def table(name: str, values: dict[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        nested = {k: v for k, v in values.items() if isinstance(v, dict)}
+        for key, value in values.items():
+            if key == "test-command":
+                value = value.replace("python ", f"{sys.executable} ", 1) if value.startswith("python ") else value
+            if not isinstance(value, dict):
+                lines.append(f"{json.dumps(key)} = {_toml_value(value)}")
+        for key, value in nested.items():
+            table(f"{name}.{json.dumps(key)}", value)
+
+    table("cosmic-ray", config)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def annotation_spans(path: Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """(start, end) positions of every annotation in a module (line 1-based, col 0-based)."""
+    tree = ast.parse(path.read_text())
+    spans = []
+    for node in ast.walk(tree):
+        targets: list[ast.expr | None] = []
+        if isinstance(node, ast.arg | ast.AnnAssign):
+            targets.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            targets.append(node.returns)
+        for target in targets:
+            if target is not None and target.end_lineno is not None and target.end_col_offset is not None:
+                spans.append(((target.lineno, target.col_offset), (target.end_lineno, target.end_col_offset)))
+    return spans
+
+
+def _inside(pos: tuple[int, int], spans: list[tuple[tuple[int, int], tuple[int, int]]]) -> bool:
+    return any(start <= pos < end for start, end in spans)
+
+
+def _db(session: Path) -> sqlite3.Connection:
+    return sqlite3.connect(session)
+
+
+def mutants(session: Path) -> list[dict[str, Any]]:
+    """Every mutant of the session with its result (None while pending)."""
+    with _db(session) as db:
+        rows = db.execute(
+            "SELECT m.job_id, m.module_path, m.operator_name, m.occurrence, m.start_pos_row, m.start_pos_col, "
+            "r.worker_outcome, r.test_outcome, r.output, r.diff FROM mutation_specs m "
+            "LEFT JOIN work_results r ON r.job_id = m.job_id ORDER BY m.module_path, m.start_pos_row, "
+            "m.start_pos_col, m.operator_name").fetchall()
+    keys = ("job_id", "path", "operator", "occurrence", "line", "col", "worker", "test", "output", "diff")
+    found = [dict(zip(keys, row, strict=True)) for row in rows]
+    for m in found:  # SQLAlchemy stores the enums' names (SKIPPED, KILLED, ...)
+        m["worker"] = m["worker"] and m["worker"].lower()
+        m["test"] = m["test"] and m["test"].lower()
+    return found
+
+
+def skip(session: Path, job_ids: list[str], why: str) -> None:
+    with _db(session) as db:
+        db.executemany("INSERT OR REPLACE INTO work_results (job_id, worker_outcome, output, test_outcome, diff) "
+                       "VALUES (?, 'SKIPPED', ?, NULL, NULL)", [(j, why) for j in job_ids])
+
+
+def filter_session(session: Path, config: dict[str, Any], sample: int | None, seed: int) -> None:
+    excluded = config.get("filters", {}).get("operators-filter", {}).get("exclude-operators", [])
+    pattern = re.compile("|".join(f"(?:{e})" for e in excluded)) if excluded else None
+    spans: dict[str, list[tuple[tuple[int, int], tuple[int, int]]]] = {}
+    dropped: list[str] = []
+    annotated: list[str] = []
+    candidates: dict[str, list[str]] = defaultdict(list)
+    for m in mutants(session):
+        if pattern is not None and pattern.match(m["operator"]):
+            dropped.append(m["job_id"])
+            continue
+        if m["path"] not in spans:
+            spans[m["path"]] = annotation_spans(ROOT / m["path"])
+        if _inside((m["line"], m["col"]), spans[m["path"]]):
+            annotated.append(m["job_id"])
+            continue
+        candidates[m["path"]].append(m["job_id"])
+    skip(session, dropped, "excluded operator")
+    skip(session, annotated, "inside a type annotation (equivalent)")
+    total = sum(len(v) for v in candidates.values())
+    print(f"{total} mutants after filtering ({len(dropped)} of excluded operators, {len(annotated)} in annotations)")
+    if sample is None or sample >= total:
+        return
+    rng = random.Random(seed)
+    unsampled: list[str] = []
+    for path in sorted(candidates):
+        jobs = sorted(candidates[path])
+        share = max(1, round(sample * len(jobs) / total))
+        keep = set(rng.sample(jobs, min(share, len(jobs))))
+        unsampled += [j for j in jobs if j not in keep]
+    skip(session, unsampled, "not in the sample")
+    print(f"sample: {total - len(unsampled)} mutants (seed {seed}, stratified per file)")
+
+
+def source_line(path: str, line: int) -> str:
+    lines = (ROOT / path).read_text().splitlines()
+    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+def equivalents() -> dict[tuple[str, str, str], str]:
+    """Survivors judged equivalent: ``path | operator | source line | why`` per line."""
+    known: dict[tuple[str, str, str], str] = {}
+    if not EQUIVALENT_FILE.exists():
+        return known
+    for raw in EQUIVALENT_FILE.read_text().splitlines():
+        if not raw.strip() or raw.startswith("#"):
+            continue
+        path, operator, line, why = (part.strip() for part in raw.split(" | ", 3))
+        known[(path, operator, line)] = why
+    return known
+
+
+def classify(m: dict[str, Any], known: dict[tuple[str, str, str], str]) -> str:
+    if m["worker"] is None:
+        return "pending"
+    if m["worker"] == "skipped":
+        return "skipped"
+    if m["test"] == "killed":
+        return "timeout" if (m["output"] or "").strip() == "timeout" or "time limit" in (m["output"] or "") \
+            else "killed"
+    if m["test"] == "survived":
+        key = (m["path"], m["operator"].removeprefix("core/"), source_line(m["path"], m["line"]))
+        if key not in known:
+            return "survived"
+        return "text-only" if known[key].startswith("text-only") else "equivalent"
+    return "incompetent"
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (0.0, 1.0)
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def report(session: Path, show_survivors: bool) -> int:
+    known = equivalents()
+    per_file: dict[str, Counter[str]] = defaultdict(Counter)
+    survivors = []
+    for m in mutants(session):
+        verdict = classify(m, known)
+        per_file[m["path"]][verdict] += 1
+        if verdict in ("survived", "text-only", "equivalent") and show_survivors:
+            survivors.append((m, verdict))
+    columns = ("killed", "timeout", "survived", "text-only", "equivalent", "incompetent", "pending")
+    print(f"| file | {' | '.join(columns)} | score |")
+    print("|---|" + "---:|" * (len(columns) + 1))
+    total: Counter[str] = Counter()
+    for path in sorted(per_file):
+        counts = per_file[path]
+        total.update(counts)
+        if sum(counts[c] for c in columns):
+            print(f"| {path} | " + " | ".join(str(counts[c]) for c in columns) + f" | {_score(counts)} |")
+    print("| **all** | " + " | ".join(f"**{total[c]}**" for c in columns) + f" | **{_score(total)}** |")
+    caught, judged = total["killed"] + total["timeout"], total["killed"] + total["timeout"] + total["survived"]
+    low, high = wilson(caught, judged)
+    print(f"\nkilled (incl. timeouts) / non-equivalent, text-only left out: {caught}/{judged} "
+          f"({100 * caught / max(judged, 1):.1f} %; 95 % Wilson interval {100 * low:.1f}-{100 * high:.1f} %)")
+    strict = judged + total["text-only"]
+    low, high = wilson(caught, strict)
+    print(f"killed / non-equivalent, text-only counted as survivors: {caught}/{strict} "
+          f"({100 * caught / max(strict, 1):.1f} %; {100 * low:.1f}-{100 * high:.1f} %); "
+          f"{total['skipped']} mutants skipped (filtered, out of scope or not sampled)")
+    for m, verdict in survivors:
+        print(f"\n{verdict}: {m['path']}:{m['line']} {m['operator']} (job {m['job_id'][:8]})")
+        print((m["diff"] or "").strip())
+    return 0
+
+
+def _score(counts: Counter[str]) -> str:
+    judged = counts["killed"] + counts["timeout"] + counts["survived"]
+    return f"{100 * (counts['killed'] + counts['timeout']) / judged:.0f} %" if judged else "-"
+
+
+def run(session: Path, sample: int | None, seed: int, fresh: bool, scope: str | None = None) -> int:
+    config = pyproject_config()
+    if scope is not None:
+        config["test-command"] += f" --scope {scope}"
+    session.parent.mkdir(parents=True, exist_ok=True)
+    cr_config = session.with_suffix(".toml")
+    write_cosmic_ray_config(config, cr_config)
+    if fresh or not session.exists():
+        session.unlink(missing_ok=True)
+        subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cr_config), str(session)],
+                       cwd=ROOT, check=True)
+        filter_session(session, config, sample, seed)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *config["module-path"]], cwd=ROOT,
+                           capture_output=True, text=True, check=False).stdout.strip()
+    if dirty:
+        print(f"refusing to mutate a checkout with local changes under {config['module-path']}:\n{dirty}")
+        return 2
+    subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "exec", str(cr_config), str(session)], cwd=ROOT,
+                   check=True)
+    return report(session, show_survivors=True)
+
+
+def rerun_survivors(session: Path, scope: str | None) -> int:
+    known = equivalents()
+    again = [m["job_id"] for m in mutants(session) if classify(m, known) == "survived"]
+    with _db(session) as db:
+        db.executemany("DELETE FROM work_results WHERE job_id = ?", [(j,) for j in again])
+    print(f"{len(again)} survivors to run again")
+    return run(session, None, 0, fresh=False, scope=scope)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="create a session, filter and sample it, run every mutant, print the table")
+    group = run_p.add_mutually_exclusive_group()
+    group.add_argument("--sample", type=int, default=120, help="mutants to sample (stratified per file)")
+    group.add_argument("--all", action="store_true", help="run every mutant (hours on a laptop)")
+    run_p.add_argument("--seed", type=int, default=11, help="sampling seed")
+    run_p.add_argument("--resume", action="store_true", help="continue an interrupted session")
+    rerun_p = sub.add_parser("rerun", help="run the survivors of a session again")
+    for p in (run_p, rerun_p):
+        p.add_argument("--scope", choices=("owner", "all"), default=None,
+                       help="the detector's stacks (default: pyproject's test-command, the default stack and "
+                            "a mutated policy's own stacks)")
+    for p in (run_p, sub.add_parser("report", help="print the table of a session"), rerun_p):
+        p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
+    sub.choices["report"].add_argument("--survivors", action="store_true", help="print every survivor's diff")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args.session, None if args.all else args.sample, args.seed, fresh=not args.resume,
+                   scope=args.scope)
+    if args.command == "rerun":
+        return rerun_survivors(args.session, args.scope)
+    return report(args.session, args.survivors)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

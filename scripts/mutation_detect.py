@@ -1,0 +1,124 @@
+"""The mutation detector: ``kvlife check`` at its default budget on every built-in stack.
+
+Cosmic Ray (``python scripts/mutation.py``) applies one mutant to the sources in place and
+runs this script: exit 0 means every stack passed (the mutant survived), any other exit
+means ``kvlife check`` caught it (1: a counterexample; 2: the CLI refused to start, e.g.
+a mutant that breaks a policy's loading; 3: a stack ran past its time limit, a hang).
+It stops at the first stack that finds something.
+
+Which stacks: ``--scope owner`` (what pyproject's test-command uses) runs ``kvlife check``
+with the default stack, and for a mutant inside a policy's module the built-in stacks
+that use that policy, so a policy's code is run at all; ``--scope all`` runs every
+built-in stack (survivors of the first are run again this way: ``scripts/mutation.py
+rerun --scope all``). Counterexamples are not shrunk (``--no-shrink``): shrinking only
+shortens them and the verdict is the same.
+
+Each stack is run through the CLI's own entry point (``kvlife check --stack NAME``) in this
+one process, so the engine is imported once, mutated; ``naive-stores-unsafe`` is left out
+(it is unsafe on purpose and fails on the unmodified engine).
+
+Usage: ``python scripts/mutation_detect.py [--stacks a,b ...] [--examples N --steps N]
+[--per-stack-timeout S]``; with no budget flags the CLI's defaults apply (that is what the
+mutation score measures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A stack that is unsafe by design; the detector would report every mutant "killed".
+UNSAFE = {"naive-stores-unsafe"}
+# Policy module -> the built-in stacks that run its code (tried first for a mutant there).
+POLICY_STACKS = {
+    "policies/async_lookup.py": ("async-lookup",),
+    "policies/keep_lookup_answers.py": ("keep-lookup-answers",),
+    "policies/early_prefetch.py": ("early-prefetch", "early-lookup"),
+    "policies/shared_loads.py": ("shared-loads",),
+    "policies/defer_while_loading.py": ("defer-while-loading",),
+    "policies/stores.py": ("placeholder-safe-stores",),
+    "policies/prefetch_patience.py": ("prefetch-timeout", "prefetch-best-effort", "prefetch-wait-complete"),
+    "policies/hold_while_sending.py": ("hold-while-sending",),
+    "policies/sync_lookup.py": ("sync-lookup",),
+}
+
+
+def builtin_stacks() -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from kvlife.policies.registry import BUILTIN
+
+    return [name for name in BUILTIN if name not in UNSAFE]
+
+
+def mutated_files() -> list[str]:
+    """The sources the mutant changed (git's view of the checkout), to try their stacks first."""
+    try:
+        out = subprocess.run(["git", "diff", "--name-only", "--", "lifecycle", "policies"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def ordered(stacks: list[str], changed: list[str], scope: str) -> list[str]:
+    """The default stack, then the stacks that use a changed policy, then (scope all) the rest."""
+    owners = [s for path in changed for s in POLICY_STACKS.get(path, ()) if s in stacks]
+    return list(dict.fromkeys(["baseline", *owners, *(stacks if scope == "all" else [])]))
+
+
+def _timed_out(signum: int, frame: FrameType | None) -> None:
+    print("mutation_detect: stack ran past its time limit (a hang counts as caught)", flush=True)
+    os._exit(3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--stacks", default=None,
+                        help="semicolon-separated stacks to check (default: every built-in but the unsafe one)")
+    parser.add_argument("--scope", choices=("owner", "all"), default="owner",
+                        help="owner: the default stack plus the stacks of a mutated policy; all: every built-in")
+    parser.add_argument("--examples", type=int, default=None, help="checker examples (default: the CLI's)")
+    parser.add_argument("--steps", type=int, default=None, help="checker steps (default: the CLI's)")
+    parser.add_argument("--per-stack-timeout", type=float, default=180.0, help="seconds before a stack is a hang")
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(ROOT))  # this checkout's kvlife (the one being mutated)
+    from kvlife.lifecycle.cli.main import main as kvlife
+
+    stacks = args.stacks.split(";") if args.stacks else ordered(builtin_stacks(), mutated_files(), args.scope)
+    budget = ([] if args.examples is None else ["--examples", str(args.examples)]) + (
+        [] if args.steps is None else ["--steps", str(args.steps)])
+    signal.signal(signal.SIGALRM, _timed_out)
+    for stack in stacks:
+        started = time.perf_counter()
+        out = io.StringIO()
+        signal.alarm(max(1, int(args.per_stack_timeout)))
+        try:
+            with contextlib.redirect_stdout(out):
+                code = kvlife(["check", "--stack", stack, "--no-shrink", *budget])
+        except SystemExit as exc:  # argparse refusing the stack: the CLI failed to run it
+            code = exc.code if isinstance(exc.code, int) else 2
+        finally:
+            signal.alarm(0)
+        wall = time.perf_counter() - started
+        if code != 0:
+            print(f"mutation_detect: caught by --stack {stack} (exit {code}, {wall:.1f} s)")
+            print("\n".join(out.getvalue().splitlines()[:6]))
+            return code if code in (1, 2) else 1
+        print(f"mutation_detect: --stack {stack} passed ({wall:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
