@@ -960,6 +960,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         names = ", ".join(f"{r.request_id} ({-(-r.known_tokens // bt)} blocks)" for r in fits)
         return f"nothing runs and {free} device blocks are free, yet {names} wait ({why})"
 
+    def _silent_open(self) -> bool:
+        """A job some rank went silent on is still open in the observer (not reclaimed)."""
+        assert self.observer is not None
+        jobs = self.observer.jobs
+        return any((job := jobs.get(job_id)) is not None and not job.complete and not job.reclaimed
+                   for job_id, _, _ in self.silent)
+
     def drain(self) -> None:
         """Stop new inputs; answer everything outstanding; tick until idle, within a bound."""
         from kvlife.lifecycle.engine.events import Tick
@@ -993,8 +1000,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             if self.drain_chaos:
                 self._chaos(chaos)
             self._deliver_all(chaos if self.drain_chaos else None)
-            if not engine.busy():
-                break
+            if not engine.busy() and (engine.next_wakeup() is None or not self._silent_open()):
+                break  # (a job a rank went silent on ends only at its reclaim deadline: tick to it)
             now_finished = engine.state_counts["finished"]
             # Parked: nothing changed since the last round (no request moved, no job or
             # step started), though nothing runs and a request waits.
