@@ -140,7 +140,9 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     observer = InvariantObserver(
         config.ranks, config.block_tokens, sharing=sharing, from_trace=True,
         max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
-        finish_after_stores=True, lookup_deadline_ms=config.lookup_deadline_ms,
+        # A recording of another connector (source "vllm:...") has no hold_at_finish decisions.
+        finish_after_stores=not str((header or {}).get("source", "")).startswith("vllm:"),
+        lookup_deadline_ms=config.lookup_deadline_ms,
         transfer_deadline_ms=config.transfer_deadline_ms, reclaim_deadline_ms=config.reclaim_deadline_ms,
     )
     last_t = float("-inf")
