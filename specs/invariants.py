@@ -48,7 +48,7 @@ handling (live; in trace mode the next input record closes the previous one) and
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeGuard
 
 import attrs
@@ -288,6 +288,8 @@ class InvariantObserver:
         self._completed_now: list[_Job] = []
         self._discard_due: list[tuple[str, int]] = []
         self._discarded_now: set[tuple[str, int]] = set()
+        self._command_list: Sequence[Any] | None = None  # the engine's command list being fed
+        self._command_fed = 0  # how many of its commands were fed
         self._hit_due: list[_Req] = []
         # Block level: from the commands (live) or the records (trace).
         # Steps without an output yet, in plan order: (request, epoch, computed before, tokens).
@@ -959,6 +961,17 @@ class InvariantObserver:
                                f"its first admission skipped {req.hit_due} (tokens 0..{skipped} were not computed)")
 
     # ---- commands (live) -------------------------------------------------------------------
+    def feed_new_commands(self, commands: Sequence[Any]) -> None:
+        """Feed what ``commands`` (the engine's list for the handling under way, replaced at
+        each input) holds beyond what was fed from it already: a recorder sees commands
+        before ``handle`` returns them."""
+        if commands is not self._command_list:
+            self._command_list, self._command_fed = commands, 0
+        if len(commands) > self._command_fed:
+            new = commands[self._command_fed:]
+            self._command_fed = len(commands)
+            self.feed_commands(new)
+
     def feed_commands(self, commands: Iterable[Any]) -> None:
         from kvlife.lifecycle.engine.events import (
             DiscardLookup,

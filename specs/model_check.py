@@ -388,8 +388,6 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.drain_chaos = False
         self.broken = False
         self.swarm: dict[str, int] = {}  # per-example weight multipliers of the rare actions
-        self._commands: list[Any] | None = None  # the engine's command list being fed
-        self._fed = 0  # how many of them the observer has seen
 
     # ---- setup -------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**32 - 1))
@@ -476,12 +474,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         commands = getattr(getattr(self.engine, "state", None), "commands", None)
         if not isinstance(commands, list):
             return  # an engine without a visible command list: fed when handle returns
-        if commands is not self._commands:
-            self._commands, self._fed = commands, 0
-        if len(commands) > self._fed:
-            new = commands[self._fed:]
-            self._fed = len(commands)
-            self.observer.feed_commands(new)
+        self.observer.feed_new_commands(commands)
 
     def feed(self, event: Any) -> list[Any]:
         assert self.observer is not None
@@ -500,10 +493,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._raise(Violation(0, f"engine raised {type(exc).__name__}: {exc}", t=event.t))
         if commands:
             self.log[-1] += "  -> " + describe_commands(commands)
-        if commands is self._commands:
-            self._feed_new_commands()
-        else:
-            self.observer.feed_commands(commands)
+        self.observer.feed_new_commands(commands)  # the rest of them, or all of a list of its own
         self.observer.end_input()
         if self.observer.violations:
             self._raise(self.observer.violations[0])

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import settings
 
 from kvlife.lifecycle.workloads.bundled import resolve_workload
+
+if TYPE_CHECKING:
+    from tests.redis_server import RedisServer
 
 # Hypothesis profiles: "default" keeps the suite's budget (tests that fuzz set their own small
 # max_examples from it, see tests/test_trace_fuzz.py); `pytest --hypothesis-profile=deep` runs
@@ -17,6 +22,16 @@ settings.register_profile("deep", max_examples=2000, deadline=None)
 
 # Mooncake's conversation trace (12,031 requests), gzip-compressed in the package's data/.
 CONVERSATION_TRACE = resolve_workload("mooncake-conversation")
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own on a free loopback port (skips without one); the
+    import waits for a test that asks (redis is an extra)."""
+    from tests.redis_server import RedisServer
+
+    with RedisServer() as server:
+        yield server
 
 
 @pytest.fixture

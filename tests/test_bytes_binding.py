@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -30,7 +29,7 @@ from kvlife.transfer.content import expected_bytes
 from kvlife.transfer.disk_tier import DiskTier
 from kvlife.transfer.layout import LLAMA3_8B_SHAPE, SMALL_SHAPE, BlockGeometry
 from kvlife.transfer.redis_tier import RedisTier
-from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+from tests.redis_server import RedisServer
 
 GEO = BlockGeometry(SMALL_SHAPE, world_size=2)  # two ranks, float16
 # Same block size, other writers: bfloat16 (same itemsize), another model of the same shape.
@@ -140,14 +139,6 @@ def test_disk_file_of_the_other_rank_recovers_nothing(tmp_path: Path) -> None:
 
 
 # ---- Redis --------------------------------------------------------------------------------
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip(SKIP_REASON)
-    with RedisServer() as srv:
-        yield srv
-
-
 @pytest.mark.parametrize(
     ("value", "event"),
     [

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,7 +12,7 @@ from kvlife.transfer.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from kvlife.transfer.content import expected_bytes
 from kvlife.transfer.layout import SMALL_SHAPE, BlockGeometry
 from kvlife.transfer.redis_tier import RedisTier
-from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+from tests.redis_server import RedisServer
 
 GEO = BlockGeometry(SMALL_SHAPE)
 
@@ -72,14 +71,6 @@ def test_is_shared_safely_across_threads() -> None:
 
 
 # ---- against a frozen server ------------------------------------------------------------------
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    if REDIS_SERVER is None:
-        pytest.skip(SKIP_REASON)
-    with RedisServer() as srv:
-        yield srv
-
-
 def test_a_frozen_server_costs_k_timeouts_then_nothing(server: RedisServer) -> None:
     """SIGSTOP: connections stay open, nothing answers. Three timeouts open the breaker;
     after that every call is a miss (or a failed store) at once, until the back-off ends

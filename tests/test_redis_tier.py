@@ -3,8 +3,6 @@ server that dies mid-sequence (misses, failed stores, warnings; nothing raises).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 import torch
@@ -20,12 +18,6 @@ pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
 
 GEO = BlockGeometry(SMALL_SHAPE)
 GEO2 = BlockGeometry(SMALL_SHAPE, world_size=2)  # two tensor-parallel ranks
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
 
 
 def _payload(h: int) -> bytes:

@@ -36,8 +36,6 @@ class OnlineCheck:
             tier_content_known=True, hit_probe=self._recorded_hit)
         self.downstream = downstream
         self.engine: Engine | None = None
-        self._commands: list[Any] | None = None
-        self._fed = 0
         self.finished = False
 
     def attach(self, engine: Engine) -> None:
@@ -54,13 +52,7 @@ class OnlineCheck:
         engine = self.engine
         if engine is None:
             return
-        commands = engine.state.commands
-        if commands is not self._commands:
-            self._commands, self._fed = commands, 0
-        if len(commands) > self._fed:
-            new = commands[self._fed:]
-            self._fed = len(commands)
-            self.observer.feed_commands(new)
+        self.observer.feed_new_commands(engine.state.commands)
 
     def handled(self) -> None:
         """``Engine.handle`` returned: the rest of its commands, and close the handling."""
