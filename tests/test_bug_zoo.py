@@ -30,14 +30,35 @@ def test_zoo_has_every_bug_of_the_issue() -> None:
         assert issue in sources, issue
 
 
+SHRINK_IN_A_FRESH_PROCESS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from bug_zoo import ZOO
+from kvlife.specs.model_check import run_check
+bug = next(b for b in ZOO if b.name == "abort_frees_loading_blocks")
+result = run_check(bug.stack, engine_factory=bug.engine_factory)
+print(json.dumps({"invariant": result.violation.invariant if result.violation else None,
+                  "events": list(result.events), "reproduce": result.reproduce, "report": result.report()}))
+"""
+
+
 def test_shrunk_counterexample_is_short_and_reproducible() -> None:
-    bug = next(b for b in ZOO if b.name == "abort_frees_loading_blocks")
-    result = run_check(bug.stack, engine_factory=bug.engine_factory)
-    assert result.violation is not None and result.violation.invariant == 2
-    assert len(result.events) <= 8
-    assert any("abort" in e for e in result.events)
-    assert result.reproduce is not None and "@reproduce_failure" in result.reproduce
-    assert "invariant 2" in result.report()
+    # In a process of its own, as `kvlife check` runs: after most of the suite has run in
+    # this process, Hypothesis starts from another first failure (a 27-event counterexample,
+    # cause not found; see the issue 11 note), so the shrink is measured from a fresh start.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", SHRINK_IN_A_FRESH_PROCESS, str(Path(__file__).parent)],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    result = json.loads(out.splitlines()[-1])
+    assert result["invariant"] == 2
+    assert len(result["events"]) <= 8
+    assert any("abort" in e for e in result["events"])
+    assert result["reproduce"] is not None and "@reproduce_failure" in result["reproduce"]
+    assert "invariant 2" in result["report"]
 
 
 def test_unreleased_preempted_blocks_are_reported_stranded_with_exit_1(
