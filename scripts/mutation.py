@@ -7,7 +7,8 @@
 The tool is Cosmic Ray (``pip install -e .[mutation]``), configured in pyproject.toml under
 ``[tool.cosmic-ray]``: it mutates ``lifecycle/engine/`` and ``policies/`` in place, one
 mutant at a time, and runs ``scripts/mutation_detect.py`` (``kvlife check`` at its default
-budget on every built-in stack). Cosmic Ray reads its own TOML with a top-level
+budget: the default stack, and a mutated policy's own stacks; ``--scope all`` for every
+built-in stack). Cosmic Ray reads its own TOML with a top-level
 ``cosmic-ray`` table, so this script writes that file into the session's folder from
 pyproject's ``[tool.cosmic-ray]`` (the one place the configuration lives).
 

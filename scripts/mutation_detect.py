@@ -1,4 +1,4 @@
-"""The mutation detector: ``kvlife check`` at its default budget on every built-in stack.
+"""The mutation detector: ``kvlife check`` at its default budget, stopping at the first finding.
 
 Cosmic Ray (``python scripts/mutation.py``) applies one mutant to the sources in place and
 runs this script: exit 0 means every stack passed (the mutant survived), any other exit
