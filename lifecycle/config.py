@@ -475,6 +475,11 @@ class EngineConfig:
     # frees an aborted request's blocks after VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by default.
     reclaim_deadline_ms: float = attrs.field(
         default=480_000.0, validator=_number(0.0, strict=True, maximum=DURATION_MS))
+    # Async lookups a request may submit over its life: past this many, its last answer is
+    # kept (as keep-lookup-answers would) and a ``lookup_limit`` warning is recorded; a
+    # request deferred on every answer would otherwise look up for ever (vllm#49829: 1.27M
+    # ``lookup()`` calls for one request). The checker draws small bounds to reach it.
+    max_async_lookups: int = attrs.field(default=1024, validator=_positive_int)
     tiers: tuple[TierConfig, ...] = attrs.field(default=(TierConfig("host", capacity_blocks=8000),))
 
     @tiers.validator

@@ -167,6 +167,24 @@ class _Req:
     # hold the same provenance since: InvariantObserver._set_device).
     passed: list[int] = attrs.Factory(list)
     passed_epoch: int = -1
+    max_tokens: int | None = None  # its output limit (arrival's max_tokens), when known (11)
+    arrival_blocks: int = 0  # block hashes its arrival named (a plan names no more than it may compute)
+    # 12: async lookups submitted over its life; an answer of its current epoch not yet
+    # consumed; the lookup_reuse decision now and before the last change (and when that was).
+    lookups: int = 0
+    answer_held: bool = False
+    answered_in_epoch: bool = False  # an answer of its current epoch was applied (then kept or consumed)
+    reuse: str | None = None
+    reuse_before: str | None = None
+    reuse_changed_at: int = -1
+    # 11: when it entered sending: the first step id planned after it, and the ticks seen then.
+    sending_step: int | None = None
+    sending_ticks: int = 0
+    # 13: confirmed tokens as the engine counts them (the hit, plus each step output's own
+    # tokens), and how far each tier's store offers were checked.
+    confirmed_count: int = 0
+    store_checked: dict[str, int] = attrs.Factory(dict)
+    finish_trigger: str | None = None
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -200,7 +218,10 @@ class _Req:
 
     def restart(self) -> None:
         self.valid_tokens = 0
+        self.confirmed_count = 0
         self.fresh = False
+        self.answer_held = False
+        self.answered_in_epoch = False
 
 
 # One block a step writes: (device block, the hash of the block it fills, tokens of it
@@ -228,6 +249,10 @@ class InvariantObserver:
         stats_probe: Callable[[], Any] | None = None,
         published_probe: Callable[[int], bool] | None = None,
         tier_probe: Callable[[str, int], bool] | None = None,
+        max_async_lookups: int | None = None,
+        store_rule: str | None = None,
+        store_tiers: Sequence[str] = (),
+        deferred_frees: bool = False,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -267,6 +292,30 @@ class InvariantObserver:
         self._job_started: dict[int, float] = {}  # open loads and stores not given up
         # 1: requests whose on_load_failure decision said "fail" in this handling.
         self._must_fail: set[str] = set()
+        # 12: async lookups a request may submit over its life (engine.max_async_lookups).
+        self.max_async_lookups = max_async_lookups
+        # 13: the store policy's limit as a rule ("confirmed": the tokens step outputs
+        # confirmed, baseline and placeholder-safe-stores; "computed": every scheduled
+        # token; None: not checked) and the tiers every store goes to. At the end of each
+        # handling, each block of a running (or just completed) request within that limit
+        # was offered to every tier: stored, already there, evicted or refused by a full tier.
+        self.store_rule = store_rule
+        self.store_tiers = tuple(store_tiers)
+        self._store_watch: set[str] = set()  # requests whose store offers are checked
+        self._tier_seen: set[tuple[str, int]] = set()  # (tier, hash) some store/prefetch wrote or a tier held
+        # 11: step ids planned (the highest), those whose own output has not come (with
+        # their entries), the highest whose output came, and ticks seen: when sending may end.
+        self._max_planned = -1
+        self._own_steps: dict[int, list[tuple[str, int, int, int]]] = {}
+        self._last_output = -1
+        self._ticks = 0
+        self._handlings = 0
+        self._plan_records: dict[int, tuple[list[Any], list[Any]]] = {}  # live: step record's chunks
+        # 2: under async scheduling with tiers (vLLM's defer_block_free) a request's blocks are
+        # given back only once no step in flight writes them: a load into a reused block is
+        # not ordered against that write. Step -> the device blocks it writes, until its output.
+        self.deferred_frees = deferred_frees
+        self._own_writes: dict[int, set[int]] = {}
         # 11's "finished only after every store is reported": live by default; a trace
         # validator opts in (a trace edited by hand may hold jobs the engine never saw).
         self.finish_after_stores = not from_trace if finish_after_stores is None else finish_after_stores
@@ -321,6 +370,7 @@ class InvariantObserver:
         bt = self.block_tokens
         for h in hashes:
             self._tier[(tier, h)] = _Prov(h, bt, bt)
+            self._tier_seen.add((tier, h))
 
     # ---- reporting -----------------------------------------------------------------------
     def _fail(self, invariant: int, message: str) -> None:
@@ -364,17 +414,30 @@ class InvariantObserver:
         elif kind == "job_done":
             self._on_job_done(record)
         elif kind == "decision":
-            if record.get("point") == "hold_at_finish":
-                req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
-                value = record.get("value")
-                if req is not None and isinstance(value, bool):
-                    req.hold = value
+            point = record.get("point")
+            req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
+            value = record.get("value")
+            if req is None:
+                pass
+            elif point == "hold_at_finish" and isinstance(value, bool):
+                req.hold = value
+            elif point == "lookup_reuse" and isinstance(value, str):
+                req.reuse_before, req.reuse, req.reuse_changed_at = req.reuse, value, self._handlings
+        elif kind == "lookup_reuse":
+            self._on_lookup_reuse(record)
+        elif kind == "store_rejected":
+            req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
+            tier = record.get("tier")
+            if req is not None and isinstance(tier, str):
+                # A full tier refused the offer: what is due now counts as offered to it.
+                req.store_checked[tier] = max(req.store_checked.get(tier, 0), self._store_due(req))
         elif kind == "evict":
             tier, blocks = record.get("tier"), record.get("blocks")
             if isinstance(tier, str) and isinstance(blocks, list):
                 for h in blocks:
                     if _is_int(h):
                         self._tier.pop((tier, h), None)
+                        self._tier_seen.add((tier, h))
         elif kind == "reclaim":
             self._on_reclaim(record)
         elif kind == "abandon":
@@ -390,6 +453,9 @@ class InvariantObserver:
             if record.get("what") == "rank_timeout":
                 self._on_rank_timeout(record)
         elif not self.from_trace:
+            if kind == "step" and _is_int(step := record.get("step")):
+                # Live: the plan (a command after this record) must say the same (0).
+                self._plan_records[step] = (list(record.get("prompt") or []), list(record.get("fills") or []))
             return  # live: freed blocks and step plans come from the commands
         elif kind == "free":
             blocks = record.get("blocks")
@@ -442,11 +508,15 @@ class InvariantObserver:
 
     def _on_event(self, event: Any) -> None:
         kind = event.type
+        self._handlings += 1
+        if kind == "tick":
+            self._ticks += 1
         if kind == "arrival":
             if event.request_id not in self.requests:
                 full = event.prompt_tokens // self.block_tokens
-                self.requests[event.request_id] = _Req(tuple(event.block_hashes[:full]), event.request_id,
-                                                       event.prompt_tokens)
+                self.requests[event.request_id] = _Req(
+                    tuple(event.block_hashes[:full]), event.request_id, event.prompt_tokens,
+                    max_tokens=getattr(event, "max_tokens", None), arrival_blocks=len(event.block_hashes))
         elif kind == "transfer_report":
             job = self.jobs.get(event.job_id)
             if job is None or job.complete or job.reclaimed or not 0 <= event.rank < self.ranks:
@@ -466,6 +536,16 @@ class InvariantObserver:
         one, and a trace does not list decode entries). Tokens count only if the request
         is still running in the epoch they were computed for: a preemption or abort in
         between voids them."""
+        own = self._own_steps.pop(step_id, None)
+        if own is not None:
+            # The device runs steps in plan order: this output ends every earlier step's writes.
+            for done in [s for s in self._own_writes if s <= step_id]:
+                del self._own_writes[done]
+            self._last_output = max(self._last_output, step_id)
+            for rid, epoch, _before, n in own:
+                req = self.requests.get(rid)
+                if req is not None and req.state == "running" and req.epoch == epoch:
+                    req.confirmed_count += n
         if step_id not in self._steps:
             return
         self._undelivered.discard(step_id)
@@ -495,6 +575,8 @@ class InvariantObserver:
                    writes: list[_Write] | None = None) -> None:
         if step_id in self._steps:
             return  # a reused step id: the first plan keeps it
+        self._max_planned = max(self._max_planned, step_id)
+        self._own_steps[step_id] = entries
         self._steps[step_id] = entries
         if self.published_probe is not None:
             self._undelivered.add(step_id)
@@ -611,6 +693,10 @@ class InvariantObserver:
             req.outstanding_lookup = False
         if trigger == "completed" and self.finish_after_stores:
             self._check_finish_after_stores(req)
+        if trigger == "completed" and req.state == "sending" and not self.from_trace:
+            self._check_sending_ends(req)
+        if trigger == "send_started":
+            req.sending_step, req.sending_ticks = self._max_planned + 1, self._ticks
         if trigger in ("aborted", "lookup_expired") and req.state == "lookup_pending" and req.lookup_epoch is not None:
             self._discard_due.append((rid, req.lookup_epoch))
         if req.state == "running" and target != "running":
@@ -635,8 +721,75 @@ class InvariantObserver:
             req.restart()
         if trigger in ("admitted", "load_done"):
             req.fresh = True
+            self._store_watch.add(rid)
+        if trigger == "lookup_answered":
+            req.answer_held = req.answered_in_epoch = True
+        if target == "finished":
+            req.finish_trigger = trigger
         if trigger in ("admitted", "load_started") and req.hit_state is None:
             req.hit_state = "pending"
+
+    def _check_sending_ends(self, req: _Req) -> None:
+        """11: a request leaves ``sending`` with the output of a step planned after it
+        entered it (vLLM reports finished_sending with a step's output), or, with no step in
+        flight, at a tick after the one it entered in."""
+        step = req.sending_step if req.sending_step is not None else self._max_planned + 1
+        if self._last_output >= step or (not self._own_steps and self._ticks > req.sending_ticks):
+            return
+        why = (f"steps {sorted(self._own_steps)} are in flight" if self._own_steps
+               else "no tick has run since it entered sending")
+        self._fail(11, f"{req.request_id} completed from sending too early: no output yet of a step planned "
+                       f"after it entered sending (step {step} or later; the last output was of step "
+                       f"{self._last_output}) and {why}")
+
+    def _on_lookup_reuse(self, record: dict[str, Any]) -> None:
+        """12: a kept answer is used again only if the admission that used it before was
+        told to keep it (``lookup_reuse`` = keep), or the request spent its lookups."""
+        req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
+        if req is None or self._lookups_spent(req):
+            return
+        # The decision asked just before this record (in this handling) is for this use;
+        # the one that let the answer be kept is the one before it.
+        said = req.reuse_before if req.reuse_changed_at == self._handlings else req.reuse
+        if said != "keep":
+            self._fail(12, f"{req.request_id}: an async lookup answer is used again, but the admission that used "
+                           f"it was told {said or 'consume'} (lookup_reuse): it should have looked up again")
+
+    def _lookups_spent(self, req: _Req) -> bool:
+        """12: the request submitted as many lookups as it may: it keeps its last answer."""
+        return self.max_async_lookups is not None and req.lookups >= self.max_async_lookups
+
+    def _store_due(self, req: _Req) -> int:
+        """13: the leading blocks of ``req`` its stores must have been offered by now."""
+        limit = req.confirmed_count if self.store_rule == "confirmed" else req.scheduled_end
+        return min(limit, req.scheduled_end) // self.block_tokens
+
+    def _check_store_offers(self) -> None:
+        """13: every block within the store limit of a running request (or one that just
+        completed) was offered to every tier: a store job wrote it (or is writing it), the
+        tier held it, evicted it, or refused the offer (store_rejected)."""
+        probe = self.tier_probe
+        done: list[str] = []
+        for rid in sorted(self._store_watch):
+            req = self.requests[rid]
+            if req.state == "finished":
+                done.append(rid)
+                if req.finish_trigger != "completed":
+                    continue
+            elif req.state not in ("running", "sending"):
+                continue
+            due = self._store_due(req)
+            for tier in self.store_tiers:
+                i = req.store_checked.get(tier, 0)
+                while i < due:
+                    h = req.hash_at(i)
+                    if (tier, h) not in self._tier_seen and (probe is None or not probe(tier, h)):
+                        self._fail(13, f"{rid}: block {i} (hash {h}) is within its store limit ({due} blocks), "
+                                       f"yet it was never offered to the {tier} tier")
+                        return
+                    i += 1
+                req.store_checked[tier] = i
+        self._store_watch.difference_update(done)
 
     def _check_finish_after_stores(self, req: _Req) -> None:
         """11: ``completed`` comes only once every store of the request ended (every rank
@@ -680,6 +833,8 @@ class InvariantObserver:
                 job.moves = moves
                 for move in moves:
                     job.sources[move.block_hash] = self._read_tier(job, move.tier, move.block_hash)
+                    if move.dst_tier is not None:
+                        self._tier_seen.add((move.dst_tier, move.block_hash))
             else:
                 self._start_moves(job, moves)
 
@@ -741,6 +896,14 @@ class InvariantObserver:
             self._store_ended(job)
 
     def _on_free(self, blocks: Iterable[int]) -> None:
+        if self.deferred_frees and not self.from_trace and self._own_writes:
+            blocks = list(blocks)
+            for step_id, written in sorted(self._own_writes.items()):
+                if not written.isdisjoint(blocks):
+                    self._fail(2, f"device blocks {sorted(written.intersection(blocks))} freed while step {step_id}, "
+                                  f"which no output has ended yet, still writes them (async scheduling with tiers "
+                                  f"frees them at that output)")
+                    break
         for block in blocks:
             for job in self._busy_blocks.get(block, ()):
                 self._fail(2, f"device block {block} freed while {job.kind} job {job.job_id} "
@@ -831,6 +994,8 @@ class InvariantObserver:
                 if now - started >= deadline:
                     self._fail(3, f"job {job_id} started at t={started:g} is past its {deadline:g} ms deadline at "
                                   f"t={now:g}, yet the tick did not give it up")
+        if self.store_rule is not None and self._store_watch and self.cut is None:
+            self._check_store_offers()
         if self._landed_due:
             due_landed, self._landed_due = self._landed_due, []
             for job_id, tier, h in due_landed:
@@ -1010,7 +1175,16 @@ class InvariantObserver:
         if req.outstanding_lookup:
             self._fail(12, f"lookup for {command.request_id} (epoch {command.epoch}) submitted while its previous "
                            f"lookup is still unanswered: lookups per request are unbounded")
+        bound = self.max_async_lookups
+        if bound is not None and req.answered_in_epoch and req.lookups >= bound:
+            self._fail(12, f"{command.request_id} looked up again after its answer was consumed, its lookup number "
+                           f"{req.lookups + 1}; past {bound} (engine.max_async_lookups) it must keep the answer")
+        req.lookups += 1
+        if req.answer_held and req.reuse == "keep" and not self._lookups_spent(req):
+            self._fail(12, f"{command.request_id} looked up again although it holds an answer of this epoch "
+                           f"and lookup_reuse said keep")
         req.outstanding_lookup = True
+        req.answer_held = False
 
     def _on_start(self, command: Any, kind: str) -> None:
         job = self.jobs.get(command.job_id)
@@ -1070,6 +1244,8 @@ class InvariantObserver:
             self._busy_blocks.setdefault(move.device_block, []).append(job)
             if kind == "load":
                 self._loading_hashes.setdefault(move.block_hash, []).append(job)
+            else:
+                self._tier_seen.add((move.tier, move.block_hash))
 
     def _check_retry(self, job: _Job, req: _Req, block_hash: int) -> None:
         """12: after a load of its block i failed, a request never loads block i or a
@@ -1095,6 +1271,7 @@ class InvariantObserver:
             # The first chunk after an admission starts where the hit (device cache or a
             # completed load) ends: those tokens are valid content.
             req.valid_tokens = computed_before
+            req.confirmed_count = computed_before
             req.fresh = False
             if req.hit_state == "pending":
                 req.hit_state = "checked"
@@ -1107,11 +1284,20 @@ class InvariantObserver:
         entries = []
         writes: list[_Write] = []
         total = 0
+        prompt_chunks: list[list[Any]] = []
+        fills: list[list[Any]] = []
         for entry in plan.entries:
             total += entry.num_tokens
             req = self._scheduled(plan.step_id, entry.request_id, entry.computed_before, entry.num_tokens)
             if req is None:
                 continue
+            self._check_entry(plan.step_id, req, entry)
+            end = entry.computed_before + entry.num_tokens
+            chunk = [entry.request_id, entry.computed_before, entry.num_tokens]
+            if entry.computed_before < req.prompt_tokens:
+                prompt_chunks.append(chunk)
+            elif end % bt < entry.num_tokens:
+                fills.append(chunk)
             first = entry.computed_before // bt
             last = (entry.computed_before + entry.num_tokens - 1) // bt
             table = entry.block_table
@@ -1126,7 +1312,33 @@ class InvariantObserver:
             entries.append((entry.request_id, req.epoch, entry.computed_before, entry.num_tokens))
         if self.max_batched_tokens is not None and total > self.max_batched_tokens:
             self._fail(11, f"step {plan.step_id} schedules {total} tokens, the budget is {self.max_batched_tokens}")
+        if self.deferred_frees and writes:
+            self._own_writes[plan.step_id] = {w[0] for w in writes}
+        recorded = self._plan_records.pop(plan.step_id, None)
+        if recorded is not None and (recorded[0] != prompt_chunks or recorded[1] != fills):
+            self._fail(0, f"step {plan.step_id}: the step record lists prompt chunks {recorded[0]} and fills "
+                          f"{recorded[1]}, the plan computes {prompt_chunks} and fills {fills}")
         self._plan_step(plan.step_id, entries, writes)
+
+    def _check_entry(self, step_id: int, req: _Req, entry: Any) -> None:
+        """11: a step computes at least one token of a request, never a position past the
+        last one it may compute (its prompt plus ``max_tokens`` - 1: the last sampled token
+        is never an input), and names no block hashes beyond what that allows."""
+        bt = self.block_tokens
+        end = entry.computed_before + entry.num_tokens
+        if entry.num_tokens <= 0:
+            self._fail(11, f"step {step_id} schedules {entry.num_tokens} tokens of {req.request_id}")
+        if req.max_tokens is not None and end > req.prompt_tokens + req.max_tokens - 1:
+            self._fail(11, f"step {step_id} computes {req.request_id} up to token {end}, past its last input "
+                           f"{req.prompt_tokens + req.max_tokens - 1} (prompt {req.prompt_tokens} + max_tokens "
+                           f"{req.max_tokens} - 1)")
+        hashes = getattr(entry, "block_hashes", None)
+        if hashes is not None:
+            # Its known tokens never exceed one more than the furthest it ever computed.
+            most = max(req.arrival_blocks, -(-(max(req.scheduled_end, req.prompt_tokens) + 1) // bt))
+            if len(hashes) > most + 1:
+                self._fail(11, f"step {step_id} names {len(hashes)} block hashes for {req.request_id}, which has at "
+                               f"most {most} blocks of known tokens")
 
     def _step_provenance(self, step_id: int, req: _Req, entry: Any, writes: list[_Write]) -> None:
         """10 for one step entry: the blocks holding tokens 0..computed_before hold this

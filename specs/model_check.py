@@ -212,6 +212,7 @@ class World:
     # that the clock (time_passes, the drain) passes often.
     lookup_deadline: float = 5000.0
     reclaim_deadline: float = 480_000.0
+    max_async_lookups: int = 1024  # engine.max_async_lookups: small ones are reached
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -233,6 +234,7 @@ class World:
             # Drawn last: the draws above stay what they were for a given seed.
             lookup_deadline=rng.choice([5000.0, 20.0, 20.0]),
             reclaim_deadline=rng.choice([480_000.0, 60.0, 60.0]),
+            max_async_lookups=rng.choice([1024, 1, 2, 3]),
         )
 
 
@@ -295,6 +297,20 @@ def detect_sharing(stack: Any) -> bool:
         return bool(stack.ask("admission", view, load, engine).value == "join")
     except (PolicyError, Exception):  # a probe must never break the check itself
         return False
+
+
+# The store policies whose store_limit the observer knows as a rule (13: stores offered).
+STORE_RULES = {"baseline": "confirmed", "placeholder-safe-stores": "confirmed", "naive-stores-unsafe": "computed"}
+
+
+def store_rule(stack: Any) -> str | None:
+    """The rule of the policy that answers ``store_limit`` first in this stack (None: a
+    policy the checker does not know, whose limit it cannot judge). A confirmed token is
+    never a placeholder, so placeholder-safe-stores' limit is the confirmed tokens too."""
+    chains = getattr(stack, "_chains", None)
+    if not isinstance(chains, dict) or not chains.get("store_limit"):
+        return None
+    return STORE_RULES.get(chains["store_limit"][0][0])
 
 
 def describe_input(event: Any) -> str:
@@ -401,7 +417,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         config = cls.engine_config if cls.engine_config is not None else _world_config(
             world.tiers, world.ranks, world.eviction)
         config = attrs.evolve(config, async_scheduling=async_scheduling, transfer_deadline_ms=deadline,
-                              lookup_deadline_ms=world.lookup_deadline, reclaim_deadline_ms=world.reclaim_deadline)
+                              lookup_deadline_ms=world.lookup_deadline, reclaim_deadline_ms=world.reclaim_deadline,
+                              max_async_lookups=world.max_async_lookups)
         stack = _with_explorer(_build_stack(cls.stack), explorer)
         sharing = cls.sharing if cls.sharing is not None else detect_sharing(stack)
         observer = InvariantObserver(config.ranks, config.block_tokens, sharing=sharing,
@@ -411,7 +428,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                                      transfer_deadline_ms=config.transfer_deadline_ms,
                                      reclaim_deadline_ms=config.reclaim_deadline_ms,
                                      stats_probe=self._stats, published_probe=self._published,
-                                     tier_probe=self._in_tier)
+                                     tier_probe=self._in_tier, max_async_lookups=config.max_async_lookups,
+                                     store_rule=store_rule(stack), store_tiers=[t.name for t in config.tiers],
+                                     deferred_frees=config.async_scheduling and bool(config.tiers))
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -436,7 +455,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.log.append(f"world {seed}: engine: {config.device_blocks} device blocks of {config.block_tokens} tokens, "
                         f"{config.ranks} ranks, tiers {[t.name for t in config.tiers]}, async scheduling "
                         f"{async_scheduling}, deadline {deadline}, lookup deadline {world.lookup_deadline}, "
-                        f"reclaim deadline {world.reclaim_deadline}, stack {list(stack.names)}, sharing {sharing}, "
+                        f"reclaim deadline {world.reclaim_deadline}, lookups {world.max_async_lookups}, "
+                        f"stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
 
@@ -688,7 +708,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         """An answer that already came, or whose lookup was discarded, arrives (again)."""
         from kvlife.lifecycle.engine.events import LookupAnswer
 
-        rid, epoch, tiers = self.old_lookups[i % len(self.old_lookups)]
+        # Half the time, an answer its request already took while that request now loads (a
+        # duplicate of the current epoch, the rarest case), if there is one.
+        loading = [old for old in self.old_lookups if (r := self.engine.requests.get(old[0])) is not None
+                   and r.state == "loading" and r.epoch == old[1]]
+        rid, epoch, tiers = (loading[(i // 2) % len(loading)] if loading and i % 2 == 0
+                             else self.old_lookups[i % len(self.old_lookups)])
         req = self.engine.requests.get(rid)
         if tiers is None:
             tiers = self.engine.sync_lookup(req.hashes if req is not None else ())

@@ -108,6 +108,7 @@ def test_finished_only_after_every_store_unless_told_not_to_hold() -> None:
     assert observer.finish_after_stores
     engine, store = _finish_with_store(PolicyStack([]), observer)
     assert engine.requests["r0"].state == "sending"
+    observer.feed_record({"kind": "input", "type": "tick", "t": 2.5})  # sending may end from the next tick on
     observer.feed_record({"kind": "input", "type": "transfer_report", "t": 3.0, "job_id": store.job_id,
                           "rank": 0, "failed": []})
     # An engine that completed it now, with rank 1 still to report, breaks 11.
@@ -115,6 +116,24 @@ def test_finished_only_after_every_store_unless_told_not_to_hold() -> None:
                           "trigger": "completed", "reason": "too early"})
     assert [v.invariant for v in observer.violations] == [11]
     assert "still in flight" in observer.violations[0].message
+
+
+def test_sending_ends_only_after_a_later_step_or_tick() -> None:
+    # Every rank reported the store, but no tick ran and no later step's output came since
+    # r0 entered sending (vLLM reports finished_sending with a step's output): too early.
+    for tick_first, expected in ((False, [11]), (True, [])):
+        observer = InvariantObserver(2, 4)
+        _, store = _finish_with_store(PolicyStack([]), observer)
+        if tick_first:
+            observer.feed_record({"kind": "input", "type": "tick", "t": 2.5})
+        for rank in (0, 1):
+            observer.feed_record({"kind": "input", "type": "transfer_report", "t": 3.0 + rank,
+                                  "job_id": store.job_id, "rank": rank, "failed": []})
+        observer.feed_record({"kind": "transition", "t": 4.0, "req": "r0", "from": "sending", "to": "finished",
+                              "trigger": "completed", "reason": "stores reported"})
+        assert [v.invariant for v in observer.violations] == expected, observer.violations
+        if expected:
+            assert "completed from sending too early" in observer.violations[0].message
 
 
 def test_budget_and_max_running_are_invariant_11() -> None:

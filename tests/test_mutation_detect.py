@@ -77,6 +77,20 @@ FORMER_SURVIVORS = [
      13, "does not hold it"),
     ("lifecycle/engine/state.py", 'if r.state != "finished"]', 'if r.state < "finished"]', 7,
      "reports nothing unfinished"),
+    # Survivors of the second run (the merged engine), caught by the checks added for them.
+    ("lifecycle/engine/request.py", "    stored_blocks: int = 0", "    stored_blocks: int = 1", 13,
+     "never offered to the host tier"),
+    ("lifecycle/engine/scheduler.py", "if req.async_lookups < max_lookups:", "if req.async_lookups <= max_lookups:",
+     12, "engine.max_async_lookups"),
+    ("lifecycle/engine/scheduler.py", 'if req.lookup_async and reuse == "consume":',
+     'if not req.lookup_async and reuse == "consume":', 12, "told consume"),
+    ("lifecycle/engine/scheduler.py", "req.computed + 2 - req.placeholders >=",
+     "req.computed + 1 - req.placeholders >=", 11, "past its last input"),
+    ("lifecycle/engine/scheduler.py", "elif end % bt < n:", "elif end % bt <= n:", 0, "the plan computes"),
+    ("lifecycle/engine/state.py", "self.stats.ticks > req.sending_tick", "self.stats.ticks >= req.sending_tick", 11,
+     "completed from sending too early"),
+    ("lifecycle/engine/state.py", "if entry[0] is req and entry[1] == req.epoch:",
+     "if not entry[0] is req and entry[1] == req.epoch:", 2, "which no output has ended yet"),
 ]
 
 

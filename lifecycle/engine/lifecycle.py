@@ -114,7 +114,7 @@ class Lifecycle:
         it went out, not before) is given up: the driver is told to discard it, the request
         goes back to ``waiting`` (``lookup_expired``) in a new epoch, so the answer, if it
         ever comes, is stale, and it goes on as a miss: no external hit this time (if it is
-        not admitted, the next consideration looks up again, within MAX_ASYNC_LOOKUPS)."""
+        not admitted, the next consideration looks up again, within ``engine.max_async_lookups``)."""
         state = self.state
         timers = state.lookup_timers
         now = state.now

@@ -32,7 +32,7 @@ class Request:
     lookup_async: bool = False  # ``lookup`` is an async answer (consumed at admission)
     lookup_answered_ms: float = 0.0  # when that answer arrived
     lookup_uses: int = 0  # admissions that answer has been considered for
-    async_lookups: int = 0  # async lookups submitted over the request's life (bounded: MAX_ASYNC_LOOKUPS)
+    async_lookups: int = 0  # async lookups submitted over the request's life (bounded: engine.max_async_lookups)
     lookup_submitted_ms: float = 0.0  # when its last async lookup went out (its deadline counts from it)
     stored_blocks: int = 0  # leading blocks already handed to a store
     registered_blocks: int = 0  # leading blocks published in the device cache

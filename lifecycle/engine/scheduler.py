@@ -44,9 +44,6 @@ from kvlife.lifecycle.engine.state import EngineState
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import LoadView
 
-# Async lookups one request may submit over its life; past it, its last answer is kept.
-MAX_ASYNC_LOOKUPS = 1024
-
 # One request's share of the step being built: (request, tokens, samples a token).
 Entry = tuple[Request, int, bool]
 
@@ -199,6 +196,7 @@ class Scheduler:
         state = self.state
         lifecycle = self.lifecycle
         max_running = state.config.max_running
+        max_lookups = state.config.max_async_lookups
         running = state.running
         if state.holding:
             budget, blocked = self._take_landed(budget, entries)
@@ -256,14 +254,14 @@ class Scheduler:
                     budget -= entries[-1][1]
                 continue
             if req.lookup_async and reuse == "consume":
-                if req.async_lookups < MAX_ASYNC_LOOKUPS:
+                if req.async_lookups < max_lookups:
                     req.lookup = None  # consumed: the next consideration looks up again
-                elif req.async_lookups == MAX_ASYNC_LOOKUPS:
+                elif req.async_lookups == max_lookups:
                     # Liveness: a request deferred on every answer would look up for ever
                     # (vllm#49829: 1.27M lookup() calls for one request). Past the bound its
                     # last answer is kept, as keep-lookup-answers would.
                     req.async_lookups += 1
-                    self.lifecycle.warn("lookup_limit", req=req.request_id, lookups=MAX_ASYNC_LOOKUPS)
+                    self.lifecycle.warn("lookup_limit", req=req.request_id, lookups=max_lookups)
             if outcome == "blocked":
                 break  # FIFO: no overtaking when memory is short
             index += 1  # deferred by the admission policy

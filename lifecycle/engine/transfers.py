@@ -100,6 +100,10 @@ class Transfers:
             plan = tier.prepare_store(hashes)
             if plan.evicted:
                 record({"kind": "evict", "t": state.now, "tier": tier.name, "blocks": list(plan.evicted)})
+            if plan.rejected_full:
+                # The tier is full of copies still being written: these blocks are not stored.
+                record({"kind": "store_rejected", "t": state.now, "req": req.request_id, "tier": tier.name,
+                        "blocks": plan.rejected_full})
             if not plan.accepted:
                 continue
             device_of = dict(zip(hashes, blocks, strict=True))

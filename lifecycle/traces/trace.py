@@ -106,7 +106,7 @@ def render_record(record: dict[str, Any]) -> bytes:
 
 KNOWN_KINDS = frozenset(
     {"header", "input", "transition", "decision", "step", "job", "job_done", "free", "evict", "stale_lookup",
-     "lookup_reuse", "warning", "interrupted", "reclaim", "abandon"}
+     "lookup_reuse", "store_rejected", "warning", "interrupted", "reclaim", "abandon"}
 )
 
 
