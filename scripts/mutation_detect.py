@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=None, help="checker examples (default: the CLI's)")
     parser.add_argument("--steps", type=int, default=None, help="checker steps (default: the CLI's)")
     parser.add_argument("--per-stack-timeout", type=float, default=180.0, help="seconds before a stack is a hang")
+    parser.add_argument("--all-detectors", action="store_true",
+                        help="after kvlife check, also a chaos run validated (kvlife run --chaos, then kvlife "
+                             "validate) and the engine's pytest files (PYTEST_FILES)")
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))  # this checkout's kvlife (the one being mutated)
@@ -117,6 +120,45 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(out.getvalue().splitlines()[:6]))
             return code if code in (1, 2) else 1
         print(f"mutation_detect: --stack {stack} passed ({wall:.1f} s)", flush=True)
+    if args.all_detectors:
+        return other_detectors()
+    return 0
+
+
+# The test files that drive the engine and the policies (the whole suite takes 15-20 min a
+# mutant here; these take about 75 s of CPU and include the golden traces, byte for byte).
+PYTEST_FILES = ("test_golden_traces.py", "test_scheduler.py", "test_policies.py", "test_policy_effects.py",
+                "test_vllm_semantics.py", "test_simulator.py", "test_ranks.py", "test_failures.py",
+                "test_liveness.py", "test_memory.py")
+
+
+def other_detectors() -> int:
+    """``validate`` on a chaos run (the run's own online check included), then pytest."""
+    import tempfile
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = str(Path(tmp) / "chaos.jsonl")
+        for argv, what in (
+            (["run", "--workload", "synthetic:burst", "--stack", "async-lookup,shared-loads", "--chaos", "3",
+              "--transfer-deadline", "50", "--trace", trace], "a chaos run"),
+            (["validate", trace], "validate on the chaos run"),
+        ):
+            done = subprocess.run([sys.executable, "-m", "kvlife", *argv], cwd=ROOT, env=env, capture_output=True,
+                                  text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                print(f"mutation_detect: caught by {what} (exit {done.returncode})")
+                print("\n".join((done.stdout + done.stderr).splitlines()[-6:]))
+                return 1
+            print(f"mutation_detect: {what} passed", flush=True)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                           *(f"tests/{name}" for name in PYTEST_FILES)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=3600, check=False)
+    if done.returncode != 0:
+        print(f"mutation_detect: caught by pytest (exit {done.returncode})")
+        print("\n".join(done.stdout.splitlines()[-8:]))
+        return 1
+    print("mutation_detect: pytest passed")
     return 0
 
 

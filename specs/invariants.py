@@ -71,9 +71,11 @@ INVARIANTS: dict[int, str] = {
     8: "block accounting",
     9: "loaded bytes match what was computed (live runs)",
     10: "provenance: hits, loads, joins and stores read only complete, confirmed blocks",
-    11: "token budget and max_running; finished only after every store is reported",
-    12: "bounded work: one lookup at a time, no retry of a copy that failed to load",
-    13: "accounting: a request's recorded hit is what its first admission skipped; counters match the trace",
+    11: "scheduling: token budget, max_running, output limit, FIFO admission; finished only after every store "
+        "is reported",
+    12: "bounded work: one lookup at a time, lookup_reuse obeyed, no retry of a copy that failed to load",
+    13: "accounting: a request's recorded hit is what its first admission skipped; counters match the trace; "
+        "stores offered",
 }
 
 
@@ -185,6 +187,8 @@ class _Req:
     confirmed_count: int = 0
     store_checked: dict[str, int] = attrs.Factory(dict)
     finish_trigger: str | None = None
+    admission: str | None = None  # its last admission decision (11: a deferred request may be overtaken)
+    finished_at: float | None = None  # when the model finished it, or it was aborted or failed (13)
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -253,6 +257,9 @@ class InvariantObserver:
         store_rule: str | None = None,
         store_tiers: Sequence[str] = (),
         deferred_frees: bool = False,
+        fifo: bool = False,
+        finish_probe: Callable[[str], float | None] | None = None,
+        device_blocks: int | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -276,6 +283,7 @@ class InvariantObserver:
         self.reclaim_deadline_ms = reclaim_deadline_ms
         self._pending_lookups: dict[str, float] = {}  # rid -> submission time, in submission order
         self._open_jobs: dict[int, _Job] = {}  # load/store jobs not ended, in start order
+        self._open_pulls: dict[int, _Job] = {}  # prefetch jobs not seen to end, in start order
         # 13: the engine's counters (``engine.stats``), checked against what its records say.
         self.stats_probe = stats_probe
         self.tally = CounterTally()
@@ -310,12 +318,27 @@ class InvariantObserver:
         self._last_output = -1
         self._ticks = 0
         self._handlings = 0
-        self._plan_records: dict[int, tuple[list[Any], list[Any]]] = {}  # live: step record's chunks
+        self._plan_records: dict[int, tuple[list[Any], list[Any], Any]] = {}  # live: a step record's chunks
         # 2: under async scheduling with tiers (vLLM's defer_block_free) a request's blocks are
         # given back only once no step in flight writes them: a load into a reused block is
         # not ordered against that write. Step -> the device blocks it writes, until its output.
         self.deferred_frees = deferred_frees
         self._own_writes: dict[int, set[int]] = {}
+        # 11: the waiting queue, in the engine's order (arrivals at the back; a preempted
+        # request, or one whose load failed, first in line), and requests that submitted a
+        # lookup in this handling. Admission is FIFO: a request is admitted past one ahead of
+        # it only if that one waits on a lookup, a prefetch or its admission policy.
+        self.fifo = fifo
+        # 13: the finish time the engine's metrics keep for a request (None: not kept); it
+        # must be when the model finished it (completed, or entered sending), or when it
+        # was aborted or failed: not when its stores drained.
+        self.finish_probe = finish_probe
+        # 1: a request fails only if its on_load_failure decision said so, or it can never fit
+        # the device (its known tokens and the next need more than ``device_blocks``).
+        self.device_blocks = device_blocks
+        self._fail_told: set[str] = set()
+        self._queue: list[str] = []
+        self._looked_up_now: set[str] = set()
         # 11's "finished only after every store is reported": live by default; a trace
         # validator opts in (a trace edited by hand may hold jobs the engine never saw).
         self.finish_after_stores = not from_trace if finish_after_stores is None else finish_after_stores
@@ -405,6 +428,7 @@ class InvariantObserver:
             self._deadline_record(kind, record)
         if kind == "decision" and record.get("point") == "on_load_failure" and record.get("value") == "fail":
             self._must_fail.add(str(record.get("req")))
+            self._fail_told.add(str(record.get("req")))
         elif kind == "transition" and record.get("to") == "finished":
             self._must_fail.discard(str(record.get("req")))
         if kind == "transition":
@@ -421,6 +445,8 @@ class InvariantObserver:
                 pass
             elif point == "hold_at_finish" and isinstance(value, bool):
                 req.hold = value
+            elif point == "admission" and isinstance(value, str):
+                req.admission = value
             elif point == "lookup_reuse" and isinstance(value, str):
                 req.reuse_before, req.reuse, req.reuse_changed_at = req.reuse, value, self._handlings
         elif kind == "lookup_reuse":
@@ -455,7 +481,8 @@ class InvariantObserver:
         elif not self.from_trace:
             if kind == "step" and _is_int(step := record.get("step")):
                 # Live: the plan (a command after this record) must say the same (0).
-                self._plan_records[step] = (list(record.get("prompt") or []), list(record.get("fills") or []))
+                self._plan_records[step] = (list(record.get("prompt") or []), list(record.get("fills") or []),
+                                            record.get("prefill_tokens"))
             return  # live: freed blocks and step plans come from the commands
         elif kind == "free":
             blocks = record.get("blocks")
@@ -509,6 +536,7 @@ class InvariantObserver:
     def _on_event(self, event: Any) -> None:
         kind = event.type
         self._handlings += 1
+        self._looked_up_now = set()
         if kind == "tick":
             self._ticks += 1
         if kind == "arrival":
@@ -517,6 +545,8 @@ class InvariantObserver:
                 self.requests[event.request_id] = _Req(
                     tuple(event.block_hashes[:full]), event.request_id, event.prompt_tokens,
                     max_tokens=getattr(event, "max_tokens", None), arrival_blocks=len(event.block_hashes))
+                if self.fifo:
+                    self._queue.append(event.request_id)
         elif kind == "transfer_report":
             job = self.jobs.get(event.job_id)
             if job is None or job.complete or job.reclaimed or not 0 <= event.rank < self.ranks:
@@ -693,10 +723,17 @@ class InvariantObserver:
             req.outstanding_lookup = False
         if trigger == "completed" and self.finish_after_stores:
             self._check_finish_after_stores(req)
+        if trigger == "failed" and self.device_blocks is not None and rid not in self._fail_told:
+            most = max(req.prompt_tokens, req.scheduled_end + 1) + 1  # its known tokens and the next, at most
+            if -(-most // self.block_tokens) <= self.device_blocks:
+                self._fail(1, f"{rid} failed in {req.state}, yet on_load_failure never said fail and its tokens fit "
+                              f"the device ({-(-most // self.block_tokens)} of {self.device_blocks} blocks at most)")
         if trigger == "completed" and req.state == "sending" and not self.from_trace:
             self._check_sending_ends(req)
         if trigger == "send_started":
             req.sending_step, req.sending_ticks = self._max_planned + 1, self._ticks
+        if self.fifo:
+            self._follow_queue(req, trigger, target)
         if trigger in ("aborted", "lookup_expired") and req.state == "lookup_pending" and req.lookup_epoch is not None:
             self._discard_due.append((rid, req.lookup_epoch))
         if req.state == "running" and target != "running":
@@ -726,8 +763,40 @@ class InvariantObserver:
             req.answer_held = req.answered_in_epoch = True
         if target == "finished":
             req.finish_trigger = trigger
+        if (target == "finished" and not (trigger == "completed" and source == "sending")) \
+                or trigger == "send_started":
+            req.finished_at = self._t
         if trigger in ("admitted", "load_started") and req.hit_state is None:
             req.hit_state = "pending"
+
+    def _follow_queue(self, req: _Req, trigger: str, target: str) -> None:
+        """11: keep the waiting queue; an admission past a request ahead that could have
+        gone (not waiting on a lookup, a prefetch or its policy) breaks FIFO."""
+        rid = req.request_id
+        queue = self._queue
+        if trigger == "lookup_submitted":
+            self._looked_up_now.add(rid)
+        elif trigger in ("preempted", "load_failed"):
+            if rid in queue:
+                queue.remove(rid)
+            queue.insert(0, rid)
+        elif trigger in ("admitted", "load_started") and rid in queue:
+            ahead = queue[:queue.index(rid)]
+            for other in ahead:
+                if not self._may_be_passed(other):
+                    self._fail(11, f"{rid} admitted ({trigger}) ahead of {other}, which was first in line and waits on "
+                                   f"nothing (admission is FIFO: a request short of memory stops it)")
+                    break
+            queue.remove(rid)
+        elif target == "finished" and rid in queue:
+            queue.remove(rid)
+
+    def _may_be_passed(self, rid: str) -> bool:
+        other = self.requests[rid]
+        if other.state != "waiting" or rid in self._looked_up_now or other.admission == "defer":
+            return True
+        return any(job.kind == "prefetch" and job.request_id == rid and not job.complete and not job.abandoned
+                   for job in self.jobs.values())
 
     def _check_sending_ends(self, req: _Req) -> None:
         """11: a request leaves ``sending`` with the output of a step planned after it
@@ -818,6 +887,8 @@ class InvariantObserver:
         job = self.jobs[job_id] = _Job(job_id, op, rid, started=self._t)
         if op != "prefetch":
             self._open_jobs[job_id] = job
+        else:
+            self._open_pulls[job_id] = job
         if op == "store":
             req = self.requests.get(rid)
             if req is not None:
@@ -962,6 +1033,10 @@ class InvariantObserver:
             missing = sorted(set(range(self.ranks)) - job.reported)
             self._fail(3, f"{job.kind} job {job_id} counted done with ranks {missing} still to report "
                           f"(reported: {sorted(job.reported)})")
+        late = record.get("late")
+        if isinstance(late, bool) and late != job.timed_out:
+            self._fail(3, f"{job.kind} job {job_id}: job_done says late={late}, but it was "
+                          f"{'' if job.timed_out else 'not '}given up at its deadline")
         failed = record.get("failed")
         if job.complete and isinstance(failed, int) and failed != len(job.failed):
             self._fail(3, f"job {job_id}: {failed} failed blocks reported, the union over ranks is "
@@ -1058,6 +1133,18 @@ class InvariantObserver:
                 return
             if (reclaim is None or t < started + reclaim) and (transfer is None or t - started < transfer):
                 break  # in start order: the rest are younger
+        if reclaim is not None:
+            for job in list(self._open_pulls.values()):
+                if job.complete or job.reclaimed:
+                    del self._open_pulls[job.job_id]
+                elif job.started is not None and t >= job.started + reclaim:
+                    missing = sorted(set(range(self.ranks)) - job.reported)
+                    self._fail(7, f"prefetch job {job.job_id} of {job.request_id}: ranks {missing} silent since "
+                                  f"t={job.started:g}, yet not reclaimed after a tick at t={t:g} "
+                                  f"(reclaim_deadline_ms {reclaim:g}): its tier slots leak")
+                    return
+                else:
+                    break  # in start order: the rest are younger
 
     def _on_reclaim(self, record: dict[str, Any]) -> None:
         """The engine reclaimed a job some rank never reported: its blocks go back (no longer
@@ -1154,6 +1241,9 @@ class InvariantObserver:
             elif isinstance(command, DiscardLookup):
                 self._discarded_now.add((command.request_id, command.epoch))
                 req = self.requests.get(command.request_id)
+                if req is not None and not req.outstanding_lookup:
+                    self._fail(4, f"{command.request_id}: lookup of epoch {command.epoch} discarded, but it has no "
+                                  f"lookup in flight (in {req.state})")
                 if req is not None:
                     req.outstanding_lookup = False
             elif isinstance(command, StartLoad | StartStore):
@@ -1318,6 +1408,11 @@ class InvariantObserver:
         if recorded is not None and (recorded[0] != prompt_chunks or recorded[1] != fills):
             self._fail(0, f"step {plan.step_id}: the step record lists prompt chunks {recorded[0]} and fills "
                           f"{recorded[1]}, the plan computes {prompt_chunks} and fills {fills}")
+        # Prefill tokens (what the cost model prices as prefill): every chunk of more than one token.
+        prefill = sum(e.num_tokens for e in plan.entries if e.num_tokens > 1)
+        if recorded is not None and recorded[2] is not None and recorded[2] != prefill:
+            self._fail(0, f"step {plan.step_id}: the step record says {recorded[2]} prefill tokens, the plan has "
+                          f"{prefill} in chunks of more than one token")
         self._plan_step(plan.step_id, entries, writes)
 
     def _check_entry(self, step_id: int, req: _Req, entry: Any) -> None:
@@ -1326,6 +1421,10 @@ class InvariantObserver:
         is never an input), and names no block hashes beyond what that allows."""
         bt = self.block_tokens
         end = entry.computed_before + entry.num_tokens
+        table = getattr(entry, "block_table", None)
+        if table is not None and len(table) != -(-end // bt):
+            self._fail(8, f"step {step_id}: {req.request_id} computes tokens up to {end} with {len(table)} device "
+                          f"blocks; it needs {-(-end // bt)} (a request holds the blocks of its tokens, no more)")
         if entry.num_tokens <= 0:
             self._fail(11, f"step {step_id} schedules {entry.num_tokens} tokens of {req.request_id}")
         if req.max_tokens is not None and end > req.prompt_tokens + req.max_tokens - 1:
@@ -1424,6 +1523,10 @@ class InvariantObserver:
         for rid, req in self.requests.items():
             if req.state != "finished":
                 self._fail(7, f"{rid} stranded in {req.state}: never finished")
+            elif self.finish_probe is not None and (kept := self.finish_probe(rid)) != req.finished_at:
+                self._fail(13, f"{rid}: the engine's metrics keep finish time {kept}, the trace says it finished at "
+                               f"t={req.finished_at}")
+                break
 
     def states(self) -> dict[str, str]:
         return {rid: req.state for rid, req in self.requests.items()}

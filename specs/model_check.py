@@ -430,7 +430,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                                      stats_probe=self._stats, published_probe=self._published,
                                      tier_probe=self._in_tier, max_async_lookups=config.max_async_lookups,
                                      store_rule=store_rule(stack), store_tiers=[t.name for t in config.tiers],
-                                     deferred_frees=config.async_scheduling and bool(config.tiers))
+                                     deferred_frees=config.async_scheduling and bool(config.tiers), fifo=True,
+                                     finish_probe=self._finish_time, device_blocks=config.device_blocks)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -473,6 +474,12 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _stats(self) -> Any:
         """The engine's counters (13 checks them against its records), None if it has none."""
         return getattr(getattr(self.engine, "state", None), "stats", None)
+
+    def _finish_time(self, rid: str) -> float | None:
+        """When the engine's metrics say ``rid`` finished (13); None if it keeps none."""
+        req = self.engine.requests.get(rid) if self.engine is not None else None
+        finish = getattr(req, "finish_ms", None)
+        return float(finish) if isinstance(finish, (int, float)) else None
 
     def _recorded_hit(self, rid: str) -> int | None:
         """The prefix hit the engine recorded for ``rid`` (device + tier blocks), for 13."""
