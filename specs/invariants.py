@@ -176,6 +176,7 @@ class _Req:
     lookups: int = 0
     answer_held: bool = False
     answered_in_epoch: bool = False  # an answer of its current epoch was applied (then kept or consumed)
+    limit_warned: bool = False  # a lookup_limit warning was recorded for it
     reuse: str | None = None
     reuse_before: str | None = None
     reuse_changed_at: int = -1
@@ -260,6 +261,7 @@ class InvariantObserver:
         fifo: bool = False,
         finish_probe: Callable[[str], float | None] | None = None,
         device_blocks: int | None = None,
+        wakeup_probe: Callable[[], float | None] | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -336,6 +338,9 @@ class InvariantObserver:
         # 1: a request fails only if its on_load_failure decision said so, or it can never fit
         # the device (its known tokens and the next need more than ``device_blocks``).
         self.device_blocks = device_blocks
+        # 7: the engine's next_wakeup() (a driver ticks then): never later than the earliest
+        # deadline still ahead that the observer knows (a lookup's, a transfer's, a reclaim).
+        self.wakeup_probe = wakeup_probe
         self._fail_told: set[str] = set()
         self._queue: list[str] = []
         self._looked_up_now: set[str] = set()
@@ -478,6 +483,8 @@ class InvariantObserver:
         elif kind == "warning":
             if record.get("what") == "rank_timeout":
                 self._on_rank_timeout(record)
+            elif record.get("what") == "lookup_limit" and (warned := self.requests.get(str(record.get("req")))):
+                warned.limit_warned = True
         elif not self.from_trace:
             if kind == "step" and _is_int(step := record.get("step")):
                 # Live: the plan (a command after this record) must say the same (0).
@@ -815,7 +822,15 @@ class InvariantObserver:
         """12: a kept answer is used again only if the admission that used it before was
         told to keep it (``lookup_reuse`` = keep), or the request spent its lookups."""
         req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
-        if req is None or self._lookups_spent(req):
+        if req is None:
+            return
+        if self._lookups_spent(req):
+            said = req.reuse_before if req.reuse_changed_at == self._handlings else req.reuse
+            # The engine warns when a consumed answer hits the bound exactly (lookups that new
+            # epochs made past it are kept without one).
+            if said != "keep" and not req.limit_warned and req.lookups == self.max_async_lookups:
+                self._fail(12, f"{req.request_id} keeps its answer past its lookup bound ({self.max_async_lookups}) "
+                               f"without a lookup_limit warning")
             return
         # The decision asked just before this record (in this handling) is for this use;
         # the one that let the answer be kept is the one before it.
@@ -1071,6 +1086,8 @@ class InvariantObserver:
                                   f"t={now:g}, yet the tick did not give it up")
         if self.store_rule is not None and self._store_watch and self.cut is None:
             self._check_store_offers()
+        if self.wakeup_probe is not None and self._input is not None and self.cut is None:
+            self._check_wakeup()
         if self._landed_due:
             due_landed, self._landed_due = self._landed_due, []
             for job_id, tier, h in due_landed:
@@ -1095,6 +1112,31 @@ class InvariantObserver:
             except AssertionError as exc:
                 self._fail(2 if "job" in str(exc) else 8, f"engine accounting: {exc}")
         self._input = None
+
+    def _check_wakeup(self) -> None:
+        now = self._t
+        if now is None:
+            return
+        ahead: list[tuple[float, str]] = []
+        if self.lookup_deadline_ms is not None:
+            ahead += [(t + self.lookup_deadline_ms, f"the lookup deadline of {rid}")
+                      for rid, t in self._pending_lookups.items()]
+        transfer, reclaim = self.transfer_deadline_ms, self.reclaim_deadline_ms
+        for job in [*self._open_jobs.values(), *self._open_pulls.values()]:
+            if job.complete or job.reclaimed or job.started is None:
+                continue
+            if transfer is not None and not job.timed_out and job.kind != "prefetch":
+                ahead.append((job.started + transfer, f"the transfer deadline of {job.kind} job {job.job_id}"))
+            if reclaim is not None:
+                ahead.append((job.started + reclaim, f"the reclaim deadline of {job.kind} job {job.job_id}"))
+        future = [(t, what) for t, what in ahead if t > now]
+        if not future:
+            return
+        due, what = min(future)
+        wake = self.wakeup_probe() if self.wakeup_probe is not None else None
+        if wake is None or wake > due:
+            self._fail(7, f"the engine's next wakeup is {wake} at t={now:g}, after {what} at t={due:g}: a driver that "
+                          f"ticks only then misses it")
 
     def _check_deadlines(self) -> None:
         """7 after a tick: the engine acts on every deadline at a tick, so none may have

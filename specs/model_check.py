@@ -431,7 +431,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                                      tier_probe=self._in_tier, max_async_lookups=config.max_async_lookups,
                                      store_rule=store_rule(stack), store_tiers=[t.name for t in config.tiers],
                                      deferred_frees=config.async_scheduling and bool(config.tiers), fifo=True,
-                                     finish_probe=self._finish_time, device_blocks=config.device_blocks)
+                                     finish_probe=self._finish_time, device_blocks=config.device_blocks,
+                                     wakeup_probe=self._next_wakeup)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -474,6 +475,10 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _stats(self) -> Any:
         """The engine's counters (13 checks them against its records), None if it has none."""
         return getattr(getattr(self.engine, "state", None), "stats", None)
+
+    def _next_wakeup(self) -> float | None:
+        wakeup = getattr(self.engine, "next_wakeup", None)
+        return wakeup() if callable(wakeup) else None
 
     def _finish_time(self, rid: str) -> float | None:
         """When the engine's metrics say ``rid`` finished (13); None if it keeps none."""
