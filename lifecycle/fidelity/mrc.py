@@ -326,27 +326,30 @@ def plot_curve(curve: MissRatioCurve, out: str | Path, marked: Sequence[int] = (
     import matplotlib.pyplot as plt
 
     bt = curve.block_tokens
-    xs = plot_capacities(curve.distinct, 400)
     fig, ax = plt.subplots(figsize=(8, 5))
     try:
-        ax.step([c * bt for c in xs], [100 * curve.lru_hits(c) / curve.counted for c in xs], where="post",
-                label="LRU (stack distances, every capacity)")
-        opt = sorted(curve.opt.items())
-        if opt:
-            ax.plot([c * bt for c, _ in opt] + [curve.distinct * bt],
-                    [100 * h / curve.counted for _, h in opt] + [100 * curve.max_hits / curve.counted],
-                    marker="o", markersize=3, label="OPT (Belady, upper bound)")
-        best = 100 * curve.max_hits / curve.counted if curve.counted else 0.0
-        ax.axhline(best, color="grey", linestyle="--", linewidth=1, label=f"infinite cache: {best:.1f} %")
-        for c in marked:
-            ax.axvline(c * bt, color="grey", linestyle=":", linewidth=0.8)
-        ax.set_xscale("log")
+        if curve.counted and curve.distinct:
+            xs = plot_capacities(curve.distinct, 400)
+            ax.step([c * bt for c in xs], [100 * curve.lru_hits(c) / curve.counted for c in xs], where="post",
+                    label="LRU (stack distances, every capacity)")
+            opt = sorted(curve.opt.items())
+            if opt:
+                ax.plot([c * bt for c, _ in opt] + [curve.distinct * bt],
+                        [100 * h / curve.counted for _, h in opt] + [100 * curve.max_hits / curve.counted],
+                        marker="o", markersize=3, label="OPT (Belady, upper bound)")
+            best = 100 * curve.max_hits / curve.counted
+            ax.axhline(best, color="grey", linestyle="--", linewidth=1, label=f"infinite cache: {best:.1f} %")
+            for c in marked:
+                ax.axvline(c * bt, color="grey", linestyle=":", linewidth=0.8)
+            ax.set_xscale("log")
+            ax.legend(loc="upper left")
+        else:
+            ax.text(0.5, 0.5, "the trace has no blocks", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(f"cache capacity (tokens; {bt}-token blocks)")
         ax.set_ylabel(f"prefix hit ratio (% of {curve.mode} prompt blocks)")
         ax.set_title(f"{Path(curve.name).name}: {curve.requests:,} requests")
         ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="upper left")
         fig.tight_layout()
         fig.savefig(out, format=fmt)
     finally:
