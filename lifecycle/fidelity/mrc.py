@@ -31,6 +31,12 @@ the prefix rule can remove OPT hits and that bound is not guaranteed.)
 Blocks counted, as in ``lru_replay``: ``"all"`` every hash of a prompt, the partial last
 block included (Mooncake's accounting); ``"cacheable"`` the full blocks before the last
 prompt token, ``(input_length - 1) // block_tokens`` (kvlife's run summary).
+
+``output_blocks=True`` adds what else the engine stores, inserted after the prompt and never
+counted: the prompt's full last block (``"cacheable"`` only: a prompt that ends on a block
+boundary) and the blocks its output fills, ``(input_length + output_length) // block_tokens
+- input_length // block_tokens`` fresh hashes that no later prompt of a Mooncake trace names
+(its ids cover prompts only). They take LRU capacity, so the curve becomes the engine's.
 """
 
 from __future__ import annotations
@@ -57,13 +63,14 @@ class Prompts:
     """The counted blocks of each prompt of a trace, in trace order."""
 
     name: str
-    blocks: tuple[tuple[int, ...], ...]
+    blocks: tuple[tuple[int, ...], ...]  # every access of each prompt, counted ones first
     block_tokens: int
     mode: BlockMode
+    counts: tuple[int, ...] | None = None  # counted accesses of each prompt (None: all of them)
 
     @property
     def counted(self) -> int:
-        return sum(len(p) for p in self.blocks)
+        return sum(len(p) for p in self.blocks) if self.counts is None else sum(self.counts)
 
     @property
     def distinct(self) -> int:
@@ -78,31 +85,50 @@ def counted(hash_ids: Sequence[int], input_length: int, mode: BlockMode, block_t
 
 
 def read_trace(trace: str | os.PathLike[str], limit: int | None = None, mode: BlockMode = "all",
-               block_tokens: int = 512) -> Prompts:
+               block_tokens: int = 512, output_blocks: bool = False) -> Prompts:
     """A Mooncake JSON-lines trace (a path, ``.gz`` read as gzip, or a bundled name) read and
-    checked by kvlife's reader: a bad line is a ``WorkloadError`` (``FILE:LINE: field 'x': ...``)."""
-    blocks = tuple(counted(r.hash_ids, r.input_length, mode, block_tokens)
-                   for r in iter_mooncake(trace, limit=limit, block_tokens=block_tokens))
-    return Prompts(os.fspath(trace), blocks, block_tokens, mode)
+    checked by kvlife's reader: a bad line is a ``WorkloadError`` (``FILE:LINE: field 'x': ...``).
+    ``output_blocks``: also insert, uncounted, what the engine stores besides (module doc)."""
+    blocks: list[tuple[int, ...]] = []
+    counts: list[int] = []
+    fresh = -1  # trace hashes are >= 0: negative ids never collide with them
+    for r in iter_mooncake(trace, limit=limit, block_tokens=block_tokens):
+        prompt = counted(r.hash_ids, r.input_length, mode, block_tokens)
+        counts.append(len(prompt))
+        if output_blocks:
+            full = r.input_length // block_tokens
+            extra = list(r.hash_ids[len(prompt):full])
+            for _ in range((r.input_length + r.output_length) // block_tokens - full):
+                extra.append(fresh)
+                fresh -= 1
+            prompt += tuple(extra)
+        blocks.append(prompt)
+    return Prompts(os.fspath(trace), tuple(blocks), block_tokens, mode,
+                   tuple(counts) if output_blocks else None)
 
 
 # ---- LRU: stack distances in one pass ------------------------------------------------------
-def lru_histogram(prompts: Iterable[Sequence[int]]) -> tuple[list[int], int]:
-    """``(histogram, cold)``: ``histogram[d]`` blocks whose prompt-prefix maximum LRU stack
-    distance is ``d`` (index 0 unused), ``cold`` blocks with an infinite one (a first access
-    in their prefix). The hits of an LRU cache of ``C`` blocks are ``sum(histogram[1:C+1])``."""
+def lru_histogram(prompts: Iterable[Sequence[int]], counts: Sequence[int] | None = None) -> tuple[list[int], int]:
+    """``(histogram, cold)``: ``histogram[d]`` counted blocks whose prompt-prefix maximum LRU
+    stack distance is ``d`` (index 0 unused), ``cold`` those with an infinite one (a first
+    access in their prefix). The hits of an LRU cache of ``C`` blocks are
+    ``sum(histogram[1:C+1])``. ``counts[i]``: how many leading accesses of prompt ``i`` are
+    counted (None: all); the rest are insertions only."""
     prompts = [tuple(p) for p in prompts]
     n = sum(len(p) for p in prompts)
+    limits = [len(p) for p in prompts] if counts is None else list(counts)
     tree = [0] * (n + 1)  # Fenwick tree over access times 1..n: 1 at each block's latest access
     last: dict[int, int] = {}
     histogram = [0] * (n + 2)
     infinite = n + 1
     distinct = 0
     now = 0
-    for prompt in prompts:
+    for prompt, limit in zip(prompts, limits, strict=True):
         worst = 0
-        for block in prompt:
+        for k, block in enumerate(prompt):
             now += 1
+            if k == limit:
+                worst = infinite  # past the counted blocks: insertions only, no queries
             previous = last.get(block)
             if previous is None:
                 distinct += 1
@@ -126,7 +152,8 @@ def lru_histogram(prompts: Iterable[Sequence[int]]) -> tuple[list[int], int]:
                 tree[i] += 1
                 i += i & -i
             last[block] = now
-            histogram[worst] += 1
+            if k < limit:
+                histogram[worst] += 1
     cold = histogram[infinite]
     del histogram[distinct + 1:]  # no distance exceeds the number of distinct blocks
     return histogram, cold
@@ -161,17 +188,22 @@ def next_uses(prompts: Sequence[Sequence[int]]) -> list[list[int]]:
     return out
 
 
-def opt_hits(prompts: Sequence[Sequence[int]], nexts: Sequence[Sequence[int]], capacity: int) -> int:
-    """Prefix hits of Belady's OPT with ``capacity`` blocks, every accessed block inserted."""
+def opt_hits(prompts: Sequence[Sequence[int]], nexts: Sequence[Sequence[int]], capacity: int,
+             counts: Sequence[int] | None = None) -> int:
+    """Prefix hits of Belady's OPT with ``capacity`` blocks, every accessed block inserted;
+    ``counts`` as in ``lru_histogram``."""
     if capacity < 1:
         raise ValueError(f"capacity: expected an integer >= 1, got {capacity!r}")
     cache: dict[int, int] = {}  # block -> its next access
     heap: list[tuple[int, int]] = []  # (-next access, block); stale entries skipped
     push, pop = heapq.heappush, heapq.heappop
     hits = 0
-    for prompt, row in zip(prompts, nexts, strict=True):
+    limits = [len(p) for p in prompts] if counts is None else counts
+    for prompt, row, limit in zip(prompts, nexts, limits, strict=True):
         prefix = True
-        for block, upcoming in zip(prompt, row, strict=True):
+        for k, (block, upcoming) in enumerate(zip(prompt, row, strict=True)):
+            if k == limit:
+                prefix = False  # insertions only
             if block in cache:
                 if prefix:
                     hits += 1
@@ -215,7 +247,7 @@ class MissRatioCurve:
     block_tokens: int
     mode: BlockMode
     counted: int  # blocks counted: the denominator
-    distinct: int
+    distinct: int  # distinct blocks inserted (output blocks included)
     lru: tuple[int, ...]  # lru[C]: hits at C blocks, C = 0 .. distinct (beyond: lru[distinct])
     opt: dict[int, int]  # capacity blocks -> OPT hits
     lru_s: float  # wall time of the LRU pass
@@ -264,7 +296,7 @@ def plot_capacities(distinct: int, points: int = PLOT_POINTS, lowest: int = 10) 
 def miss_ratio_curve(prompts: Prompts, opt_capacities: Iterable[int] = ()) -> MissRatioCurve:
     """The LRU curve in one pass, and OPT at each of ``opt_capacities`` (blocks)."""
     start = time.perf_counter()
-    histogram, _ = lru_histogram(prompts.blocks)
+    histogram, _ = lru_histogram(prompts.blocks, prompts.counts)
     lru = cumulative(histogram)
     lru_s = time.perf_counter() - start
     distinct = len(lru) - 1
@@ -274,7 +306,7 @@ def miss_ratio_curve(prompts: Prompts, opt_capacities: Iterable[int] = ()) -> Mi
     if wanted:
         nexts = next_uses(prompts.blocks)
         for c in wanted:
-            opt[c] = opt_hits(prompts.blocks, nexts, c)
+            opt[c] = opt_hits(prompts.blocks, nexts, c, prompts.counts)
             if opt[c] == lru[-1]:  # the maximum: every larger capacity has it too (a stack algorithm)
                 opt.update(dict.fromkeys((w for w in wanted if w > c), lru[-1]))
                 break

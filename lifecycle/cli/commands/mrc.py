@@ -38,6 +38,11 @@ def register(sub: Any) -> None:
                              "accounting), or the full blocks before the last prompt token (kvlife run's summary)")
     parser.add_argument("--block-tokens", type=flag_type("engine.block_tokens"), default=512, metavar="N",
                         help="tokens per block of the trace's hash_ids (config: engine.block_tokens)")
+    parser.add_argument("--output-blocks", action="store_true",
+                        help="also insert, never counted, what the engine stores besides the counted blocks: the "
+                             "blocks each request's output fills (and a prompt's full last block): the curve a "
+                             "kvlife run with a host tier reproduces (default: prompt blocks only, as the "
+                             "independent LRU replay)")
     parser.add_argument("--no-opt", action="store_true",
                         help="skip Belady's OPT (one simulation per capacity; LRU alone is one pass)")
     parser.add_argument("--plot", metavar="FILE.png",
@@ -77,7 +82,7 @@ def handle(args: argparse.Namespace) -> int:
 
         image_format(args.plot)  # a bad extension is refused before the work
     start = time.perf_counter()
-    prompts = mrc.read_trace(args.trace, args.limit, args.blocks, args.block_tokens)
+    prompts = mrc.read_trace(args.trace, args.limit, args.blocks, args.block_tokens, args.output_blocks)
     read_s = time.perf_counter() - start
     distinct = prompts.distinct
     if capacities is None:
@@ -94,20 +99,22 @@ def handle(args: argparse.Namespace) -> int:
     wall_s = time.perf_counter() - start
     if args.json:
         output.emit("mrc", trace=args.trace, requests=curve.requests, block_tokens=curve.block_tokens,
-                    blocks=curve.mode, counted_blocks=curve.counted, distinct_blocks=curve.distinct,
+                    blocks=curve.mode, output_blocks=args.output_blocks, counted_blocks=curve.counted,
+                    distinct_blocks=curve.distinct,
                     max_hit_ratio=curve.ratio(curve.max_hits),
                     opt="per capacity" if opt_at else None,
                     rows=[p.to_dict(curve) for p in points],
                     curve=[curve.point(c).to_dict(curve) for c in sorted(curve.opt)] if args.plot else None,
                     plot=args.plot, read_s=read_s, lru_s=curve.lru_s, opt_s=curve.opt_s, wall_s=wall_s)
         return 0
-    print(render(curve, points, read_s, wall_s, bool(opt_at)))
+    print(render(curve, points, read_s, wall_s, bool(opt_at), args.output_blocks))
     if args.plot is not None:
         print(f"wrote {args.plot}")
     return 0
 
 
-def render(curve: Any, points: list[Any], read_s: float, wall_s: float, with_opt: bool) -> str:
+def render(curve: Any, points: list[Any], read_s: float, wall_s: float, with_opt: bool,
+           output_blocks: bool = False) -> str:
     from kvlife.lifecycle.fidelity import markdown as md
 
     what = ("every block of each prompt" if curve.mode == "all"
@@ -123,7 +130,8 @@ def render(curve: Any, points: list[Any], read_s: float, wall_s: float, with_opt
         ])
     lines = [
         f"{curve.name}: {curve.requests:,} requests, {curve.counted:,} blocks counted ({what}, "
-        f"{curve.block_tokens} tokens each), {curve.distinct:,} distinct",
+        f"{curve.block_tokens} tokens each), {curve.distinct:,} distinct"
+        + (" blocks stored (output blocks included: uncounted)" if output_blocks else ""),
         f"infinite cache: {md.percent(curve.ratio(curve.max_hits))} of blocks hit (the maximum; "
         f"\"of max\" below is a share of it)",
         "",
