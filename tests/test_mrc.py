@@ -176,8 +176,9 @@ def test_mrc_equals_engine_runs_with_a_host_tier_only() -> None:
     """The engine with one host tier of each capacity and a small device (300 blocks), baseline
     stack: its summary's device + host prefix hit rate, over the same (cacheable) blocks, within
     1 point of the curve that also inserts the output blocks the engine stores (``output_blocks``;
-    measured: within 0.02 points). Without them the curve sits up to 1.1 points above the engine
-    on its steepest step: the engine's host tier also holds the blocks outputs fill (docs/mrc.md)."""
+    measured: one block of 26,305 apart at every capacity, the first two requests arriving
+    together: timing). Without them the curve sits up to 1.1 points above the engine on its
+    steepest step: the engine's host tier also holds the blocks outputs fill (docs/mrc.md)."""
     with_outputs = mrc.miss_ratio_curve(mrc.read_trace(WORKLOAD, 1000, "cacheable", output_blocks=True))
     prompts_only = mrc.miss_ratio_curve(mrc.read_trace(WORKLOAD, 1000, "cacheable"))
     assert with_outputs.counted == prompts_only.counted == 26_305
@@ -192,7 +193,8 @@ def test_mrc_equals_engine_runs_with_a_host_tier_only() -> None:
         total = float(sum(run.summary["prefix_hit_rate"].values()))
         engine.append(total)
         assert abs(total - with_outputs.lru_hits(capacity) / with_outputs.counted) <= 0.01, (capacity, total)
-        assert total <= prompts_only.lru_hits(capacity) / prompts_only.counted + 0.001, (capacity, total)
+        # The output blocks only take capacity: the prompt-only curve is above the engine.
+        assert total <= prompts_only.lru_hits(capacity) / prompts_only.counted + 0.005, (capacity, total)
     assert engine == sorted(engine) and engine[-1] > engine[0] + 0.1
 
 
