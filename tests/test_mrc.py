@@ -65,7 +65,8 @@ def brute_opt(prompts: Sequence[Sequence[int]], capacity: int, counts: Sequence[
             hits += prefix
             if not present:
                 if len(cache) >= capacity:
-                    cache.remove(max(sorted(cache), key=lambda b, now=t: next_use(b, now)))
+                    farthest = max(sorted(cache), key=lambda b: next_use(b, t))  # noqa: B023 - used at once
+                    cache.remove(farthest)
                 cache.add(block)
     return hits
 
@@ -159,7 +160,7 @@ def test_opt_is_above_lru_and_both_are_monotone_on_the_trace() -> None:
     curve = mrc.miss_ratio_curve(mrc.read_trace(WORKLOAD, 500), mrc.plot_capacities(11_879))
     assert curve.distinct == 11_879
     assert list(curve.lru) == sorted(curve.lru)
-    opt = [curve.opt_hits(c) for c in sorted(curve.opt)]
+    opt = [curve.opt[c] for c in sorted(curve.opt)]
     assert opt == sorted(opt) and len(opt) == mrc.PLOT_POINTS - 1  # the last is every block: the maximum
     for c, hits in curve.opt.items():
         assert hits >= curve.lru_hits(c), c

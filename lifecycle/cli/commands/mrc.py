@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvlife.lifecycle.cli import output
 from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag
 from kvlife.lifecycle.config import REQUESTS, flag_type
+
+if TYPE_CHECKING:
+    from kvlife.lifecycle.fidelity.mrc import MissRatioCurve, Point
 
 
 def register(sub: Any) -> None:
@@ -113,8 +116,9 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def render(curve: Any, points: list[Any], read_s: float, wall_s: float, with_opt: bool,
+def render(curve: MissRatioCurve, points: list[Point], read_s: float, wall_s: float, with_opt: bool,
            output_blocks: bool = False) -> str:
+    """The table: one row per capacity, the infinite one last."""
     from kvlife.lifecycle.fidelity import markdown as md
 
     what = ("every block of each prompt" if curve.mode == "all"
