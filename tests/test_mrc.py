@@ -290,3 +290,21 @@ def test_parse_size() -> None:
     assert mrc.default_capacities_tokens(182_790, 512)[:3] == [10_000, 30_000, 100_000]
     assert mrc.default_capacities_tokens(182_790, 512)[-1] == 30_000_000
     assert mrc.default_capacities_tokens(0, 512) == []
+
+
+def test_output_blocks_are_inserted_never_counted(tmp_path: Path) -> None:
+    records = [{"timestamp": 0, "input_length": 1024, "output_length": 1000, "hash_ids": [1, 2]},
+               {"timestamp": 1, "input_length": 600, "output_length": 10, "hash_ids": [1, 3]}]
+    path = write_trace(tmp_path / "t.jsonl", [orjson.dumps(r) for r in records])
+    plain = mrc.read_trace(path, mode="cacheable")
+    assert plain.blocks == ((1,), (1,)) and plain.counts is None and plain.counted == 2
+    engine = mrc.read_trace(path, mode="cacheable", output_blocks=True)
+    # The first prompt ends on a block boundary: its full last block (2) is stored; its output
+    # fills (1024 + 1000) // 512 - 2 = 1 more block. The second's output fills none.
+    assert engine.blocks == ((1, 2, -1), (1,)) and engine.counts == (1, 1) and engine.counted == 2
+    assert mrc.read_trace(path, output_blocks=True).blocks == ((1, 2, -1), (1, 3))
+    curve = mrc.miss_ratio_curve(engine, [1, 2])
+    # Capacity 2: 1, 2, then the output block evicts 1: the second prompt misses.
+    assert curve.lru_hits(2) == 0 and curve.lru_hits(3) == 1 and curve.max_hits == 1
+    # OPT keeps 1 (needed next) and lets the output block go: a hit even at 2.
+    assert curve.opt_hits(1) == 0 and curve.opt_hits(2) == 1
