@@ -1088,6 +1088,13 @@ class InvariantObserver:
             self._check_store_offers()
         if self.wakeup_probe is not None and self._input is not None and self.cut is None:
             self._check_wakeup()
+        if self.tier_probe is not None and self.tier_content_known and self.cut is None:
+            for (tier, h), prov in self._tier.items():
+                # (A copy that failed to be read is dropped by the engine: 12 judges it.)
+                if prov.bad is None and prov.key == h and (tier, h) not in self._bad_in_tier \
+                        and not self.tier_probe(tier, h):
+                    self._fail(13, f"the {tier} tier no longer holds block {h}, yet no evict record said so")
+                    break
         if self._landed_due:
             due_landed, self._landed_due = self._landed_due, []
             for job_id, tier, h in due_landed:
@@ -1340,6 +1347,8 @@ class InvariantObserver:
                     self._fail(2, f"{kind} job {job.job_id} uses device block {move.device_block} while "
                                   f"{other.kind} job {other.job_id} still moves it")
             if kind == "load":
+                if self._loading_hashes.get(move.block_hash):
+                    self.tally.counts["redundant_block_loads"] += 1  # a second load of a block in flight
                 if self.sharing:
                     for other in self._loading_hashes.get(move.block_hash, ()):
                         self._fail(6, f"load job {job.job_id} ({job.request_id}) brings block "
@@ -1586,7 +1595,7 @@ class CounterTally:
     # the same failure (the zoo's failed_store_visible does both) would only shadow.
     COUNTED = ("ticks", "steps", "sync_lookups", "async_lookups", "stale_lookup_answers", "failed_lookups",
                "preemptions", "prefetch_gave_up", "loads", "blocks_loaded", "stores", "blocks_stored",
-               "prefetches", "blocks_prefetched")
+               "prefetches", "blocks_prefetched", "redundant_block_loads")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()

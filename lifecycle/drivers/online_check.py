@@ -33,7 +33,7 @@ class OnlineCheck:
         self.observer = InvariantObserver(
             config.ranks, config.block_tokens, sharing=detect_sharing(stack),
             max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
-            tier_content_known=True, hit_probe=self._recorded_hit)
+            tier_content_known=True, hit_probe=self._recorded_hit, max_async_lookups=config.max_async_lookups)
         self.downstream = downstream
         self.engine: Engine | None = None
         self.finished = False

@@ -144,6 +144,7 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
         finish_after_stores=not str((header or {}).get("source", "")).startswith("vllm:"),
         lookup_deadline_ms=config.lookup_deadline_ms,
         transfer_deadline_ms=config.transfer_deadline_ms, reclaim_deadline_ms=config.reclaim_deadline_ms,
+        max_async_lookups=config.max_async_lookups,
     )
     last_t = float("-inf")
     for number, raw in body:
