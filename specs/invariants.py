@@ -190,6 +190,7 @@ class _Req:
     finish_trigger: str | None = None
     admission: str | None = None  # its last admission decision (11: a deferred request may be overtaken)
     finished_at: float | None = None  # when the model finished it, or it was aborted or failed (13)
+    preemptions: int = 0  # preempted transitions seen (13)
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -262,6 +263,7 @@ class InvariantObserver:
         finish_probe: Callable[[str], float | None] | None = None,
         device_blocks: int | None = None,
         wakeup_probe: Callable[[], float | None] | None = None,
+        preemptions_probe: Callable[[str], int | None] | None = None,
     ) -> None:
         self.ranks = ranks
         self.block_tokens = block_tokens
@@ -341,6 +343,8 @@ class InvariantObserver:
         # 7: the engine's next_wakeup() (a driver ticks then): never later than the earliest
         # deadline still ahead that the observer knows (a lookup's, a transfer's, a reclaim).
         self.wakeup_probe = wakeup_probe
+        # 13: the preemptions the engine counts for a request (its metrics), once inputs stop.
+        self.preemptions_probe = preemptions_probe
         self._fail_told: set[str] = set()
         self._queue: list[str] = []
         self._looked_up_now: set[str] = set()
@@ -739,6 +743,8 @@ class InvariantObserver:
             self._check_sending_ends(req)
         if trigger == "send_started":
             req.sending_step, req.sending_ticks = self._max_planned + 1, self._ticks
+        if trigger == "preempted":
+            req.preemptions += 1
         if self.fifo:
             self._follow_queue(req, trigger, target)
         if trigger in ("aborted", "lookup_expired") and req.state == "lookup_pending" and req.lookup_epoch is not None:
@@ -1577,6 +1583,10 @@ class InvariantObserver:
             elif self.finish_probe is not None and (kept := self.finish_probe(rid)) != req.finished_at:
                 self._fail(13, f"{rid}: the engine's metrics keep finish time {kept}, the trace says it finished at "
                                f"t={req.finished_at}")
+                break
+            if self.preemptions_probe is not None and (counted := self.preemptions_probe(rid)) is not None \
+                    and counted != req.preemptions:
+                self._fail(13, f"{rid}: the engine counts {counted} preemptions of it, the trace has {req.preemptions}")
                 break
 
     def states(self) -> dict[str, str]:

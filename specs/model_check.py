@@ -432,7 +432,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                                      store_rule=store_rule(stack), store_tiers=[t.name for t in config.tiers],
                                      deferred_frees=config.async_scheduling and bool(config.tiers), fifo=True,
                                      finish_probe=self._finish_time, device_blocks=config.device_blocks,
-                                     wakeup_probe=self._next_wakeup)
+                                     wakeup_probe=self._next_wakeup, preemptions_probe=self._preemptions)
         tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
         if world.warm and tiers:
@@ -475,6 +475,11 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _stats(self) -> Any:
         """The engine's counters (13 checks them against its records), None if it has none."""
         return getattr(getattr(self.engine, "state", None), "stats", None)
+
+    def _preemptions(self, rid: str) -> int | None:
+        req = self.engine.requests.get(rid) if self.engine is not None else None
+        count = getattr(req, "preemptions", None)
+        return count if isinstance(count, int) else None
 
     def _next_wakeup(self) -> float | None:
         wakeup = getattr(self.engine, "next_wakeup", None)
