@@ -1186,7 +1186,14 @@ def run_check(
     derandomize: bool = True,
     shrink: bool = True,
 ) -> CheckResult:
-    """Model-check a stack; returns the (shrunk) counterexample instead of raising."""
+    """Model-check a stack; returns the (shrunk) counterexample instead of raising. Its
+    built-in policies are first checked against their documented properties
+    (``kvlife.specs.policy_contracts``)."""
+    from kvlife.specs.policy_contracts import contract_problems
+
+    problems = contract_problems(_build_stack(stack))
+    if problems:
+        return CheckResult(False, None, (), None, f"policy contract: {problems[0]}")
     machine = make_machine(stack, engine_factory=engine_factory, engine_config=engine_config, sharing=sharing)
     try:
         run_state_machine_as_test(machine, settings=check_settings(

@@ -1,0 +1,186 @@
+"""What each built-in policy promises (docs/policies.md), checked over many views.
+
+The engine's invariants hold whichever legal answer a policy gives, so the model checker
+alone cannot tell a built-in policy that stopped doing what its name says (a baseline that
+no longer holds a finished request while its stores run, a prefetch timeout that shrinks
+as the pull grows). ``kvlife check`` therefore first asks every built-in policy of the
+stack its hooks over a fixed, seeded set of request, load, prefetch and engine views and
+compares each answer with the property the documentation states. Every policy of the
+stack, built-in or not, must also take each hook's documented arguments.
+
+Properties, not a second implementation: each states what the policy's documentation
+says in words (a mode, a bound, a monotone growth), never re-derives its reason text.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+from kvlife.policies.base import EngineView, LoadView, PolicyError, PrefetchView, RequestView
+
+SAMPLES = 200  # views per policy (deterministic: seeded)
+BLOCK_TOKENS = 16
+
+
+@attrs.frozen
+class Views:
+    req: RequestView
+    load: LoadView
+    prefetch: PrefetchView
+    engine: EngineView
+    stores_in_flight: int
+    failed_blocks: int
+
+
+def views(seed: int = 0, count: int = SAMPLES) -> Iterator[Views]:
+    rng = random.Random(seed)
+    for i in range(count):
+        prompt = rng.randint(1, 4000)
+        generated = rng.randint(0, 300)
+        computed = rng.randint(0, prompt + generated)
+        confirmed = rng.randint(0, computed)
+        full = prompt // BLOCK_TOKENS
+        hashes = tuple(range(1000 * i, 1000 * i + rng.randint(0, full)))
+        req = RequestView(f"r{i}", "waiting", float(i), prompt, generated, computed, confirmed,
+                          computed - confirmed, BLOCK_TOKENS, hashes, rng.randint(0, len(hashes)),
+                          rng.random() < 0.2, rng.randint(0, 3))
+        hits = rng.randint(0, len(hashes))
+        device = rng.randint(0, hits)
+        tiers = tuple(rng.choice(("host", "disk", "remote")) for _ in range(hits - device))
+        in_flight = tuple((h, f"o{h}") for h in hashes[device:hits] if rng.random() < 0.3)
+        load = LoadView(device, hits - device, tiers, in_flight)
+        pulled = rng.randint(0, 300)
+        # Any token count (a policy's answer is a function of it, whatever the block size).
+        tokens = max(0, pulled * BLOCK_TOKENS - rng.randint(0, BLOCK_TOKENS - 1))
+        prefetch = PrefetchView(pulled, tokens, tuple("disk" for _ in range(pulled)), float(i))
+        engine = EngineView(float(i), rng.randint(0, 64), rng.randint(0, 64), rng.randint(0, 8),
+                            rng.randint(0, 400), 400)
+        yield Views(req, load, prefetch, engine, rng.randint(0, 4), rng.randint(1, 8))
+
+
+def _value(policy: Any, hook: str, *args: Any) -> Any:
+    decision = getattr(policy, hook)(*args)
+    return None if decision is None else decision.value
+
+
+def _arrival(action: str) -> Callable[[Any, Views], str | None]:
+    def check(policy: Any, v: Views) -> str | None:
+        got = _value(policy, "on_arrival", v.req, v.engine)
+        want = "none" if v.req.resumable or not v.req.block_hashes else action
+        return None if got == want else f"on_arrival answered {got!r} for {_describe(v.req)}, documented {want!r}"
+    return check
+
+
+def _describe(req: RequestView) -> str:
+    return (f"a request with {len(req.block_hashes)} full prompt blocks"
+            f"{' (resumable)' if req.resumable else ''}")
+
+
+def _constant(hook: str, want: Any) -> Callable[[Any, Views], str | None]:
+    def check(policy: Any, v: Views) -> str | None:
+        args = {"on_arrival": (v.req, v.engine), "lookup_mode": (v.req, v.engine),
+                "lookup_reuse": (v.req, v.engine), "on_load_failure": (v.req, v.failed_blocks, v.engine)}[hook]
+        got = _value(policy, hook, *args)
+        return None if got == want else f"{hook} answered {got!r}, documented {want!r}"
+    return check
+
+
+def _baseline(policy: Any, v: Views) -> str | None:
+    for check in (_constant("on_arrival", "none"), _constant("lookup_mode", "sync"),
+                  _constant("lookup_reuse", "consume"), _constant("on_load_failure", "recompute")):
+        if (problem := check(policy, v)) is not None:
+            return problem
+    if (got := _value(policy, "admission", v.req, v.load, v.engine)) != "go":
+        return f"admission answered {got!r}, documented 'go' (no sharing, no deferral)"
+    if (got := _value(policy, "store_limit", v.req, v.engine)) != v.req.confirmed_tokens:
+        return f"store_limit answered {got!r} for {v.req.confirmed_tokens} confirmed tokens: it stores those"
+    if v.stores_in_flight and _value(policy, "hold_at_finish", v.req, v.stores_in_flight, v.engine) is not True:
+        return f"hold_at_finish does not hold a request with {v.stores_in_flight} stores in flight (vLLM holds)"
+    return None
+
+
+def _hold_while_sending(policy: Any, v: Views) -> str | None:
+    got = _value(policy, "hold_at_finish", v.req, v.stores_in_flight, v.engine)
+    want = v.stores_in_flight > 0
+    return None if got is want else f"hold_at_finish answered {got!r} with {v.stores_in_flight} stores in flight"
+
+
+def _admission(choice: str) -> Callable[[Any, Views], str | None]:
+    def check(policy: Any, v: Views) -> str | None:
+        got = _value(policy, "admission", v.req, v.load, v.engine)
+        want = choice if v.load.in_flight else None
+        return None if got == want else (f"admission answered {got!r} with {len(v.load.in_flight)} hit blocks in "
+                                         f"flight, documented {want!r}")
+    return check
+
+
+def _store_limit(rule: Callable[[RequestView], int], what: str) -> Callable[[Any, Views], str | None]:
+    def check(policy: Any, v: Views) -> str | None:
+        got = _value(policy, "store_limit", v.req, v.engine)
+        return None if got == rule(v.req) else f"store_limit answered {got!r}, documented {what} ({rule(v.req)})"
+    return check
+
+
+def _patience(rule: Callable[[PrefetchView], float], what: str) -> Callable[[Any, Views], str | None]:
+    def check(policy: Any, v: Views) -> str | None:
+        got = _value(policy, "prefetch_patience", v.req, v.prefetch, v.engine)
+        want = rule(v.prefetch)
+        ok = isinstance(got, (int, float)) and (got == want or math.isclose(got, want, rel_tol=1e-9))
+        return None if ok else f"prefetch_patience answered {got!r} for {v.prefetch.tokens} tokens, documented {what}"
+    return check
+
+
+def _timeout(policy: Any, v: Views) -> str | None:
+    """prefetch-timeout: base + per_1k_tokens x (tokens / 1000), capped (SGLang HiCache)."""
+    base, per_1k, cap = policy.base_ms, policy.per_1k_tokens_ms, policy.cap_ms
+    return _patience(lambda p: min(base + per_1k * p.tokens / 1000.0, cap),
+                     f"min({base:g} + {per_1k:g} x tokens / 1000, {cap:g})")(policy, v)
+
+
+CONTRACTS: dict[str, Callable[[Any, Views], str | None]] = {
+    "baseline": _baseline,
+    "sync-lookup": _constant("lookup_mode", "sync"),
+    "async-lookup": _constant("lookup_mode", "async"),
+    "keep-lookup-answers": _constant("lookup_reuse", "keep"),
+    "early-lookup": _arrival("lookup"),
+    "early-prefetch": _arrival("prefetch"),
+    "shared-loads": _admission("join"),
+    "defer-while-loading": _admission("defer"),
+    "placeholder-safe-stores": _store_limit(lambda r: min(r.confirmed_tokens, r.prompt_tokens + r.generated_tokens),
+                                            "its confirmed tokens that are not placeholders"),
+    "naive-stores-unsafe": _store_limit(lambda r: r.computed_tokens, "every computed token"),
+    "prefetch-best-effort": _patience(lambda p: 0.0, "0 (never wait)"),
+    "prefetch-wait-complete": _patience(lambda p: math.inf, "inf (wait for the whole pull)"),
+    "prefetch-timeout": _timeout,
+    "hold-while-sending": _hold_while_sending,
+}
+
+
+def contract_problems(stack: Any) -> list[str]:
+    """Every built-in policy of ``stack`` against its documented properties; every policy
+    against the hooks' arguments. Empty when all hold."""
+    from kvlife.policies.loading import check_hooks
+    from kvlife.policies.registry import BUILTIN
+
+    problems: list[str] = []
+    for policy in getattr(stack, "policies", ()):
+        name = str(getattr(policy, "name", type(policy).__name__))
+        try:
+            check_hooks(name, policy)
+        except PolicyError as exc:
+            problems.append(str(exc))
+            continue
+        contract = CONTRACTS.get(name)
+        if contract is None or type(policy) is not BUILTIN.get(name):
+            continue  # a user's policy (or one sharing a built-in's name): no documented contract
+        for v in views():
+            problem = contract(policy, v)
+            if problem is not None:
+                problems.append(f"policy {name}: {problem}")
+                break
+    return problems
