@@ -1467,6 +1467,9 @@ class InvariantObserver:
                           f"{recorded[1]}, the plan computes {prompt_chunks} and fills {fills}")
         # Prefill tokens (what the cost model prices as prefill): every chunk of more than one token.
         prefill = sum(e.num_tokens for e in plan.entries if e.num_tokens > 1)
+        if getattr(plan, "prefill_tokens", prefill) != prefill:
+            self._fail(0, f"step {plan.step_id}: the plan's prefill_tokens is {plan.prefill_tokens!r}, its entries "
+                          f"hold {prefill} tokens in chunks of more than one")
         if recorded is not None and recorded[2] is not None and recorded[2] != prefill:
             self._fail(0, f"step {plan.step_id}: the step record says {recorded[2]} prefill tokens, the plan has "
                           f"{prefill} in chunks of more than one token")
