@@ -233,8 +233,10 @@ def test_layering_rules_hold() -> None:
     # Only the live driver and plot reach for the extras inside lifecycle/.
     users = {str(p.relative_to(ROOT)) for p in ROOT.glob("lifecycle/**/*.py")
              if any(n.split(".")[0] in OPTIONAL for n in imported_names(p))}
-    # profile_gpu times real kernels (torch imported inside the function that needs a GPU).
+    # profile_gpu times real kernels (torch imported inside the function that needs a GPU);
+    # sweeps draw with matplotlib and run on Ray (imported inside the functions that need them).
     assert users <= {"lifecycle/drivers/live.py", "lifecycle/traces/plot.py", "lifecycle/profiles/profile_gpu.py",
+                     "lifecycle/sweeps/plots.py", "lifecycle/sweeps/executors.py",
                      *(u for u in users if u.startswith("lifecycle/drivers/vllm/"))}, users
     # vLLM is imported by the connector package only.
     vllm_users = {str(p.relative_to(ROOT)) for top in SUBPACKAGE_ROOTS for p in (ROOT / top).rglob("*.py")
