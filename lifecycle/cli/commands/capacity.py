@@ -94,7 +94,7 @@ def register(sub: Any) -> None:
     add_sim_flags(parser)
     add_executor_flags(parser, "run the searches")
     parser.add_argument("--plot", metavar="FILE.png",
-                        help="also draw the load-latency curves with the SLO line (needs kvlife[plot]; default: no plot)")
+                        help="also draw the load-latency curves with the SLO line (kvlife[plot]; default: no plot)")
     fmt = parser.add_mutually_exclusive_group()
     add_json_flag(fmt, "the capacities and every run of the searches")
     fmt.add_argument("--markdown", action="store_true", help="print the table as Markdown")
