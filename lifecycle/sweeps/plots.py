@@ -209,6 +209,7 @@ def draw_capacity(results: Sequence[Any], objectives: Sequence[Any], out: str | 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(1, len(objectives), figsize=(6.4 * len(objectives), 4.8), squeeze=False)
     for ax, objective in zip(axes[0], objectives, strict=True):
@@ -226,6 +227,14 @@ def draw_capacity(results: Sequence[Any], objectives: Sequence[Any], out: str | 
         ax.axhline(objective.limit_ms, color="k", linestyle="--", linewidth=1, label=f"SLO {objective.text()}")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        plain = FuncFormatter(lambda value, _: f"{value:,.4g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="both", labelsize=7)
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
+        ax.set_xticks(sorted({p.scale for r in results for p in r.probes}))
+        ax.tick_params(axis="x", labelrotation=45, labelsize=7)
         ax.set_xlabel("arrival rate (x recorded)")
         ax.set_ylabel(f"{objective.name} (ms)")
         ax.legend(fontsize=7)
