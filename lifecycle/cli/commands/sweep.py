@@ -85,7 +85,7 @@ def _register_plot(which: Any) -> None:
 def handle_run(args: argparse.Namespace) -> int:
     from kvlife.lifecycle.cli.commands.capacity import executor_check
     from kvlife.lifecycle.cli.progress import progress_bar
-    from kvlife.lifecycle.sweeps.executors import make_executor
+    from kvlife.lifecycle.sweeps.executors import Serial, make_executor
     from kvlife.lifecycle.sweeps.grid import Grid, check_stacks, expand, read_spec, with_flags
     from kvlife.lifecycle.sweeps.results import ResultsFile
     from kvlife.lifecycle.sweeps.run import run_sweep
@@ -110,7 +110,9 @@ def handle_run(args: argparse.Namespace) -> int:
             print(f"{len(points)} points, {sum(r['done'] for r in listed)} already in {args.out}")
         return 0
     executor_check(args)
-    executor = make_executor(args.jobs, args.ray)
+    done = ResultsFile(args.out).load(repair=False)
+    # Nothing left to run: no worker processes, no Ray to start.
+    executor = make_executor(args.jobs, args.ray) if any(p.key() not in done for p in points) else Serial()
     where = executor.describe()
     with progress_bar("kvlife sweep", unit="run", total=len(points)) as bar:
         report = run_sweep(points, args.out, executor, on_row=bar)
