@@ -88,6 +88,17 @@ def test_flags_add_axes_and_values(tmp_path: Path, capsys: pytest.CaptureFixture
     assert {r["sim.seed"] for r in rows} == {3} and {r["limit"] for r in rows} == {10}
 
 
+def test_any_config_key_is_an_axis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = _sweep("--limit", "10", "--vary", "sim.hardware=h100-sxm,a100-80gb", "--vary", "engine.max_running=2,64",
+                    "--vary", "tiers.disk.capacity_blocks=0,100", "-o", str(tmp_path / "any.jsonl"), capsys=capsys)
+    assert report["points"] == 8
+    rows = read_rows(tmp_path / "any.jsonl")
+    blocks = {r["sim.hardware"]: r["device_blocks"] for r in rows}
+    assert blocks["h100-sxm"] != blocks["a100-80gb"]  # derived from each GPU's memory
+    assert {r["tiers.disk.capacity_blocks"] for r in rows} == {None, 100}
+    assert all((r["hit_rate_disk"] is None) == (r["tiers.disk.capacity_blocks"] is None) for r in rows)
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ('workload = "synthetic"\n[grid]\nsim.time_scale = [1, "fast"]\n',
      "grid.toml:3: field 'grid.sim.time_scale[1]': must be a positive number, got 'fast'"),
