@@ -94,6 +94,10 @@ def _json_commands(trace: Path, tmp: Path) -> list[tuple[list[str], str, int]]:
         (["spec", "--json"], "spec", 0),
         (["bench", "engine", "--requests", "200", "--repeats", "1", "--reference-requests", "10",
           "--workload", str(mooncake), "--json"], "bench-engine", 0),
+        (["capacity", "--limit", "20", "--stack", "baseline", "--slo", "ttft_p90=5s", "--precision", "0.5",
+          "--max-scale", "2", "--json"], "capacity", 0),
+        (["sweep", "run", "--limit", "10", "--vary", "sim.time_scale=1,2", "-o", str(tmp / "sweep.jsonl"), "--json"],
+         "sweep", 0),
     ]
     if HAS_PLOT:
         commands.append((["plot", str(trace), str(tmp / "p.png"), "--json"], "plot", 0))

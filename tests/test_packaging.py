@@ -234,9 +234,10 @@ def test_layering_rules_hold() -> None:
     users = {str(p.relative_to(ROOT)) for p in ROOT.glob("lifecycle/**/*.py")
              if any(n.split(".")[0] in OPTIONAL for n in imported_names(p))}
     # profile_gpu times real kernels (torch imported inside the function that needs a GPU);
-    # mrc draws its curve (matplotlib imported inside plot_curve, after `kvlife mrc --plot` checked the extra).
+    # mrc draws its curve (matplotlib imported inside plot_curve, after `kvlife mrc --plot` checked the extra);
+    # sweeps draw with matplotlib and run on Ray (imported inside the functions that need them).
     assert users <= {"lifecycle/drivers/live.py", "lifecycle/traces/plot.py", "lifecycle/profiles/profile_gpu.py",
-                     "lifecycle/fidelity/mrc.py",
+                     "lifecycle/fidelity/mrc.py", "lifecycle/sweeps/plots.py", "lifecycle/sweeps/executors.py",
                      *(u for u in users if u.startswith("lifecycle/drivers/vllm/"))}, users
     # vLLM is imported by the connector package only.
     vllm_users = {str(p.relative_to(ROOT)) for top in SUBPACKAGE_ROOTS for p in (ROOT / top).rglob("*.py")

@@ -35,7 +35,7 @@ EXIT = re.compile(r"#\s*exit\s+(?P<code>\d+)\b")
 FILE_BLOCK = re.compile(r"^#\s*(?P<name>[\w.-]+\.(?:py|toml|csv))\s*$")
 FILE_FENCES = ("python", "toml", "csv")
 # Skipped examples, at most this many across all docs (each with a reason).
-MAX_SKIPPED = 4
+MAX_SKIPPED = 5
 
 
 @attrs.frozen
@@ -119,8 +119,10 @@ def _missing_extra(argv: tuple[str, ...]) -> str | None:
     needs: list[str] = []
     if "--live" in argv or argv[:2] == ("bench", "transfer"):
         needs += ["torch", "redis"]
-    if argv[:1] == ("plot",):
+    if argv[:1] == ("plot",) or argv[:2] == ("sweep", "plot") or "--plot" in argv:
         needs.append("matplotlib")
+    if "--ray" in argv:
+        needs.append("ray")
     missing = [m for m in needs if importlib.util.find_spec(m) is None]
     return missing[0] if missing else None
 
