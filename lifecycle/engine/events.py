@@ -230,6 +230,12 @@ class StepPlan:
     # Blocks each of those lookups asked about, in the order made (a lookup service that
     # charges per key, as the simulator's does, needs them).
     sync_lookup_keys: tuple[int, ...] = ()
+    # A decode step of the simulator's fast path (``scheduler.DecodeCohort``): the entries
+    # are left out (``entries`` is empty) and only what the step's cost needs is given:
+    # (requests, sum of their computed_before); each request computes one token and samples.
+    # None: an ordinary plan, ``entries`` complete. Only a driver that turned the fast path
+    # on (``EngineState.fast_limits``) ever gets one.
+    decode: tuple[int, int] | None = None
 
     @property
     def prefill_tokens(self) -> int:

@@ -33,6 +33,8 @@ stores with.
 
 from __future__ import annotations
 
+import math
+
 from kvlife.lifecycle.engine.events import (
     BlockMove,
     Scheduled,
@@ -40,9 +42,10 @@ from kvlife.lifecycle.engine.events import (
 )
 from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.request import Request
-from kvlife.lifecycle.engine.state import EngineState
+from kvlife.lifecycle.engine.state import DecodeCohort, EngineState
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import LoadView
+from kvlife.policies.registry import BUILTIN
 
 # Async lookups one request may submit over its life; past it, its last answer is kept.
 MAX_ASYNC_LOOKUPS = 1024
@@ -70,6 +73,11 @@ class Scheduler:
         self.state = state
         self.lifecycle = lifecycle
         self.transfers = transfers
+        # Every policy of the stack is a built-in one, whose admission hook answers from the
+        # request and load it is given alone (not the time, not the queue lengths).
+        builtin = tuple(BUILTIN.values())
+        self._pure_admission = all(type(p) in builtin for p in lifecycle.policies.policies)
+        self._blocked_head: Request | None = None  # _admit's last pass stopped at a blocked head
 
     def tick(self) -> None:
         """Build one step: extend the running requests, then admit (see the module docstring)."""
@@ -84,8 +92,16 @@ class Scheduler:
         if state.jobs or state.prefetches:
             self.transfers.reclaim_jobs(config.reclaim_deadline_ms)
         budget = config.max_batched_tokens
-        bt = config.block_tokens
         running = state.running
+        if state.fast_limits is not None and running and not state.steps:
+            cohort = state.cohort
+            if cohort is None or cohort.left <= 0:
+                cohort = state.cohort = self._form_cohort()
+            if cohort is not None and len(running) <= budget:
+                self._decode_tick(cohort)
+                return
+        state.cohort = None
+        bt = config.block_tokens
         pool = state.pool
         entries: list[Entry] = []
         preempted = False
@@ -138,6 +154,97 @@ class Scheduler:
         if not preempted and (state.waiting or state.holding):
             budget = self._admit(budget, entries, sync_keys)
         self._emit_plan(entries, sync_keys)
+        if state.sent:
+            self.transfers.release_sent()
+
+    # ---- the decode fast path --------------------------------------------------------------
+    def _form_cohort(self) -> DecodeCohort | None:
+        """The running requests as a ``DecodeCohort`` if each of them decodes (its prompt
+        computed, one token to compute, no step in flight) and goes on doing only that for
+        at least one more step; None otherwise. A cohort's steps are exactly the steps the
+        ordinary path would plan: each request computes one token and samples it, none
+        fills or needs a block (the step that does is planned the ordinary way), none
+        reaches a block the store or the prefix cache has not caught up with, none stops
+        (``state.fast_limits``). So the tick, ``_emit_plan`` and the step output need not
+        look at each request's numbers: they add one to each (``_decode_tick``,
+        ``core.Engine._on_step_output``)."""
+        state = self.state
+        limits = state.fast_limits
+        if limits is None:
+            return None
+        bt = state.config.block_tokens
+        stores = bool(state.tiers)
+        left = 1 << 62
+        before = 0
+        running = state.running
+        for req in running:
+            c = req.computed
+            if (req.placeholders or req.confirmed != c or c < req.prompt_tokens
+                    or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
+                return None
+            stop = limits.get(req.request_id)
+            if stop is None:
+                return None
+            # Steps j = 0, 1, ... end at c + j + 1 tokens: it stops at the output where
+            # generated + 1 reaches its stop; it fills a block when c + j + 1 is a multiple
+            # of bt (and allocates one past its table); it registers or stores a block
+            # when c + j + 1 reaches the block after the last registered or stored one.
+            k = min(stop[0] - req.generated - 1, (c // bt + 1) * bt - c - 1, len(req.block_table) * bt - c,
+                    (req.registered_blocks + 1) * bt - c - 1)
+            if stores:
+                k = min(k, (req.stored_blocks + 1) * bt - c - 1)
+            if k <= 0:
+                return None
+            if k < left:
+                left = k
+            before += c
+        return DecodeCohort(list(running), [(req, req.epoch, 1, True) for req in running], left, before)
+
+    def _decode_tick(self, cohort: DecodeCohort) -> None:
+        """``tick`` for a cohort: the same step, the same records, the same commands."""
+        state = self.state
+        requests = cohort.requests
+        for req in requests:
+            req.computed += 1
+            req.placeholders += 1
+        count = len(requests)
+        waiting = state.waiting
+        if waiting or state.holding:
+            head = cohort.quiet_head
+            if (head is None or not waiting or waiting[0] is not head or state.holding or state.sent
+                    or state.prefetch_waits or state.now >= cohort.quiet_until):
+                cohort.quiet_head = None
+                commands = len(state.commands)
+                extra: list[Entry] = []
+                sync_keys: list[int] = []
+                self._blocked_head = None
+                self._admit(state.config.max_batched_tokens - count, extra, sync_keys)
+                if extra or sync_keys:  # admission added to the step: an ordinary one after all
+                    state.cohort = None
+                    self._emit_plan([(req, 1, True) for req in requests] + extra, sync_keys)
+                    if state.sent:
+                        self.transfers.release_sent()
+                    return
+                if (self._pure_admission and self._blocked_head is not None and len(state.commands) == commands
+                        and not state.holding and not state.prefetch_waits and not state.sent):
+                    # The head was blocked (short of device blocks) and nothing else happened:
+                    # the same pass gives the same answer (the built-in policies' admission
+                    # hooks depend on what they are given only) until the device, the tiers
+                    # or the queue's head change (a step that is not the cohort's, an input
+                    # other than an arrival, a deadline): skip it till then.
+                    wake = state.next_wakeup()
+                    cohort.quiet_head = self._blocked_head
+                    cohort.quiet_until = math.inf if wake is None else wake
+        step_id = state.next_step_id
+        state.next_step_id += 1
+        state.stats.steps += 1
+        state.steps[step_id] = cohort.entries
+        if state.recorder is not None:
+            state.recorder({"kind": "step", "t": state.now, "step": step_id, "requests": count,
+                            "prefill_tokens": 0, "sync_lookups": 0, "prompt": []})
+        state.commands.append(StepPlan(step_id, (), 0, (), (count, cohort.before)))
+        cohort.before += count
+        cohort.left -= 1
         if state.sent:
             self.transfers.release_sent()
 
@@ -265,6 +372,8 @@ class Scheduler:
                     req.async_lookups += 1
                     self.lifecycle.warn("lookup_limit", req=req.request_id, lookups=MAX_ASYNC_LOOKUPS)
             if outcome == "blocked":
+                if index == 0 and not req.lookup_async:
+                    self._blocked_head = req  # (for _decode_tick: the pass changed nothing)
                 break  # FIFO: no overtaking when memory is short
             index += 1  # deferred by the admission policy
         return budget
@@ -319,6 +428,7 @@ class Scheduler:
             del holding[i]
             self.lifecycle.move(req, "load_done", "every rank reported the load; taken back by the scheduler")
             running.append(req)
+            state.cohort = None
             entries.append(_schedule(req, n))
             budget -= n
         return budget, False
@@ -447,6 +557,7 @@ class Scheduler:
             req.block_table.extend(pool.allocate(new_blocks))
         self.lifecycle.move(req, "admitted", f"admitted with {hit_blocks} hit blocks on device")
         state.running.append(req)
+        state.cohort = None
         entries.append(_schedule(req, compute_tokens))
         return "running"
 
@@ -455,6 +566,7 @@ class Scheduler:
         released: it recomputes, or reloads what the tiers still hold."""
         state = self.state
         state.running.remove(req)
+        state.cohort = None
         self.lifecycle.release_request_blocks(req)
         req.computed = req.confirmed = 0
         req.placeholders = 0
