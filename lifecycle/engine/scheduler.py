@@ -78,6 +78,7 @@ class Scheduler:
         builtin = tuple(BUILTIN.values())
         self._pure_admission = all(type(p) in builtin for p in lifecycle.policies.policies)
         self._blocked_head: Request | None = None  # _admit's last pass stopped at a blocked head
+        self._cohort_blocker: Request | None = None  # the request _form_cohort failed on last
 
     def tick(self) -> None:
         """Build one step: extend the running requests, then admit (see the module docstring)."""
@@ -174,6 +175,9 @@ class Scheduler:
             return None
         bt = state.config.block_tokens
         stores = bool(state.tiers)
+        blocker = self._cohort_blocker
+        if blocker is not None and blocker.state == "running" and self._decode_room(blocker) <= 0:
+            return None  # the request that kept the last one from forming still does
         left = 1 << 62
         before = 0
         running = state.running
@@ -181,6 +185,7 @@ class Scheduler:
             c = req.computed
             if (req.placeholders or req.confirmed != c or c < req.prompt_tokens
                     or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
+                self._cohort_blocker = req
                 return None
             stop = limits.get(req.request_id)
             if stop is None:
@@ -194,11 +199,30 @@ class Scheduler:
             if stores:
                 k = min(k, (req.stored_blocks + 1) * bt - c - 1)
             if k <= 0:
+                self._cohort_blocker = req
                 return None
             if k < left:
                 left = k
             before += c
+        self._cohort_blocker = None
         return DecodeCohort(list(running), [(req, req.epoch, 1, True) for req in running], left, before)
+
+    def _decode_room(self, req: Request) -> int:
+        """How many more steps ``req`` (running) would just decode: ``_form_cohort``'s
+        test of one request, 0 if it fails it."""
+        state = self.state
+        limits = state.fast_limits
+        c = req.computed
+        stop = limits.get(req.request_id) if limits is not None else None
+        if (stop is None or req.placeholders or req.confirmed != c or c < req.prompt_tokens
+                or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
+            return 0
+        bt = state.config.block_tokens
+        k = min(stop[0] - req.generated - 1, (c // bt + 1) * bt - c - 1, len(req.block_table) * bt - c,
+                (req.registered_blocks + 1) * bt - c - 1)
+        if state.tiers:
+            k = min(k, (req.stored_blocks + 1) * bt - c - 1)
+        return k
 
     def _decode_tick(self, cohort: DecodeCohort) -> None:
         """``tick`` for a cohort: the same step, the same records, the same commands."""
