@@ -224,7 +224,6 @@ class Simulator:
         self._exact = config.sim.completions == "exact"
         self._held: list[TransferReport | LookupAnswer] = []  # completions waiting for a step output
         self._engine_lookup = self.engine.state.sync_lookup  # the tiers' answer
-        self.fast_steps = 0
 
     def _push(self, t: float, event: Any) -> None:
         heapq.heappush(self._queue, (t, self._seq, event))
@@ -342,7 +341,7 @@ class Simulator:
                          self.critical_path_lookup_ms, self.physics, self.retired,
                          chaos=self.chaos.summary() if self.chaos is not None else None,
                          check=self.check.summary() if self.check is not None else None,
-                         fast_steps=self.fast_steps)
+                         fast_steps=engine.scheduler.fast_steps)
 
     def _push_wake(self, wake: float) -> None:
         """A tick at ``wake`` even if nothing else happens then (skipped if one comes anyway)."""
@@ -455,10 +454,9 @@ class Simulator:
         """The step runs from ``start`` for the cost of its batch."""
         # Each entry is a chunk of n new tokens on top of b cached ones (a decode: n = 1):
         # n*b + n(n+1)/2 attention pairs, b + n KV tokens read or written.
-        if plan.decode is not None:  # the engine's decode fast path: n = 1 for each entry
-            count, cached = plan.decode
-            self.fast_steps += 1
-            end = start + self._cost.totals_ms(count, count, (2 * cached + 2 * count) * 0.5, cached + count)
+        if plan.totals is not None:  # a light plan (the fast path on): its totals, given
+            tokens, count, twice_pairs, cached = plan.totals
+            end = start + self._cost.totals_ms(tokens, count, twice_pairs * 0.5, cached + tokens)
             self._steps_in_flight += 1
             self._push(end, plan)
             return
@@ -583,6 +581,14 @@ def step_finishes(plan: StepPlan, requests: dict[str, Any], stops: dict[str, tup
         tuple[str, str], ...]:
     """The model's side of a step output: which sampling requests stop, and why."""
     finished = []
+    if plan.totals is not None:  # a light plan: the sampling requests, in entry order
+        for rid in plan.samplers:
+            req = requests.get(rid)
+            if req is not None and req.state == "running":
+                limit, reason = stops[rid]
+                if req.generated + 1 >= limit:
+                    finished.append((rid, reason))
+        return tuple(finished)
     for entry in plan.entries:
         if entry.samples:
             rid = entry.request_id

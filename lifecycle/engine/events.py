@@ -230,12 +230,15 @@ class StepPlan:
     # Blocks each of those lookups asked about, in the order made (a lookup service that
     # charges per key, as the simulator's does, needs them).
     sync_lookup_keys: tuple[int, ...] = ()
-    # A decode step of the simulator's fast path (``scheduler.DecodeCohort``): the entries
-    # are left out (``entries`` is empty) and only what the step's cost needs is given:
-    # (requests, sum of their computed_before); each request computes one token and samples.
-    # None: an ordinary plan, ``entries`` complete. Only a driver that turned the fast path
-    # on (``EngineState.fast_limits``) ever gets one.
-    decode: tuple[int, int] | None = None
+    # The light plan of a driver that turned the engine's fast path on
+    # (``EngineState.fast_limits``: the simulator): ``entries`` is left empty and only what
+    # the step's cost and its output need is given: ``totals`` (tokens, entries, the sum
+    # over entries of n x (2 x computed_before + n + 1), the sum of computed_before) and
+    # ``samplers``, the requests that sample a token, in entry order (left empty for a
+    # step of the decode cohort, ``scheduler.DecodeCohort``: none of them stops there).
+    # None: an ordinary plan, ``entries`` complete.
+    totals: tuple[int, int, int, int] | None = None
+    samplers: tuple[str, ...] = ()
 
     @property
     def prefill_tokens(self) -> int:

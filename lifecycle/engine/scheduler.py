@@ -79,6 +79,7 @@ class Scheduler:
         self._pure_admission = all(type(p) in builtin for p in lifecycle.policies.policies)
         self._blocked_head: Request | None = None  # _admit's last pass stopped at a blocked head
         self._cohort_blocker: Request | None = None  # the request _form_cohort failed on last
+        self.fast_steps = 0  # steps planned for a decode cohort
 
     def tick(self) -> None:
         """Build one step: extend the running requests, then admit (see the module docstring)."""
@@ -266,8 +267,10 @@ class Scheduler:
         if state.recorder is not None:
             state.recorder({"kind": "step", "t": state.now, "step": step_id, "requests": count,
                             "prefill_tokens": 0, "sync_lookups": 0, "prompt": []})
-        state.commands.append(StepPlan(step_id, (), 0, (), (count, cohort.before)))
-        cohort.before += count
+        before = cohort.before
+        state.commands.append(StepPlan(step_id, (), 0, (), (count, count, 2 * before + 2 * count, before)))
+        self.fast_steps += 1
+        cohort.before = before + count
         cohort.left -= 1
         if state.sent:
             self.transfers.release_sent()
@@ -283,6 +286,9 @@ class Scheduler:
         state.stats.steps += 1
         bt = state.config.block_tokens
         scheduled = []
+        light = state.fast_limits is not None  # the simulator: totals and samplers, not entries
+        samplers = []
+        tokens = cached = twice_pairs = 0
         prefill = 0
         prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
         fills = []  # the same for the other steps that fill a block (generated tokens)
@@ -298,7 +304,14 @@ class Scheduler:
                 fills.append([req.request_id, before, n])
                 if end >= (len(req.hashes) + 1) * bt:
                     state.ensure_hashes(req, end // bt)  # the block it fills gets its hash
-            scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
+            if light:
+                tokens += n
+                cached += before
+                twice_pairs += n * (before + before + n + 1)
+                if samples:
+                    samplers.append(req.request_id)
+            else:
+                scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
             if n > 1:
                 prefill += n
             if end >= (req.stored_blocks + 1) * bt:
@@ -317,7 +330,11 @@ class Scheduler:
             if fills:
                 record["fills"] = fills
             state.recorder(record)
-        state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
+        if light:
+            state.commands.append(StepPlan(step_id, (), sync_lookups, tuple(sync_keys),
+                                           (tokens, len(entries), twice_pairs, cached), tuple(samplers)))
+        else:
+            state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
         maybe_store = self.transfers.maybe_store
         for req in to_store:
             maybe_store(req)
