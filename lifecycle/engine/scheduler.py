@@ -262,7 +262,8 @@ class Scheduler:
                     cohort.quiet_until = math.inf if wake is None else wake
         step_id = state.next_step_id
         state.next_step_id += 1
-        state.stats.steps += 1
+        stats = state.stats
+        stats.steps += 1
         state.steps[step_id] = cohort.entries
         if state.recorder is not None:
             state.recorder({"kind": "step", "t": state.now, "step": step_id, "requests": count,
