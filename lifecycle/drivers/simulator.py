@@ -101,6 +101,8 @@ class SimResult:
     chaos: dict[str, Any] | None = None
     # ``--check`` (or ``--chaos``): the online observer's findings (``drivers.online_check``).
     check: dict[str, Any] | None = None
+    # Steps planned by the engine's decode fast path (``Simulator(fast=True)``); not in the summary.
+    fast_steps: int = 0
 
 
 class _LinkWake:
@@ -126,7 +128,9 @@ class Simulator:
     as the run goes; ``size``, when known, is its length, for progress and the
     ``interrupted`` record). ``keep_requests=False``: finished requests leave the engine
     (see the module docstring); the default keeps every request, for tests and tools that
-    read ``engine.requests`` afterwards."""
+    read ``engine.requests`` afterwards. ``fast=False`` turns off the engine's decode fast
+    path (``scheduler.Scheduler._form_cohort``): the run goes step by step through the
+    ordinary path, with the same results (tests compare the two)."""
 
     def __init__(
         self,
@@ -141,6 +145,7 @@ class Simulator:
         size: int | None = None,
         keep_requests: bool = True,
         engine_factory: Callable[..., Engine] | None = None,
+        fast: bool = True,
     ) -> None:
         # Derived values (device blocks, ranks) filled in; a config resolved already stays as it is.
         self.config, self.physics = resolve(config)
@@ -183,6 +188,14 @@ class Simulator:
         self._progress_mark = 0  # finished requests at the last progress report
         # Per request that arrived and has not left the engine: its stop rule (stop_rule).
         self._stops: dict[str, tuple[int, str]] = {}
+        # The engine's decode fast path (``scheduler.Scheduler._form_cohort``): given the
+        # stop rules, it plans the steps in which every running request just decodes
+        # without looking at each one. Off for a checked, chaotic, reference or
+        # deliberately broken run, and with async scheduling (two steps in flight).
+        self.fast = (fast and self.check is None and engine_factory is None and not reference
+                     and check_every is None and not config.engine.async_scheduling)
+        if self.fast:
+            self.engine.state.fast_limits = self._stops
         self._max_output_tokens = config.sim.max_output_tokens
         self._taken = 0  # arrivals taken from the workload
         self._last_arrival = 0.0
@@ -327,7 +340,8 @@ class Simulator:
         return SimResult(engine, self.workload, now, self._events, stranded,
                          self.critical_path_lookup_ms, self.physics, self.retired,
                          chaos=self.chaos.summary() if self.chaos is not None else None,
-                         check=self.check.summary() if self.check is not None else None)
+                         check=self.check.summary() if self.check is not None else None,
+                         fast_steps=engine.scheduler.fast_steps)
 
     def _push_wake(self, wake: float) -> None:
         """A tick at ``wake`` even if nothing else happens then (skipped if one comes anyway)."""
@@ -440,6 +454,12 @@ class Simulator:
         """The step runs from ``start`` for the cost of its batch."""
         # Each entry is a chunk of n new tokens on top of b cached ones (a decode: n = 1):
         # n*b + n(n+1)/2 attention pairs, b + n KV tokens read or written.
+        if plan.totals is not None:  # a light plan (the fast path on): its totals, given
+            tokens, count, twice_pairs, cached = plan.totals
+            end = start + self._cost.totals_ms(tokens, count, twice_pairs * 0.5, cached + tokens)
+            self._steps_in_flight += 1
+            self._push(end, plan)
+            return
         entries = plan.entries
         tokens = cached = twice_pairs = 0
         for entry in entries:
@@ -561,6 +581,14 @@ def step_finishes(plan: StepPlan, requests: dict[str, Any], stops: dict[str, tup
         tuple[str, str], ...]:
     """The model's side of a step output: which sampling requests stop, and why."""
     finished = []
+    if plan.totals is not None:  # a light plan: the sampling requests, in entry order
+        for rid in plan.samplers:
+            req = requests.get(rid)
+            if req is not None and req.state == "running":
+                limit, reason = stops[rid]
+                if req.generated + 1 >= limit:
+                    finished.append((rid, reason))
+        return tuple(finished)
     for entry in plan.entries:
         if entry.samples:
             rid = entry.request_id

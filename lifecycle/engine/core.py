@@ -70,6 +70,11 @@ from kvlife.transfer.index import TierIndex
 __all__ = ["Engine", "EngineState", "Job", "PrefetchJob", "Recorder", "Retire", "Stats"]
 
 
+# Inputs after which admission finds what it found before, if it found the head of the
+# queue blocked (``scheduler.Scheduler._decode_tick``): an arrival joins the queue's end.
+_QUIET_INPUTS = (Tick, StepOutput, Arrival)
+
+
 class _RetiringLifecycle(Lifecycle):
     """``Lifecycle`` that notes every request it finishes, for the engine to let go of."""
 
@@ -109,6 +114,8 @@ class Engine:
             state.recorder(input_to_record(event))
         commands: list[Command] = []
         state.commands = commands
+        if state.cohort is not None and type(event) not in _QUIET_INPUTS:
+            state.cohort.quiet_head = None  # it may change what admission finds
         if isinstance(event, Tick):
             self.scheduler.tick()
         elif isinstance(event, StepOutput):
@@ -244,6 +251,15 @@ class Engine:
         bt = state.config.block_tokens
         maybe_store = self.transfers.maybe_store
         finished = dict(event.finished)
+        cohort = state.cohort
+        if cohort is not None and entries is cohort.entries and not finished:
+            # A step of the decode cohort (``scheduler.Scheduler._form_cohort``): each
+            # request confirms the token it sampled, and that is all that happens to it.
+            for req in cohort.requests:
+                req.confirmed += 1
+                req.placeholders -= 1
+                req.generated += 1
+            entries = []
         for req, epoch, n, samples in entries:
             if req.state != "running" or req.epoch != epoch:
                 continue  # preempted or aborted while the step ran: its output is void
@@ -292,6 +308,7 @@ class Engine:
         state = self.state
         lifecycle = self.lifecycle
         state.running.remove(req)
+        state.cohort = None
         if req.store_jobs and lifecycle.ask(req, "hold_at_finish", req.store_jobs):
             req.finish_reason = reason
             req.finish_ms = state.now

@@ -230,6 +230,15 @@ class StepPlan:
     # Blocks each of those lookups asked about, in the order made (a lookup service that
     # charges per key, as the simulator's does, needs them).
     sync_lookup_keys: tuple[int, ...] = ()
+    # The light plan of a driver that turned the engine's fast path on
+    # (``EngineState.fast_limits``: the simulator): ``entries`` is left empty and only what
+    # the step's cost and its output need is given: ``totals`` (tokens, entries, the sum
+    # over entries of n x (2 x computed_before + n + 1), the sum of computed_before) and
+    # ``samplers``, the requests that sample a token, in entry order (left empty for a
+    # step of the decode cohort, ``scheduler.DecodeCohort``: none of them stops there).
+    # None: an ordinary plan, ``entries`` complete.
+    totals: tuple[int, int, int, int] | None = None
+    samplers: tuple[str, ...] = ()
 
     @property
     def prefill_tokens(self) -> int:

@@ -33,6 +33,8 @@ stores with.
 
 from __future__ import annotations
 
+import math
+
 from kvlife.lifecycle.engine.events import (
     BlockMove,
     Scheduled,
@@ -40,9 +42,10 @@ from kvlife.lifecycle.engine.events import (
 )
 from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.request import Request
-from kvlife.lifecycle.engine.state import EngineState
+from kvlife.lifecycle.engine.state import DecodeCohort, EngineState
 from kvlife.lifecycle.engine.transfers import Transfers
 from kvlife.policies.base import LoadView
+from kvlife.policies.registry import BUILTIN
 
 # One request's share of the step being built: (request, tokens, samples a token).
 Entry = tuple[Request, int, bool]
@@ -67,6 +70,13 @@ class Scheduler:
         self.state = state
         self.lifecycle = lifecycle
         self.transfers = transfers
+        # Every policy of the stack is a built-in one, whose admission hook answers from the
+        # request and load it is given alone (not the time, not the queue lengths).
+        builtin = tuple(BUILTIN.values())
+        self._pure_admission = all(type(p) in builtin for p in lifecycle.policies.policies)
+        self._blocked_head: Request | None = None  # _admit's last pass stopped at a blocked head
+        self._cohort_blocker: Request | None = None  # the request _form_cohort failed on last
+        self.fast_steps = 0  # steps planned for a decode cohort
 
     def tick(self) -> None:
         """Build one step: extend the running requests, then admit (see the module docstring)."""
@@ -81,8 +91,16 @@ class Scheduler:
         if state.jobs or state.prefetches:
             self.transfers.reclaim_jobs(config.reclaim_deadline_ms)
         budget = config.max_batched_tokens
-        bt = config.block_tokens
         running = state.running
+        if state.fast_limits is not None and running and not state.steps:
+            cohort = state.cohort
+            if cohort is None or cohort.left <= 0:
+                cohort = state.cohort = self._form_cohort()
+            if cohort is not None and len(running) <= budget:
+                self._decode_tick(cohort)
+                return
+        state.cohort = None
+        bt = config.block_tokens
         pool = state.pool
         entries: list[Entry] = []
         preempted = False
@@ -138,6 +156,123 @@ class Scheduler:
         if state.sent:
             self.transfers.release_sent()
 
+    # ---- the decode fast path --------------------------------------------------------------
+    def _form_cohort(self) -> DecodeCohort | None:
+        """The running requests as a ``DecodeCohort`` if each of them decodes (its prompt
+        computed, one token to compute, no step in flight) and goes on doing only that for
+        at least one more step; None otherwise. A cohort's steps are exactly the steps the
+        ordinary path would plan: each request computes one token and samples it, none
+        fills or needs a block (the step that does is planned the ordinary way), none
+        reaches a block the store or the prefix cache has not caught up with, none stops
+        (``state.fast_limits``). So the tick, ``_emit_plan`` and the step output need not
+        look at each request's numbers: they add one to each (``_decode_tick``,
+        ``core.Engine._on_step_output``)."""
+        state = self.state
+        limits = state.fast_limits
+        if limits is None:
+            return None
+        bt = state.config.block_tokens
+        stores = bool(state.tiers)
+        blocker = self._cohort_blocker
+        if blocker is not None and blocker.state == "running" and self._decode_room(blocker) <= 0:
+            return None  # the request that kept the last one from forming still does
+        left = 1 << 62
+        before = 0
+        running = state.running
+        for req in running:
+            c = req.computed
+            if (req.placeholders or req.confirmed != c or c < req.prompt_tokens
+                    or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
+                self._cohort_blocker = req
+                return None
+            stop = limits.get(req.request_id)
+            if stop is None:
+                return None
+            # Steps j = 0, 1, ... end at c + j + 1 tokens: it stops at the output where
+            # generated + 1 reaches its stop; it fills a block when c + j + 1 is a multiple
+            # of bt (and allocates one past its table); it registers or stores a block
+            # when c + j + 1 reaches the block after the last registered or stored one.
+            k = min(stop[0] - req.generated - 1, (c // bt + 1) * bt - c - 1, len(req.block_table) * bt - c,
+                    (req.registered_blocks + 1) * bt - c - 1)
+            if stores:
+                k = min(k, (req.stored_blocks + 1) * bt - c - 1)
+            if k <= 0:
+                self._cohort_blocker = req
+                return None
+            if k < left:
+                left = k
+            before += c
+        self._cohort_blocker = None
+        return DecodeCohort(list(running), [(req, req.epoch, 1, True) for req in running], left, before)
+
+    def _decode_room(self, req: Request) -> int:
+        """How many more steps ``req`` (running) would just decode: ``_form_cohort``'s
+        test of one request, 0 if it fails it."""
+        state = self.state
+        limits = state.fast_limits
+        c = req.computed
+        stop = limits.get(req.request_id) if limits is not None else None
+        if (stop is None or req.placeholders or req.confirmed != c or c < req.prompt_tokens
+                or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
+            return 0
+        bt = state.config.block_tokens
+        k = min(stop[0] - req.generated - 1, (c // bt + 1) * bt - c - 1, len(req.block_table) * bt - c,
+                (req.registered_blocks + 1) * bt - c - 1)
+        if state.tiers:
+            k = min(k, (req.stored_blocks + 1) * bt - c - 1)
+        return k
+
+    def _decode_tick(self, cohort: DecodeCohort) -> None:
+        """``tick`` for a cohort: the same step, the same records, the same commands."""
+        state = self.state
+        requests = cohort.requests
+        for req in requests:
+            req.computed += 1
+            req.placeholders += 1
+        count = len(requests)
+        waiting = state.waiting
+        if waiting or state.holding:
+            head = cohort.quiet_head
+            if (head is None or not waiting or waiting[0] is not head or state.holding or state.sent
+                    or state.prefetch_waits or state.now >= cohort.quiet_until):
+                cohort.quiet_head = None
+                commands = len(state.commands)
+                extra: list[Entry] = []
+                sync_keys: list[int] = []
+                self._blocked_head = None
+                self._admit(state.config.max_batched_tokens - count, extra, sync_keys)
+                if extra or sync_keys:  # admission added to the step: an ordinary one after all
+                    state.cohort = None
+                    self._emit_plan([(req, 1, True) for req in requests] + extra, sync_keys)
+                    if state.sent:
+                        self.transfers.release_sent()
+                    return
+                if (self._pure_admission and self._blocked_head is not None and len(state.commands) == commands
+                        and not state.holding and not state.prefetch_waits and not state.sent):
+                    # The head was blocked (short of device blocks) and nothing else happened:
+                    # the same pass gives the same answer (the built-in policies' admission
+                    # hooks depend on what they are given only) until the device, the tiers
+                    # or the queue's head change (a step that is not the cohort's, an input
+                    # other than an arrival, a deadline): skip it till then.
+                    wake = state.next_wakeup()
+                    cohort.quiet_head = self._blocked_head
+                    cohort.quiet_until = math.inf if wake is None else wake
+        step_id = state.next_step_id
+        state.next_step_id += 1
+        stats = state.stats
+        stats.steps += 1
+        state.steps[step_id] = cohort.entries
+        if state.recorder is not None:
+            state.recorder({"kind": "step", "t": state.now, "step": step_id, "requests": count,
+                            "prefill_tokens": 0, "sync_lookups": 0, "prompt": []})
+        before = cohort.before
+        state.commands.append(StepPlan(step_id, (), 0, (), (count, count, 2 * before + 2 * count, before)))
+        self.fast_steps += 1
+        cohort.before = before + count
+        cohort.left -= 1
+        if state.sent:
+            self.transfers.release_sent()
+
     def _emit_plan(self, entries: list[Entry], sync_keys: list[int]) -> None:
         state = self.state
         sync_lookups = len(sync_keys)
@@ -149,6 +284,9 @@ class Scheduler:
         state.stats.steps += 1
         bt = state.config.block_tokens
         scheduled = []
+        light = state.fast_limits is not None  # the simulator: totals and samplers, not entries
+        samplers = []
+        tokens = cached = twice_pairs = 0
         prefill = 0
         prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
         fills = []  # the same for the other steps that fill a block (generated tokens)
@@ -164,7 +302,14 @@ class Scheduler:
                 fills.append([req.request_id, before, n])
                 if end >= (len(req.hashes) + 1) * bt:
                     state.ensure_hashes(req, end // bt)  # the block it fills gets its hash
-            scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
+            if light:
+                tokens += n
+                cached += before
+                twice_pairs += n * (before + before + n + 1)
+                if samples:
+                    samplers.append(req.request_id)
+            else:
+                scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
             if n > 1:
                 prefill += n
             if end >= (req.stored_blocks + 1) * bt:
@@ -183,7 +328,11 @@ class Scheduler:
             if fills:
                 record["fills"] = fills
             state.recorder(record)
-        state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
+        if light:
+            state.commands.append(StepPlan(step_id, (), sync_lookups, tuple(sync_keys),
+                                           (tokens, len(entries), twice_pairs, cached), tuple(samplers)))
+        else:
+            state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
         maybe_store = self.transfers.maybe_store
         for req in to_store:
             maybe_store(req)
@@ -263,6 +412,8 @@ class Scheduler:
                     req.async_lookups += 1
                     self.lifecycle.warn("lookup_limit", req=req.request_id, lookups=max_lookups)
             if outcome == "blocked":
+                if index == 0 and not req.lookup_async:
+                    self._blocked_head = req  # (for _decode_tick: the pass changed nothing)
                 break  # FIFO: no overtaking when memory is short
             index += 1  # deferred by the admission policy
         return budget
@@ -317,6 +468,7 @@ class Scheduler:
             del holding[i]
             self.lifecycle.move(req, "load_done", "every rank reported the load; taken back by the scheduler")
             running.append(req)
+            state.cohort = None
             entries.append(_schedule(req, n))
             budget -= n
         return budget, False
@@ -445,6 +597,7 @@ class Scheduler:
             req.block_table.extend(pool.allocate(new_blocks))
         self.lifecycle.move(req, "admitted", f"admitted with {hit_blocks} hit blocks on device")
         state.running.append(req)
+        state.cohort = None
         entries.append(_schedule(req, compute_tokens))
         return "running"
 
@@ -453,6 +606,7 @@ class Scheduler:
         released: it recomputes, or reloads what the tiers still hold."""
         state = self.state
         state.running.remove(req)
+        state.cohort = None
         self.lifecycle.release_request_blocks(req)
         req.computed = req.confirmed = 0
         req.placeholders = 0

@@ -44,6 +44,24 @@ class Job:
 
 
 @attrs.define(slots=True, eq=False)
+class DecodeCohort:
+    """The running requests while each of them just decodes, one token a step, for at
+    least ``left`` more steps: no prompt chunk, no block filled or allocated, no store, no
+    finish (``scheduler.Scheduler.tick``'s fast path plans those steps without looking at
+    each request's numbers)."""
+
+    requests: list[Request]  # ``running`` when it formed, in order
+    entries: list[tuple[Request, int, int, bool]]  # the step entries of each of its steps (one list)
+    left: int  # steps it may still plan
+    before: int  # the sum of the requests' computed tokens before its next step
+    # Admission found the head of ``waiting`` blocked and did nothing else (see
+    # ``scheduler.Scheduler._decode_tick``): it would again, while the engine only decodes
+    # this cohort and takes arrivals, before ``quiet_until`` (the next deadline).
+    quiet_head: Request | None = None
+    quiet_until: float = 0.0
+
+
+@attrs.define(slots=True, eq=False)
 class PrefetchJob:
     """A pull of lower-tier blocks into the host tier, started at arrival (early prefetch).
 
@@ -105,7 +123,7 @@ class EngineState:
         "prefetches", "prefetch_waits", "wants_prefetch", "sync_lookup_version", "transfer_version",
         "stats", "commands", "next_job_id", "next_step_id", "next_seq", "last_output_step",
         "defer_frees", "deferred_frees", "retire", "retired", "retiring", "retire_mark",
-        "lookup_timers", "reclaimed",
+        "lookup_timers", "reclaimed", "fast_limits", "cohort",
     )
 
     def __init__(
@@ -192,6 +210,14 @@ class EngineState:
         self.retired: dict[str, int] = {}
         self.retiring: dict[str, Request] = {}  # finished, still referred to
         self.retire_mark: tuple[int, int, int] = (0, 0, 0)  # see core.Engine._retire_finished
+
+        # The decode fast path (``scheduler.DecodeCohort``), off unless a driver turns it on
+        # by giving every request's stop rule here (request id -> (output length at which it
+        # stops, reason); the simulator's): it must know no request finishes in a step it
+        # plans without looking at each request. ``cohort``: the running requests as they
+        # decode together, None when they do not (any change to ``running`` drops it).
+        self.fast_limits: dict[str, tuple[int, str]] | None = None
+        self.cohort: DecodeCohort | None = None
 
     def new_job_id(self) -> int:
         job_id = self.next_job_id

@@ -31,7 +31,9 @@ def _register_engine(which: Any) -> None:
         "engine", help="transitions/s of the compiled core vs a bare dict loop vs python-statemachine; "
                        "then a whole workload simulated with tracing on",
         description="Part 1: the same transitions three ways (bare dict loop, compiled core, python-statemachine). "
-                    "Part 2: a whole workload simulated with the trace written to a temporary file.")
+                    "Part 2: a whole workload simulated, tracing off and on (the trace to a temporary file), "
+                    "with requests/s beside an anchor: a published Rust simulator's 9,800 requests/s on "
+                    "Mooncake's tool&agent trace (another trace, another language).")
     parser.add_argument("--requests", type=positive_int, default=20000, metavar="N",
                         help="requests in the transition bench")
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="repeats (the median is shown)")
@@ -41,21 +43,35 @@ def _register_engine(which: Any) -> None:
                         help="workload of part 2: a bundled name or a Mooncake JSON-lines file (.gz read as gzip)")
     parser.add_argument("--limit", type=positive_int, metavar="N",
                         help="first N requests of the workload (default: all)")
-    parser.add_argument("--skip-trace", action="store_true", help="skip part 2 (the whole-workload simulation)")
+    parser.add_argument("--tracing", choices=("off", "on", "both"), default="both",
+                        help="part 2 with tracing off, on (the trace to a temporary file), or both, off first")
+    parser.add_argument("--stepwise", action="store_true",
+                        help="part 2 with the engine's decode fast path off (step by step, the same results), "
+                             "for comparison")
+    skip = parser.add_mutually_exclusive_group()
+    skip.add_argument("--skip-trace", action="store_true", help="skip part 2 (the whole-workload simulation)")
+    skip.add_argument("--skip-transitions", action="store_true", help="skip part 1 (the transition bench)")
     add_json_flag(parser, "the results")
     parser.set_defaults(func=handle_engine)
 
 
 def handle_engine(args: argparse.Namespace) -> int:
-    from kvlife.lifecycle.cli.bench_engine import bench_trace, bench_transitions, format_report
+    from kvlife.lifecycle.cli.bench_engine import ANCHOR_NOTE, bench_trace, bench_transitions, format_report
     from kvlife.lifecycle.cli.progress import progress_bar
 
-    transitions = bench_transitions(args.requests, args.repeats, args.reference_requests, bars=progress_bar)
-    trace = None if args.skip_trace else bench_trace(args.workload, args.limit, bars=progress_bar)
+    transitions = None if args.skip_transitions else bench_transitions(
+        args.requests, args.repeats, args.reference_requests, bars=progress_bar)
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.tracing]
+    runs = [] if args.skip_trace else [
+        bench_trace(args.workload, args.limit, bars=progress_bar, tracing=tracing, fast=not args.stepwise)
+        for tracing in modes]
     if args.json:
-        output.emit("bench-engine", transitions=transitions, simulation=trace)
+        # ``simulation``: the traced run (the one part 2 always made), else the untraced one.
+        main_run = next((r for r in runs if r["tracing"]), runs[-1] if runs else None)
+        output.emit("bench-engine", transitions=transitions, simulation=main_run, simulations=runs,
+                    anchor=ANCHOR_NOTE)
     else:
-        print(format_report(transitions, trace))
+        print(format_report(transitions, runs))
     return 0
 
 
@@ -174,14 +190,18 @@ def _register_soak(which: Any) -> None:
     parser = which.add_parser(
         "soak", help="peak RSS and wall time of long simulated runs (12k, 50k, 100k requests), each in a fresh process",
         description="Simulate the bundled conversation trace followed by shifted copies of itself (streamed, "
-                    "tracing off) at each size, each in a fresh Python process, and report its peak resident set "
-                    "size (ru_maxrss) and wall time.")
+                    "tracing off unless --trace) at each size, each in a fresh Python process, and report its peak "
+                    "resident set size (ru_maxrss) and wall time.")
     parser.add_argument("--sizes", type=_soak_sizes, default=",".join(str(n) for n in SIZES), metavar="N,N,...",
                         help="comma-separated request counts (a k suffix is thousands), e.g. 12k,50k,100k")
     parser.add_argument("--time-scale", type=positive_float, default=DEFAULT_TIME_SCALE, metavar="X",
                         help="arrival rate multiplier (the default is one the baseline engine keeps up with)")
     parser.add_argument("--keep-requests", action="store_true",
                         help="keep every finished request in the engine (the old behaviour), for comparison")
+    parser.add_argument("--trace", action="store_true",
+                        help="write each run's trace (to a temporary file, removed after): tracing on")
+    parser.add_argument("--stepwise", action="store_true",
+                        help="the engine's decode fast path off (step by step, the same results), for comparison")
     add_json_flag(parser, "the runs")
     parser.set_defaults(func=handle_soak)
 
@@ -190,7 +210,7 @@ def handle_soak(args: argparse.Namespace) -> int:
     from kvlife.lifecycle.cli.bench_soak import SoakError, bench_soak, format_report
 
     try:
-        report = bench_soak(args.sizes, args.time_scale, args.keep_requests)
+        report = bench_soak(args.sizes, args.time_scale, args.keep_requests, args.trace, not args.stepwise)
     except SoakError as exc:
         print(f"kvlife bench soak: {exc}", file=sys.stderr)
         return 1
