@@ -1143,10 +1143,14 @@ class InvariantObserver:
             if reclaim is not None:
                 ahead.append((job.started + reclaim, f"the reclaim deadline of {job.kind} job {job.job_id}"))
         future = [(t, what) for t, what in ahead if t > now]
+        wake = self.wakeup_probe() if self.wakeup_probe is not None else None
+        if wake is not None and wake <= now:
+            self._fail(7, f"the engine's next wakeup is t={wake:g}, not after now (t={now:g}): a driver would tick "
+                          f"at once, for ever")
+            return
         if not future:
             return
         due, what = min(future)
-        wake = self.wakeup_probe() if self.wakeup_probe is not None else None
         if wake is None or wake > due:
             self._fail(7, f"the engine's next wakeup is {wake} at t={now:g}, after {what} at t={due:g}: a driver that "
                           f"ticks only then misses it")
@@ -1498,6 +1502,10 @@ class InvariantObserver:
             if len(hashes) > most + 1:
                 self._fail(11, f"step {step_id} names {len(hashes)} block hashes for {req.request_id}, which has at "
                                f"most {most} blocks of known tokens")
+            elif len(hashes) < end // bt:
+                # The driver writes each block's content under its hash (live runs).
+                self._fail(11, f"step {step_id} fills {end // bt} full blocks of {req.request_id} but names only "
+                               f"{len(hashes)} block hashes")
 
     def _step_provenance(self, step_id: int, req: _Req, entry: Any, writes: list[_Write]) -> None:
         """10 for one step entry: the blocks holding tokens 0..computed_before hold this
