@@ -74,7 +74,7 @@ FORMER_SURVIVORS = [
     ("lifecycle/engine/blocks.py", "        if block_hash in self.cached:", "        if not block_hash in self.cached:",
      13, "not published"),
     ("lifecycle/engine/transfers.py", "host.complete_store(landed, ok=True)", "host.complete_store(landed, ok=False)",
-     13, "does not hold it"),
+     13, "no longer holds block"),
     ("lifecycle/engine/state.py", 'if r.state != "finished"]', 'if r.state < "finished"]', 7,
      "reports nothing unfinished"),
     # Survivors of the second run (the merged engine), caught by the checks added for them.
