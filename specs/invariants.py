@@ -448,7 +448,7 @@ class InvariantObserver:
             self._on_job_done(record)
         elif kind == "decision":
             point = record.get("point")
-            req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
+            req = self._req_of(record)
             value = record.get("value")
             if req is None:
                 pass
@@ -461,7 +461,7 @@ class InvariantObserver:
         elif kind == "lookup_reuse":
             self._on_lookup_reuse(record)
         elif kind == "store_rejected":
-            req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
+            req = self._req_of(record)
             tier = record.get("tier")
             if req is not None and isinstance(tier, str):
                 # A full tier refused the offer: what is due now counts as offered to it.
@@ -827,7 +827,7 @@ class InvariantObserver:
     def _on_lookup_reuse(self, record: dict[str, Any]) -> None:
         """12: a kept answer is used again only if the admission that used it before was
         told to keep it (``lookup_reuse`` = keep), or the request spent its lookups."""
-        req = self.requests.get(record.get("req"))  # type: ignore[arg-type]
+        req = self._req_of(record)
         if req is None:
             return
         if self._lookups_spent(req):
@@ -844,6 +844,11 @@ class InvariantObserver:
         if said != "keep":
             self._fail(12, f"{req.request_id}: an async lookup answer is used again, but the admission that used "
                            f"it was told {said or 'consume'} (lookup_reuse): it should have looked up again")
+
+    def _req_of(self, record: dict[str, Any]) -> _Req | None:
+        """The request a record names (None: none, or a field that is not a request id)."""
+        rid = record.get("req")
+        return self.requests.get(rid) if isinstance(rid, str) else None
 
     def _lookups_spent(self, req: _Req) -> bool:
         """12: the request submitted as many lookups as it may: it keeps its last answer."""
