@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -73,8 +74,11 @@ def interrupted_cli_run(tmp_path: Path, signum: int) -> tuple[subprocess.Complet
     """A big synthetic run, signalled once its trace is well under way."""
     trace = tmp_path / "t.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # A runner started in the background (nohup, `&` without job control) ignores SIGINT and
+    # its children inherit that: the run must get Ctrl-C's default disposition back.
     proc = subprocess.Popen([sys.executable, "-m", "kvlife", "run", "--limit", "100000", "--trace", str(trace)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
@@ -171,7 +175,19 @@ def test_terminated_is_a_keyboard_interrupt_with_its_exit_code() -> None:
     assert (interrupts.signal_name(KeyboardInterrupt()), interrupts.exit_code(KeyboardInterrupt())) == ("SIGINT", 130)
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Python's own SIGINT handler for the test (a runner started in the background
+    inherits SIGINT ignored, and then Ctrl-C raises nothing)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not on PATH")
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_live_run_interrupted_with_a_store_in_flight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while disk stores are slow: the trace ends with the cut and validates, the
     rank threads are joined, the temporary disk directory and this run's Redis keys are

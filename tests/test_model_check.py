@@ -143,8 +143,8 @@ def test_budget_and_max_running_are_invariant_11() -> None:
                               "prompt_tokens": 12, "block_hashes": [], "resumable": False})
         observer.feed_record({"kind": "transition", "t": 0.0, "req": rid, "from": "waiting", "to": "running",
                               "trigger": "admitted", "reason": "r"})
-    observer.feed_commands([StepPlan(0, (Scheduled("a", 12, 0, True, (0, 1, 2), ()),
-                                         Scheduled("b", 12, 0, True, (3, 4, 5), ())), 0)])
+    observer.feed_commands([StepPlan(0, (Scheduled("a", 12, 0, True, (0, 1, 2), (10, 11, 12)),
+                                         Scheduled("b", 12, 0, True, (3, 4, 5), (20, 21, 22))), 0)])
     observer.end_input()
     assert sorted(v.invariant for v in observer.violations) == [11, 11]
     messages = " / ".join(v.message for v in observer.violations)
