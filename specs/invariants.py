@@ -47,6 +47,7 @@ handling (live; in trace mode the next input record closes the previous one) and
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeGuard
@@ -191,6 +192,11 @@ class _Req:
     admission: str | None = None  # its last admission decision (11: a deferred request may be overtaken)
     finished_at: float | None = None  # when the model finished it, or it was aborted or failed (13)
     preemptions: int = 0  # preempted transitions seen (13)
+    # 11 (work conservation): tokens computed or in flight in this epoch, samples in flight
+    # in this epoch, and sampled tokens delivered (kept across a preemption: it recomputes them).
+    computed: int = 0
+    in_flight_samples: int = 0
+    generated: int = 0
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -224,6 +230,7 @@ class _Req:
 
     def restart(self) -> None:
         self.valid_tokens = 0
+        self.computed = self.in_flight_samples = 0
         self.confirmed_count = 0
         self.fresh = False
         self.answer_held = False
@@ -362,6 +369,18 @@ class InvariantObserver:
         self.jobs: dict[int, _Job] = {}
         self.lines = 0
         self.running = 0  # requests in running (11)
+        # 11 (work conservation): the requests sampling a token in each step without an output
+        # yet, with their epoch; whether this tick's pass over the running requests may have
+        # been cut short (a preemption or a failure since the tick began).
+        self._samplers: dict[int, list[tuple[str, int]]] = {}
+        self._pass_cut = False
+        # 13 (prefetch waits): a request's patience answer (policy, ms) until its prefetch
+        # job record; then its prefetch (job, its epoch, the patience deadline, policy); and
+        # the prefetch jobs an admission pass certainly deferred a request for (FIFO: it
+        # admitted one behind it while the prefetch was in flight and patience lasted).
+        self._patience: dict[str, tuple[str, float]] = {}
+        self._prefetch_of: dict[str, tuple[_Job, int, float, str]] = {}
+        self._waited: dict[int, str] = {}
         # Current handling.
         self._input: Any = None
         self._line: int | None = None
@@ -435,6 +454,10 @@ class InvariantObserver:
             self.tally.feed(record)
         if self.transfer_deadline_ms is not None:
             self._deadline_record(kind, record)
+        if kind == "decision" and record.get("point") == "prefetch_patience" and isinstance(record.get("req"), str):
+            value = record.get("value")
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._patience[record["req"]] = (str(record.get("policy")), float(value))
         if kind == "decision" and record.get("point") == "on_load_failure" and record.get("value") == "fail":
             self._must_fail.add(str(record.get("req")))
             self._fail_told.add(str(record.get("req")))
@@ -489,6 +512,12 @@ class InvariantObserver:
                 self._on_rank_timeout(record)
             elif record.get("what") == "lookup_limit" and (warned := self.requests.get(str(record.get("req")))):
                 warned.limit_warned = True
+            elif (record.get("what") in ("bad_rank_report", "duplicate_report")
+                  and _is_int(rank := record.get("rank"))
+                  and (0 <= rank < self.ranks) != (record["what"] == "duplicate_report")):
+                # 3: a report from a rank the world has is a duplicate, any other a bad rank.
+                self._fail(3, f"a report of job {record.get('job')} from rank {rank} is warned "
+                              f"{record['what']}, with {self.ranks} ranks (0..{self.ranks - 1})")
         elif not self.from_trace:
             if kind == "step" and _is_int(step := record.get("step")):
                 # Live: the plan (a command after this record) must say the same (0).
@@ -550,6 +579,7 @@ class InvariantObserver:
         self._looked_up_now = set()
         if kind == "tick":
             self._ticks += 1
+            self._pass_cut = False
         if kind == "arrival":
             if event.request_id not in self.requests:
                 full = event.prompt_tokens // self.block_tokens
@@ -569,6 +599,11 @@ class InvariantObserver:
             if len(job.reported) == self.ranks:
                 self._complete(job)
         elif kind == "step_output":
+            for rid, epoch in self._samplers.pop(event.step_id, ()):
+                req = self.requests.get(rid)
+                if req is not None and req.state == "running" and req.epoch == epoch:
+                    req.in_flight_samples -= 1
+                    req.generated += 1
             self._confirm_steps(event.step_id)
 
     def _confirm_steps(self, step_id: int) -> None:
@@ -745,6 +780,8 @@ class InvariantObserver:
             req.sending_step, req.sending_ticks = self._max_planned + 1, self._ticks
         if trigger == "preempted":
             req.preemptions += 1
+        if trigger in ("preempted", "failed"):
+            self._pass_cut = True
         if self.fifo:
             self._follow_queue(req, trigger, target)
         if trigger in ("aborted", "lookup_expired") and req.state == "lookup_pending" and req.lookup_epoch is not None:
@@ -796,6 +833,7 @@ class InvariantObserver:
         elif trigger in ("admitted", "load_started") and rid in queue:
             ahead = queue[:queue.index(rid)]
             for other in ahead:
+                self._note_prefetch_wait(other)
                 if not self._may_be_passed(other):
                     self._fail(11, f"{rid} admitted ({trigger}) ahead of {other}, which was first in line and waits on "
                                    f"nothing (admission is FIFO: a request short of memory stops it)")
@@ -803,6 +841,19 @@ class InvariantObserver:
             queue.remove(rid)
         elif target == "finished" and rid in queue:
             queue.remove(rid)
+
+    def _note_prefetch_wait(self, rid: str) -> None:
+        """13: ``rid``, waiting, was passed by an admission behind it: if its prefetch was in
+        flight (of its epoch) and its patience lasted, the pass deferred it for that prefetch,
+        which the engine counts (``stats.prefetch_waits``, once per prefetch)."""
+        other = self.requests[rid]
+        wait = self._prefetch_of.get(rid)
+        if other.state != "waiting" or rid in self._looked_up_now or wait is None:
+            return
+        job, epoch, deadline, policy = wait
+        if (epoch == other.epoch and not (job.complete or job.abandoned or job.reclaimed or job.timed_out)
+                and self._t is not None and self._t < deadline):
+            self._waited[job.job_id] = policy
 
     def _may_be_passed(self, rid: str) -> bool:
         other = self.requests[rid]
@@ -915,6 +966,9 @@ class InvariantObserver:
             self._open_jobs[job_id] = job
         else:
             self._open_pulls[job_id] = job
+            patience, req = self._patience.pop(rid, None), self.requests.get(rid)
+            if patience is not None and req is not None and self._t is not None:
+                self._prefetch_of[rid] = (job, req.epoch, self._t + patience[1], patience[0])
         if op == "store":
             req = self.requests.get(rid)
             if req is not None:
@@ -1147,7 +1201,12 @@ class InvariantObserver:
                 ahead.append((job.started + transfer, f"the transfer deadline of {job.kind} job {job.job_id}"))
             if reclaim is not None:
                 ahead.append((job.started + reclaim, f"the reclaim deadline of {job.kind} job {job.job_id}"))
-        future = [(t, what) for t, what in ahead if t > now]
+        for rid, (job, epoch, deadline, _policy) in self._prefetch_of.items():
+            waiter = self.requests.get(rid)
+            if (waiter is not None and waiter.state == "waiting" and waiter.epoch == epoch
+                    and not (job.complete or job.abandoned or job.reclaimed or job.timed_out)):
+                ahead.append((deadline, f"the prefetch patience of {rid} (job {job.job_id})"))
+        future = [(t, what) for t, what in ahead if t > now and not math.isinf(t)]
         wake = self.wakeup_probe() if self.wakeup_probe is not None else None
         if wake is not None and wake <= now:
             self._fail(7, f"the engine's next wakeup is t={wake:g}, not after now (t={now:g}): a driver would tick "
@@ -1466,8 +1525,14 @@ class InvariantObserver:
                                       f"while {job.kind} job {job.job_id} still moves it")
             self._step_provenance(plan.step_id, req, entry, writes)
             entries.append((entry.request_id, req.epoch, entry.computed_before, entry.num_tokens))
+            req.computed = end
+            if entry.samples:
+                req.in_flight_samples += 1
+                self._samplers.setdefault(plan.step_id, []).append((entry.request_id, req.epoch))
         if self.max_batched_tokens is not None and total > self.max_batched_tokens:
             self._fail(11, f"step {plan.step_id} schedules {total} tokens, the budget is {self.max_batched_tokens}")
+        elif self.max_batched_tokens is not None and getattr(plan, "totals", None) is None:
+            self._check_work_conserved(plan, total)
         if self.deferred_frees and writes:
             self._own_writes[plan.step_id] = {w[0] for w in writes}
         recorded = self._plan_records.pop(plan.step_id, None)
@@ -1483,6 +1548,37 @@ class InvariantObserver:
             self._fail(0, f"step {plan.step_id}: the step record says {recorded[2]} prefill tokens, the plan has "
                           f"{prefill} in chunks of more than one token")
         self._plan_step(plan.step_id, entries, writes)
+
+    def _check_work_conserved(self, plan: Any, total: int) -> None:
+        """11: a step that leaves token budget unused leaves out no running request that has
+        tokens to compute, needs no new device block for them, and has not already
+        sampled its last token (delivered or in flight: no step past ``max_tokens``). A
+        preemption or a failure this tick may cut the pass short, and a request short of a
+        block may stop it (waiting for an in-flight step to give blocks back): then the
+        step is not judged."""
+        assert self.max_batched_tokens is not None
+        if self._pass_cut or total >= self.max_batched_tokens:
+            return
+        planned = {e.request_id for e in plan.entries}
+        idle: list[_Req] = []
+        bt = self.block_tokens
+        for req in self.requests.values():
+            if req.state != "running" or req.request_id in planned:
+                continue
+            known = req.prompt_tokens + req.generated + req.in_flight_samples
+            if known <= req.computed:
+                continue  # every known token is computed: it waits for its sample
+            if req.max_tokens is not None and req.generated + req.in_flight_samples >= req.max_tokens:
+                continue  # its last token is sampled already
+            if -(-(req.computed + min(known - req.computed, self.max_batched_tokens)) // bt) > -(-req.computed // bt):
+                return  # a chunk of it may need a new block: it may have stopped the pass
+            idle.append(req)
+        if idle:
+            req = idle[0]
+            self._fail(11, f"step {plan.step_id} schedules {total} of {self.max_batched_tokens} budget tokens but "
+                           f"leaves out running {req.request_id}, which has "
+                           f"{req.prompt_tokens + req.generated + req.in_flight_samples - req.computed} tokens to "
+                           f"compute ({req.computed} computed) and needs no new block (work conservation)")
 
     def _check_entry(self, step_id: int, req: _Req, entry: Any) -> None:
         """11: a step computes at least one token of a request, never a position past the
@@ -1575,8 +1671,18 @@ class InvariantObserver:
         if self.stats_probe is not None:
             # Once inputs stop (the counters only grow, so a drift shows at the end; a bug
             # that breaks a rule and, through it, a counter is reported by its rule first).
-            for problem in self.tally.compare(self.stats_probe()):
+            stats = self.stats_probe()
+            for problem in self.tally.compare(stats):
                 self._fail(13, f"engine counters disagree with its trace: {problem}")
+            waits, deferrals = getattr(stats, "prefetch_waits", None), getattr(stats, "deferrals", None)
+            if isinstance(waits, int) and waits < len(self._waited):
+                self._fail(13, f"stats.prefetch_waits is {waits}, but admissions passed requests waiting on "
+                               f"{len(self._waited)} prefetches in flight (jobs {sorted(self._waited)})")
+            elif isinstance(deferrals, dict):
+                for policy, n in Counter(self._waited.values()).items():
+                    if deferrals.get(policy, 0) < n:
+                        self._fail(13, f"stats.deferrals[{policy!r}] is {deferrals.get(policy, 0)}, but {n} "
+                                       f"requests waited on their prefetches under its patience")
         open_jobs = [job for job in self.jobs.values() if not job.complete and not job.reclaimed]
         waiting_on_io = [(rid, req) for rid, req in self.requests.items() if req.state in IO_WAIT_STATES]
         if self.cut is not None:
