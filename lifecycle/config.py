@@ -489,6 +489,23 @@ class EngineConfig:
             raise ConfigError("tiers", problem[1])
 
 
+def with_tier(engine: EngineConfig, name: str, field: str, value: Any) -> EngineConfig:
+    """``engine`` with ``field`` of its tier ``name`` set to ``value`` (``--tier NAME=N``, a
+    sweep's ``tiers.NAME.FIELD``): ``capacity_blocks`` 0 drops the tier, and sizing a tier the
+    engine lacks adds it, its bandwidth and latency the tier's link in the hardware profile.
+    Another field of a tier it lacks is a ConfigError without a field (the caller names it)."""
+    tiers = {t.name: t for t in engine.tiers}
+    if field == "capacity_blocks" and value == 0:
+        tiers.pop(name, None)
+    elif name in tiers:
+        tiers[name] = attrs.evolve(tiers[name], **{field: value})
+    elif field == "capacity_blocks":
+        tiers[name] = TierConfig(name, capacity_blocks=value)
+    else:
+        raise ConfigError(None, f"the config has no {name} tier; set tiers.{name}.capacity_blocks first")
+    return attrs.evolve(engine, tiers=tuple(tiers[n] for n in TIER_ORDER if n in tiers))
+
+
 COMPLETIONS = ("step_boundary", "exact")
 ARRIVALS = ("recorded", "spread")  # sim.arrivals: kvlife.lifecycle.workloads.arrivals
 
