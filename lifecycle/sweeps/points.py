@@ -28,12 +28,12 @@ from kvlife.lifecycle.config import (
     TIER_ORDER,
     ConfigError,
     EngineConfig,
-    LiveConfig,
     Rule,
     RunConfig,
     SimConfig,
     TierConfig,
     describe,
+    field_rule,
     is_derived,
     with_tier,
 )
@@ -123,10 +123,13 @@ def known_key(key: str) -> bool:
 
 
 def _rule(key: str) -> Rule | None:
-    section, _, name = key.rpartition(".")
-    cls = {"engine": EngineConfig, "sim": SimConfig, "live": LiveConfig}.get(section, TierConfig)
-    validator = attrs.fields_dict(cls)[name].validator
-    return validator if isinstance(validator, Rule) else None
+    """The rule of a config key (``config.field_rule``; a tier's key names its tier:
+    ``tiers.host.capacity_blocks``), None for a field without a rule of its own."""
+    section, _, name = key.partition(".")
+    try:
+        return field_rule(f"tiers.{name.partition('.')[2]}" if section == "tiers" else key)
+    except KeyError:
+        return None
 
 
 def normalize(key: str, value: Any) -> Any:
