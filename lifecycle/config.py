@@ -489,6 +489,23 @@ class EngineConfig:
             raise ConfigError("tiers", problem[1])
 
 
+def with_tier(engine: EngineConfig, name: str, field: str, value: Any) -> EngineConfig:
+    """``engine`` with ``field`` of its tier ``name`` set to ``value`` (``--tier NAME=N``, a
+    sweep's ``tiers.NAME.FIELD``): ``capacity_blocks`` 0 drops the tier, and sizing a tier the
+    engine lacks adds it, its bandwidth and latency the tier's link in the hardware profile.
+    Another field of a tier it lacks is a ConfigError without a field (the caller names it)."""
+    tiers = {t.name: t for t in engine.tiers}
+    if field == "capacity_blocks" and value == 0:
+        tiers.pop(name, None)
+    elif name in tiers:
+        tiers[name] = attrs.evolve(tiers[name], **{field: value})
+    elif field == "capacity_blocks":
+        tiers[name] = TierConfig(name, capacity_blocks=value)
+    else:
+        raise ConfigError(None, f"the config has no {name} tier; set tiers.{name}.capacity_blocks first")
+    return attrs.evolve(engine, tiers=tuple(tiers[n] for n in TIER_ORDER if n in tiers))
+
+
 COMPLETIONS = ("step_boundary", "exact")
 ARRIVALS = ("recorded", "spread")  # sim.arrivals: kvlife.lifecycle.workloads.arrivals
 
@@ -929,21 +946,28 @@ def toml_syntax_error(path: str, text: str, exc: tomllib.TOMLDecodeError) -> Con
     return ConfigError(None, f"TOML syntax error: {message}", path, line, column)
 
 
-def load_config(path: str | Path) -> RunConfig:
+def read_toml(path: str | Path, what: str) -> tuple[dict[str, Any], str]:
+    """A TOML file's table and its text (for ``KeyLines``); a ConfigError naming the file on
+    anything unreadable: ``cannot read WHAT: ...``, a syntax error with its line and column,
+    an integer too long to convert with its line."""
     p = Path(path)
     try:
         text = p.read_bytes().decode("utf-8")
     except OSError as exc:
-        raise ConfigError(None, f"cannot read config: {exc.strerror or exc}", str(p)) from None
+        raise ConfigError(None, f"cannot read {what}: {exc.strerror or exc}", str(p)) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(None, f"cannot read config: not UTF-8 text (byte {exc.start})", str(p)) from None
+        raise ConfigError(None, f"cannot read {what}: not UTF-8 text (byte {exc.start})", str(p)) from None
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
         raise toml_syntax_error(str(p), text, exc) from None
     except ValueError:  # tomllib's int() of an integer of more than 4300 digits
         raise huge_integer_error(str(p), text) from None
-    return config_from_dict(data, str(p), text)
+
+
+def load_config(path: str | Path) -> RunConfig:
+    data, text = read_toml(path, "config")
+    return config_from_dict(data, str(Path(path)), text)
 
 
 def huge_integer_line(text: str) -> int | None:

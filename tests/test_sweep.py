@@ -126,6 +126,23 @@ def test_a_bad_grid_spec_is_one_line_naming_file_line_and_field(tmp_path: Path, 
     assert not (tmp_path / "out.jsonl").exists()  # nothing ran
 
 
+def test_an_unreadable_grid_spec_is_one_line_naming_the_file(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    binary = tmp_path / "bin.toml"
+    binary.write_bytes(b"limit = 5\n\xff\n")
+    huge = _spec(tmp_path, "limit = 5\n[grid]\nsim.seed = [" + "9" * 4400 + "]\n", "huge.toml")
+    for spec, message in [
+        (tmp_path / "missing.toml", "cannot read grid spec: No such file or directory"),
+        (tmp_path, "cannot read grid spec: Is a directory"),
+        (binary, "cannot read grid spec: not UTF-8 text (byte 10)"),
+        (huge, "3: field 'grid.sim.seed': an integer of more than 4300 digits"),
+    ]:
+        assert main(["sweep", "run", str(spec), "-o", str(tmp_path / "out.jsonl")]) == 2
+        err = capsys.readouterr().err
+        assert err == f"kvlife: error: {spec}:{'' if message[0].isdigit() else ' '}{message}\n", err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--vary", "sim.time_scale"], "argument --vary: expected KEY=V1,V2,..., got 'sim.time_scale'"),
     (["--vary", "engine.device_blok=1,2"], "argument --vary: engine.device_blok: unknown config key "

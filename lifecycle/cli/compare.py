@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from kvlife.lifecycle.cli.output import columns
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers.runner import run_workload
 from kvlife.lifecycle.drivers.simulator import Progress
@@ -109,16 +110,7 @@ _ROWS: tuple[tuple[str, Any], ...] = (
 
 def format_comparison(rows: list[dict[str, Any]], markdown: bool = False) -> str:
     """Metrics down, stacks across."""
-    header = ["", *(r["stack"] for r in rows)]
+    stacks = [r["stack"] for r in rows]
+    header = ["metric", *(f"`{s}`" for s in stacks)] if markdown else ["", *stacks]
     body = [[name, *(fmt(r) for r in rows)] for name, fmt in _ROWS]
-    if markdown:
-        lines = ["| " + " | ".join(f"`{h}`" if h else "metric" for h in header) + " |",
-                 "|" + "|".join(["---"] + ["---:"] * len(rows)) + "|"]
-        lines += ["| " + " | ".join(cells) + " |" for cells in body]
-        return "\n".join(lines)
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    out = []
-    for line in [header, *body]:
-        cells = [line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:], strict=True)]
-        out.append("  ".join(cells).rstrip())
-    return "\n".join(out)
+    return columns([header, *body], markdown)

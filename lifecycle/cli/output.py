@@ -3,14 +3,15 @@
 Values are made plain before they are written: tuples become lists, paths strings,
 mapping keys strings, and a float that is NaN or infinite becomes ``null`` (JSON has no
 such numbers; Python's ``json`` would write ``NaN``, which other parsers refuse).
-The shapes of every kind are documented in ``docs/cli.md``.
+The shapes of every kind are documented in ``docs/cli.md``. ``columns`` is the table the
+commands print without ``--json`` (aligned text, or Markdown with ``--markdown``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -44,3 +45,20 @@ def dumps(obj: Mapping[str, Any]) -> str:
 
 def emit(kind: str, **fields: Any) -> None:
     print(dumps(result(kind, **fields)), flush=True)
+
+
+def columns(rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
+    """A table as the commands print it, ``rows[0]`` its header: in aligned columns, the
+    first left-aligned and the others right-aligned, two spaces apart (trailing spaces cut),
+    or with ``markdown`` a Markdown table, the first column left and the others right. Cells
+    are printed as given (``kvlife.lifecycle.fidelity.markdown.table`` escapes them)."""
+    if markdown:
+        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join(["---"] + ["---:"] * (len(rows[0]) - 1)) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows[1:]]
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

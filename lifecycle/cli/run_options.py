@@ -24,7 +24,6 @@ from kvlife.lifecycle.config import (
     TIER_ORDER,
     ConfigError,
     RunConfig,
-    TierConfig,
     field_line,
     field_rule,
     flag_type,
@@ -33,6 +32,7 @@ from kvlife.lifecycle.config import (
     key_line,
     load_config,
     size_problem,
+    with_tier,
 )
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.base import PolicyError
@@ -210,19 +210,12 @@ def apply_sizes(args: argparse.Namespace, config: RunConfig) -> RunConfig:
         engine = attrs.evolve(engine, device_blocks=args.device_blocks)
     if args.ranks is not None:
         engine = attrs.evolve(engine, ranks=args.ranks)
-    tiers = {t.name: t for t in engine.tiers}
     for spec in args.tier or []:
         try:
             name, size = parse_tier(spec)
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"argument --tier: {exc}") from None
-        if size == 0:
-            tiers.pop(name, None)
-        elif name in tiers:
-            tiers[name] = attrs.evolve(tiers[name], capacity_blocks=size)
-        else:  # bandwidth and latency: the tier's link in the hardware profile
-            tiers[name] = TierConfig(name, capacity_blocks=size)
-    engine = attrs.evolve(engine, tiers=tuple(tiers[n] for n in TIER_ORDER if n in tiers))
+        engine = with_tier(engine, name, "capacity_blocks", size)  # 0 drops it
     return attrs.evolve(config, engine=engine)
 
 

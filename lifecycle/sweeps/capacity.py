@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from kvlife.lifecycle.cli.output import columns
 from kvlife.lifecycle.sweeps.executors import Executor
 from kvlife.lifecycle.sweeps.points import Percentile, Point, percentile_column, stack_text
 
@@ -319,9 +320,5 @@ def table_rows(results: Sequence[Capacity]) -> list[list[str]]:
 def format_table(results: Sequence[Capacity], markdown: bool = False) -> str:
     rows = table_rows(results)
     if markdown:
-        lines = ["| " + " | ".join(rows[0]) + " |", "|" + "|".join(["---"] + ["---:"] * (len(rows[0]) - 1)) + "|"]
-        lines += ["| " + " | ".join([f"`{r[0]}`", *r[1:]]) + " |" for r in rows[1:]]
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join([r[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True)])
-                     .rstrip() for r in rows)
+        rows[1:] = [[f"`{r[0]}`", *r[1:]] for r in rows[1:]]
+    return columns(rows, markdown)

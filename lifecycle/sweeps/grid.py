@@ -45,10 +45,9 @@ from kvlife.lifecycle.config import (
     RunConfig,
     chaos_problem,
     describe,
-    huge_integer_error,
     load_config,
+    read_toml,
     size_problem,
-    toml_syntax_error,
 )
 from kvlife.lifecycle.sweeps.points import CONFIG_KEYS, Point, apply, known_key, order_for_apply, problem, stack_names
 
@@ -131,20 +130,8 @@ def _did_you_mean(name: str, known: Sequence[str]) -> str:
 
 def read_spec(path: str | Path) -> Grid:
     """A grid spec file, checked: a ConfigError with file, line and field on any bad value."""
-    p = Path(path)
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(None, f"cannot read grid spec: {exc.strerror or exc}", str(p)) from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(None, f"cannot read grid spec: not UTF-8 text (byte {exc.start})", str(p)) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise toml_syntax_error(str(p), text, exc) from None
-    except ValueError:
-        raise huge_integer_error(str(p), text) from None
-    return spec_from_dict(data, str(p), text)
+    data, text = read_toml(path, "grid spec")
+    return spec_from_dict(data, str(Path(path)), text)
 
 
 def spec_from_dict(data: Mapping[str, Any], path: str | None = None, text: str | None = None) -> Grid:

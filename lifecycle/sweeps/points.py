@@ -28,13 +28,14 @@ from kvlife.lifecycle.config import (
     TIER_ORDER,
     ConfigError,
     EngineConfig,
-    LiveConfig,
     Rule,
     RunConfig,
     SimConfig,
     TierConfig,
     describe,
+    field_rule,
     is_derived,
+    with_tier,
 )
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 
@@ -122,10 +123,13 @@ def known_key(key: str) -> bool:
 
 
 def _rule(key: str) -> Rule | None:
-    section, _, name = key.rpartition(".")
-    cls = {"engine": EngineConfig, "sim": SimConfig, "live": LiveConfig}.get(section, TierConfig)
-    validator = attrs.fields_dict(cls)[name].validator
-    return validator if isinstance(validator, Rule) else None
+    """The rule of a config key (``config.field_rule``; a tier's key names its tier:
+    ``tiers.host.capacity_blocks``), None for a field without a rule of its own."""
+    section, _, name = key.partition(".")
+    try:
+        return field_rule(f"tiers.{name.partition('.')[2]}" if section == "tiers" else key)
+    except KeyError:
+        return None
 
 
 def normalize(key: str, value: Any) -> Any:
@@ -181,24 +185,10 @@ def apply(config: RunConfig, key: str, value: Any) -> RunConfig:
             return attrs.evolve(config, sim=attrs.evolve(config.sim, **{name: value}))
         if section == "tiers":
             tier, _, field = name.partition(".")
-            return _apply_tier(config, tier, field, value)
+            return attrs.evolve(config, engine=with_tier(config.engine, tier, field, value))
     except ConfigError as exc:
         raise ConfigError(key, exc.message) from None
     raise ConfigError(key, "not a config key a sweep can set")
-
-
-def _apply_tier(config: RunConfig, tier: str, name: str, value: Any) -> RunConfig:
-    tiers = {t.name: t for t in config.engine.tiers}
-    if name == "capacity_blocks" and value == 0:
-        tiers.pop(tier, None)
-    elif tier in tiers:
-        tiers[tier] = attrs.evolve(tiers[tier], **{name: value})
-    elif name == "capacity_blocks":  # a new tier: bandwidth and latency from the hardware profile
-        tiers[tier] = TierConfig(tier, capacity_blocks=value)
-    else:
-        raise ConfigError(None, f"the config has no {tier} tier; set tiers.{tier}.capacity_blocks first")
-    engine = attrs.evolve(config.engine, tiers=tuple(tiers[n] for n in TIER_ORDER if n in tiers))
-    return attrs.evolve(config, engine=engine)
 
 
 def order_for_apply(keys: Sequence[str]) -> list[str]:

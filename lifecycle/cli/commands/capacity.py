@@ -7,6 +7,7 @@ from typing import Any
 
 from kvlife.lifecycle.cli import output
 from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, positive_float, positive_int
+from kvlife.lifecycle.config import REQUESTS, flag_type
 
 DEFAULT_PRECISION = 0.05
 DEFAULT_MIN_SCALE = 1 / 64
@@ -36,12 +37,6 @@ def ratio_type(text: str) -> float:
     return value
 
 
-def scale_type(text: str) -> float:
-    from kvlife.lifecycle.cli.run_options import time_scale_flag
-
-    return time_scale_flag(text)
-
-
 def add_executor_flags(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                         help=f"{what} in N local processes at once (with --ray and no address: the CPUs of the "
@@ -52,7 +47,7 @@ def add_executor_flags(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def register(sub: Any) -> None:
-    from kvlife.lifecycle.cli.run_options import add_sim_flags, add_size_flags
+    from kvlife.lifecycle.cli.run_options import add_sim_flags, add_size_flags, time_scale_flag
 
     parser = sub.add_parser(
         "capacity",
@@ -78,18 +73,20 @@ def register(sub: Any) -> None:
     parser.add_argument("--precision", type=precision_type, default=DEFAULT_PRECISION, metavar="P",
                         help="relative precision: the search stops when the lowest failing scale is within "
                              "(1 + P) x the highest meeting one")
-    parser.add_argument("--start", type=scale_type, default=1.0, metavar="X", help="first scale tried")
-    parser.add_argument("--min-scale", type=scale_type, default=DEFAULT_MIN_SCALE, metavar="X",
+    parser.add_argument("--start", type=time_scale_flag, default=1.0, metavar="X", help="first scale tried")
+    parser.add_argument("--min-scale", type=time_scale_flag, default=DEFAULT_MIN_SCALE, metavar="X",
                         help="lowest scale tried: failing there reports the capacity as below it")
-    parser.add_argument("--max-scale", type=scale_type, default=DEFAULT_MAX_SCALE, metavar="X",
+    parser.add_argument("--max-scale", type=time_scale_flag, default=DEFAULT_MAX_SCALE, metavar="X",
                         help="highest scale tried: meeting the SLO there reports the capacity as at least it")
     parser.add_argument("--workload", metavar="NAME|PATH",
                         help="mooncake-conversation (the bundled trace), synthetic, synthetic:burst or a Mooncake "
                              "JSON-lines file (.gz read as gzip); default: the built-in synthetic workload")
-    parser.add_argument("--limit", type=_requests, metavar="N", help="use only the first N requests (default: all)")
+    parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",
+                        help="use only the first N requests (default: all)")
     parser.add_argument("--config", metavar="FILE.toml",
                         help="TOML config file (default: built-in config); its sim.time_scale is the search's")
-    parser.add_argument("--seed", type=_seed, metavar="N", help="random seed (config: sim.seed; default 0)")
+    parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
+                        help="random seed (config: sim.seed; default 0)")
     add_size_flags(parser)
     add_sim_flags(parser)
     add_executor_flags(parser, "run the searches")
@@ -99,20 +96,6 @@ def register(sub: Any) -> None:
     add_json_flag(fmt, "the capacities and every run of the searches")
     fmt.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.set_defaults(func=handle)
-
-
-def _requests(text: str) -> int:
-    from kvlife.lifecycle.config import REQUESTS
-
-    value: int = REQUESTS.parse(text)
-    return value
-
-
-def _seed(text: str) -> int:
-    from kvlife.lifecycle.config import flag_type
-
-    value: int = flag_type("sim.seed")(text)
-    return value
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -135,7 +118,6 @@ def handle(args: argparse.Namespace) -> int:
 
         require("matplotlib", "plot", "kvlife capacity --plot")
     executor_check(args)
-    args.time_scale = None
     config = apply_sim(args, apply_sizes(args, load_run_config(args, use_stack=False)))
     origin = "--device-blocks" if args.device_blocks is not None else None
     setup = resolve(config)[1].summary(origin)

@@ -7,6 +7,7 @@ from typing import Any
 
 from kvlife.lifecycle.cli import output
 from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, add_stack_flag
+from kvlife.lifecycle.config import REQUESTS, flag_type
 
 
 def register(sub: Any) -> None:
@@ -22,7 +23,7 @@ def register(sub: Any) -> None:
 
 
 def _register_run(which: Any) -> None:
-    from kvlife.lifecycle.cli.commands.capacity import _requests, _seed, add_executor_flags
+    from kvlife.lifecycle.cli.commands.capacity import add_executor_flags
 
     parser = which.add_parser(
         "run", help="run every point of a grid not yet in the results file, appending a row per run",
@@ -48,11 +49,12 @@ def _register_run(which: Any) -> None:
     parser.add_argument("--workload", metavar="NAME|PATH",
                         help="mooncake-conversation, synthetic, synthetic:burst or a Mooncake JSON-lines file "
                              "(default: the spec's, else the built-in synthetic workload)")
-    parser.add_argument("--limit", type=_requests, metavar="N",
+    parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",
                         help="use only the first N requests of the workload (default: the spec's, else all)")
     parser.add_argument("--config", metavar="FILE.toml", help="config file the points start from (default: the "
                                                               "spec's config, else the built-in config)")
-    parser.add_argument("--seed", type=_seed, metavar="N", help="random seed, sim.seed (default: the spec's, else 0)")
+    parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
+                        help="random seed, sim.seed (default: the spec's, else 0)")
     add_executor_flags(parser, "run the points")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the points (key, what varies, whether OUT holds it) without running any")
