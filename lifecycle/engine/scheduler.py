@@ -171,8 +171,6 @@ class Scheduler:
         limits = state.fast_limits
         if limits is None:
             return None
-        bt = state.config.block_tokens
-        stores = bool(state.tiers)
         blocker = self._cohort_blocker
         if blocker is not None and blocker.state == "running" and self._decode_room(blocker) <= 0:
             return None  # the request that kept the last one from forming still does
@@ -180,34 +178,19 @@ class Scheduler:
         before = 0
         running = state.running
         for req in running:
-            c = req.computed
-            if (req.placeholders or req.confirmed != c or c < req.prompt_tokens
-                    or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
-                self._cohort_blocker = req
-                return None
-            stop = limits.get(req.request_id)
-            if stop is None:
-                return None
-            # Steps j = 0, 1, ... end at c + j + 1 tokens: it stops at the output where
-            # generated + 1 reaches its stop; it fills a block when c + j + 1 is a multiple
-            # of bt (and allocates one past its table); it registers or stores a block
-            # when c + j + 1 reaches the block after the last registered or stored one.
-            k = min(stop[0] - req.generated - 1, (c // bt + 1) * bt - c - 1, len(req.block_table) * bt - c,
-                    (req.registered_blocks + 1) * bt - c - 1)
-            if stores:
-                k = min(k, (req.stored_blocks + 1) * bt - c - 1)
+            k = self._decode_room(req)
             if k <= 0:
                 self._cohort_blocker = req
                 return None
             if k < left:
                 left = k
-            before += c
+            before += req.computed
         self._cohort_blocker = None
         return DecodeCohort(list(running), [(req, req.epoch, 1, True) for req in running], left, before)
 
     def _decode_room(self, req: Request) -> int:
         """How many more steps ``req`` (running) would just decode: ``_form_cohort``'s
-        test of one request, 0 if it fails it."""
+        test of each request, 0 if it fails it (or has no stop rule)."""
         state = self.state
         limits = state.fast_limits
         c = req.computed
@@ -216,6 +199,10 @@ class Scheduler:
                 or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
             return 0
         bt = state.config.block_tokens
+        # Steps j = 0, 1, ... end at c + j + 1 tokens: it stops at the output where
+        # generated + 1 reaches its stop; it fills a block when c + j + 1 is a multiple
+        # of bt (and allocates one past its table); it registers or stores a block
+        # when c + j + 1 reaches the block after the last registered or stored one.
         k = min(stop[0] - req.generated - 1, (c // bt + 1) * bt - c - 1, len(req.block_table) * bt - c,
                 (req.registered_blocks + 1) * bt - c - 1)
         if state.tiers:
