@@ -1727,7 +1727,7 @@ class CounterTally:
     # the same failure (the zoo's failed_store_visible does both) would only shadow.
     COUNTED = ("ticks", "steps", "sync_lookups", "async_lookups", "stale_lookup_answers", "failed_lookups",
                "preemptions", "prefetch_gave_up", "loads", "blocks_loaded", "stores", "blocks_stored",
-               "prefetches", "blocks_prefetched", "redundant_block_loads")
+               "prefetches", "blocks_prefetched", "redundant_block_loads", "expired_lookups")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -1755,6 +1755,8 @@ class CounterTally:
             self.counts[blocks] += int(record.get("blocks") or 0)
         elif kind == "transition" and record.get("trigger") == "preempted":
             self.counts["preemptions"] += 1
+        elif kind == "transition" and record.get("trigger") == "lookup_expired":
+            self.counts["expired_lookups"] += 1
         elif kind == "warning":
             self.warnings[str(record.get("what"))] += 1
         elif kind == "decision" and record.get("point") == "admission" and record.get("value") == "defer":

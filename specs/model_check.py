@@ -661,6 +661,23 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         self.feed(Tick(self._now()))
 
+    def first_step_finishes(self, blocks: int) -> None:
+        """A boundary the random walk seldom reaches: a request that finishes at the output
+        of the engine's very first step (step 0), its stores in flight, and every store
+        reported before the next tick. It may leave ``sending`` only with a later step's
+        output or at a later tick (11), whatever the first step's number."""
+        from kvlife.lifecycle.engine.events import StartStore
+
+        self.arrive(0, blocks, 0, 1, 1, False)
+        self.tick()
+        if not self.steps:
+            return
+        self._step_output(0)
+        for job_id, (command, remaining) in list(self.jobs.items()):
+            if isinstance(command, StartStore):
+                for _ in list(remaining):
+                    self._report(job_id, 0, False)
+
     def time_passes(self) -> None:
         """Nothing happens for a while: the next input comes after the transfer deadline
         (or after the engine's next deadline: a prefetch patience, a lookup, a reclaim)."""
@@ -1091,6 +1108,8 @@ ACTIONS: tuple[Action, ...] = (
         ("i", st.integers(0, 15)), ("blocks", st.integers(1, 5)), ("extra", st.integers(1, 3)),
         ("output", st.integers(1, 8)))),
     Action("oversized_arrival", 1),
+    Action("first_step_finishes", 3, lambda self: not self.steps and not self.request_ids,
+           (("blocks", st.integers(1, 3)),)),
     Action("time_passes", 3, lambda self: self.deadline is not None or self.engine.next_wakeup() is not None),
     Action("step_output", 14, lambda self: bool(self.steps), swarm=False),
     Action("step_output_reordered", 3, lambda self: len(self.steps) >= 2),

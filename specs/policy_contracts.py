@@ -135,9 +135,17 @@ def _patience(rule: Callable[[PrefetchView], float], what: str) -> Callable[[Any
     return check
 
 
+# What ``kvlife policies`` documents for the built-in prefetch-timeout: SGLang HiCache's
+# prefetch_timeout_base (1 s) and prefetch_timeout_per_ki_token (0.25 s), capped at 3 s.
+TIMEOUT_DEFAULTS = (1000.0, 250.0, 3000.0)
+
+
 def _timeout(policy: Any, v: Views) -> str | None:
     """prefetch-timeout: base + per_1k_tokens x (tokens / 1000), capped (SGLang HiCache)."""
     base, per_1k, cap = policy.base_ms, policy.per_1k_tokens_ms, policy.cap_ms
+    if (base, per_1k, cap) != TIMEOUT_DEFAULTS:
+        return (f"the built-in waits {base:g} ms + {per_1k:g} ms per 1k tokens, capped at {cap:g} ms; it documents "
+                f"1 s + 0.25 s per 1k tokens, capped at 3 s")
     return _patience(lambda p: min(base + per_1k * p.tokens / 1000.0, cap),
                      f"min({base:g} + {per_1k:g} x tokens / 1000, {cap:g})")(policy, v)
 

@@ -39,6 +39,13 @@ def test_a_timeout_that_does_not_grow_with_the_pull_is_a_finding(monkeypatch: py
     assert problems and "prefetch_patience answered" in problems[0]
 
 
+def test_a_timeout_off_its_documented_defaults_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The formula still holds for its own parameters; the numbers `kvlife policies` gives do not.
+    monkeypatch.setattr(PrefetchTimeout.__init__, "__defaults__", (1000.0, 250.0, 2000.0))
+    problems = contract_problems(load_stack(["prefetch-timeout"]))
+    assert problems and "capped at 2000 ms; it documents 1 s + 0.25 s per 1k tokens, capped at 3 s" in problems[0]
+
+
 def test_a_user_policy_is_held_only_to_the_hooks_arguments() -> None:
     class Mine:
         name = "baseline"  # a built-in's name does not give it the built-in's contract

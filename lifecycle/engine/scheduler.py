@@ -496,7 +496,7 @@ class Scheduler:
                 break
         to_load = [(h, t) for h, t in plan if t != "device"]
         in_flight = tuple(
-            (h, in_flight_loads[h][2]) for h, _ in to_load if h in in_flight_loads
+            (h, in_flight_loads[h][0][2]) for h, _ in to_load if h in in_flight_loads
         )
         join = False
         if to_load:
@@ -542,7 +542,7 @@ class Scheduler:
         tier_of = dict(to_load)
         for h in hit_hashes:
             if h in joined:
-                job_id, block, _ = in_flight_loads[h]
+                job_id, block, _ = in_flight_loads[h][0]
                 pool.retain([block])
                 table.append(block)
                 if job_id not in join_jobs:

@@ -167,7 +167,9 @@ class EngineState:
         self.state_counts: dict[str, int] = dict.fromkeys(TABLE.states, 0)
 
         self.jobs: dict[int, Job] = {}  # device loads and stores in flight (and quarantined ones)
-        self.in_flight_loads: dict[int, tuple[int, int, str]] = {}  # hash -> (job, block, req)
+        # hash -> the loads bringing it, oldest first, as (job, block, req): a join joins the
+        # first; a load of a hash with any entry is redundant (stats.redundant_block_loads).
+        self.in_flight_loads: dict[int, list[tuple[int, int, str]]] = {}
         self.steps: dict[int, list[StepEntry]] = {}  # step id -> its entries, until its output
         self.prefetches: dict[int, PrefetchJob] = {}
         self.prefetch_waits: dict[str, PrefetchJob] = {}  # rid -> the prefetch it waits for

@@ -62,10 +62,10 @@ class Transfers:
         for move in moves:
             slot = state.tiers[move.tier].prepare_load([move.block_hash])[0]
             placed.append(attrs.evolve(move, slot=slot))
-            if move.block_hash in state.in_flight_loads:
+            bringing = state.in_flight_loads.setdefault(move.block_hash, [])
+            if bringing:
                 state.stats.redundant_block_loads += 1
-            else:
-                state.in_flight_loads[move.block_hash] = (job_id, move.device_block, req.request_id)
+            bringing.append((job_id, move.device_block, req.request_id))
         state.pool.retain(m.device_block for m in placed)
         job = Job(job_id, "load", req.request_id, tuple(placed), state.now, [(req.request_id, req.epoch)])
         state.jobs[job_id] = job
@@ -160,6 +160,18 @@ class Transfers:
         self.lifecycle.warn("late_report", job=event.job_id, rank=event.rank,
                             note="the job was reclaimed at its deadline: this report is ignored")
 
+    def _stop_bringing(self, job: Job) -> None:
+        """``job`` (a load) no longer brings its blocks: each hash's next load, if another is
+        in flight, becomes the one to join and the one a further load duplicates."""
+        in_flight = self.state.in_flight_loads
+        for move in job.moves:
+            bringing = in_flight.get(move.block_hash)
+            if bringing is None:
+                continue
+            bringing[:] = [entry for entry in bringing if entry[0] != job.job_id]
+            if not bringing:
+                del in_flight[move.block_hash]
+
     def release_job(self, job: Job, failed: Sequence[int]) -> None:
         """Unpin what a finished job moved: tier slots, device block references; a failed
         block is discarded from its tier (a load) or not kept (a store)."""
@@ -177,9 +189,7 @@ class Transfers:
                     pool.forget(move.device_block)
                 elif not job.timed_out:
                     pool.register(move.device_block, move.block_hash)
-                owner = state.in_flight_loads.get(move.block_hash)
-                if owner is not None and owner[0] == job.job_id:
-                    del state.in_flight_loads[move.block_hash]
+            self._stop_bringing(job)
         else:
             by_tier: dict[str, list[int]] = {}
             for move in job.moves:
@@ -287,11 +297,7 @@ class Transfers:
         missing = state.ranks.missing_ranks(job.job_id)
         self.lifecycle.warn("rank_timeout", job=job.job_id, ranks=list(missing), note=note)
         if job.kind == "load":
-            # Nobody may join a load that has already been given up on.
-            for move in job.moves:
-                owner = state.in_flight_loads.get(move.block_hash)
-                if owner is not None and owner[0] == job.job_id:
-                    del state.in_flight_loads[move.block_hash]
+            self._stop_bringing(job)  # nobody may join a load that has already been given up on
         self.job_outcome(job, [m.block_hash for m in job.moves], cause)
 
     def reclaim_jobs(self, deadline: float) -> None:
