@@ -77,6 +77,7 @@ INVARIANTS: dict[int, str] = {
     12: "bounded work: one lookup at a time, lookup_reuse obeyed, no retry of a copy that failed to load",
     13: "accounting: a request's recorded hit is what its first admission skipped; counters match the trace; "
         "stores offered",
+    14: "the decode fast path does exactly what the step-by-step path does",
 }
 
 
@@ -197,6 +198,9 @@ class _Req:
     computed: int = 0
     in_flight_samples: int = 0
     generated: int = 0
+    # 13 (hit maximality): leading blocks the device prefix cache held when it was admitted
+    # straight to running; its first chunk must start at or past them.
+    cached_at_admit: int | None = None
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -505,13 +509,20 @@ class InvariantObserver:
                 self._fail(0, f"abandon record for job {job_id}, which is not a prefetch that started")
             else:
                 job.abandoned = True
-        elif kind == "stale_lookup" and not self._input_is("lookup_answer"):
-            self._fail(4, f"stale_lookup record for {record.get('req')} outside a lookup answer")
+        elif kind == "stale_lookup":
+            self._on_stale_lookup(record)
         elif kind == "warning":
             if record.get("what") == "rank_timeout":
                 self._on_rank_timeout(record)
             elif record.get("what") == "lookup_limit" and (warned := self.requests.get(str(record.get("req")))):
                 warned.limit_warned = True
+            elif record.get("what") == "abort_ignored" and (live := self._req_of(record)) is not None \
+                    and live.state != "finished" and self._input_is("abort"):
+                # 1: an abort of a request that has not finished finishes it (at once, or
+                # when the transfers that read its blocks end); only a finished or unknown
+                # one's abort is ignored.
+                self._fail(1, f"the abort of {live.request_id}, in {live.state}, is ignored (abort_ignored): "
+                              f"an abort of an unfinished request must finish it")
             elif (record.get("what") in ("bad_rank_report", "duplicate_report")
                   and _is_int(rank := record.get("rank"))
                   and (0 <= rank < self.ranks) != (record["what"] == "duplicate_report")):
@@ -532,6 +543,17 @@ class InvariantObserver:
             self._on_free(blocks)
         elif kind == "step":
             self._on_step_record(record)
+
+    def _on_stale_lookup(self, record: dict[str, Any]) -> None:
+        """4: an answer is stale only if it is not for the lookup in flight: its request is
+        gone or finished, not waiting on a lookup, or waiting on one of another epoch."""
+        if not self._input_is("lookup_answer"):
+            self._fail(4, f"stale_lookup record for {record.get('req')} outside a lookup answer")
+            return
+        req = self.requests.get(self._input.request_id)
+        if req is not None and req.state == "lookup_pending" and req.lookup_epoch == self._input.epoch == req.epoch:
+            self._fail(4, f"the answer to {req.request_id}'s pending lookup (epoch {req.epoch}) is dropped as "
+                          f"stale: an answer for the epoch that asked must be applied")
 
     def _on_interrupted(self, record: dict[str, Any]) -> None:
         signal = record.get("signal")
@@ -809,6 +831,9 @@ class InvariantObserver:
         if trigger in ("admitted", "load_done"):
             req.fresh = True
             self._store_watch.add(rid)
+        req.cached_at_admit = None
+        if trigger == "admitted" and source == "waiting" and self.published_probe is not None:
+            req.cached_at_admit = self._cached_prefix(req)
         if trigger == "lookup_answered":
             req.answer_held = req.answered_in_epoch = True
         if target == "finished":
@@ -1473,6 +1498,17 @@ class InvariantObserver:
             self._fail(12, f"load job {job.job_id}: {req.request_id} loads its block {position} again, after its "
                            f"load of block {req.failed_from} failed (retries are unbounded)")
 
+    def _cached_prefix(self, req: _Req) -> int:
+        """13: how many leading blocks of ``req``'s hit candidates the device prefix cache
+        holds now (the full blocks of its known tokens, but at least one token is always
+        computed). An admission takes at least these: blocks it retained stay cached."""
+        assert self.published_probe is not None
+        known = req.prompt_tokens + req.generated
+        count = 0
+        while count < (known - 1) // self.block_tokens and self.published_probe(req.hash_at(count)):
+            count += 1
+        return count
+
     def _scheduled(self, step_id: int, rid: str, computed_before: int, tokens: int) -> _Req | None:
         """The observer's record of a request a step schedules (None: it never arrived)."""
         req = self.requests.get(rid)
@@ -1482,6 +1518,11 @@ class InvariantObserver:
         if req.state != "running":
             self._fail(1, f"step {step_id} schedules {rid} in state {req.state}")
         req.scheduled_end = max(req.scheduled_end, computed_before + tokens)
+        if req.fresh and req.cached_at_admit is not None \
+                and computed_before < req.cached_at_admit * self.block_tokens:
+            self._fail(13, f"{rid} was admitted with its first {req.cached_at_admit} blocks in the device prefix "
+                           f"cache, but its first step computes from token {computed_before}: a hit takes the "
+                           f"longest cached prefix")
         if req.fresh:
             # The first chunk after an admission starts where the hit (device cache or a
             # completed load) ends: those tokens are valid content.

@@ -22,7 +22,7 @@ of a job given up at its deadline, unknown jobs and ranks), and aborts in every 
 
 The engine's commands are fed to the independent observer (``kvlife.specs.invariants``)
 as the engine issues them, between its records, so the observer sees each handling in
-its true order. After every input the observer checks invariants 1-8 and 10-13. At the
+its true order. After every input the observer checks invariants 1-8 and 10-14. At the
 end a drain stops inputs, optionally drives the clock past every deadline and keeps
 misbehaving (old answers, late reports, reordered outputs, failed stores), answers
 everything outstanding and ticks, and checks liveness (7): every request, in whatever
@@ -54,6 +54,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from kvlife.specs.fast_twin import FastTwin, StopRules
 from kvlife.specs.invariants import IO_WAIT_STATES, InvariantObserver, InvariantViolation, Violation
 from kvlife.specs.table import TABLE, IllegalTransition
 
@@ -213,6 +214,10 @@ class World:
     lookup_deadline: float = 5000.0
     reclaim_deadline: float = 480_000.0
     max_async_lookups: int = 1024  # engine.max_async_lookups: small ones are reached
+    # A second engine on the decode fast path, given the stop rules, checked against this
+    # one input by input (14; ``fast_twin.FastTwin``). As the simulator: not under async
+    # scheduling.
+    fast_twin: bool = False
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -235,6 +240,7 @@ class World:
             lookup_deadline=rng.choice([5000.0, 20.0, 20.0]),
             reclaim_deadline=rng.choice([480_000.0, 60.0, 60.0]),
             max_async_lookups=rng.choice([1024, 1, 2, 3]),
+            fast_twin=rng.random() < 0.6,
         )
 
 
@@ -404,6 +410,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.drain_chaos = False
         self.broken = False
         self.swarm: dict[str, int] = {}  # per-example weight multipliers of the rare actions
+        self.twin: FastTwin | None = None  # the fast-path engine fed the same inputs (14)
+        self.records: list[dict[str, Any]] = []  # this input's records, for the twin
 
     # ---- setup -------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**32 - 1))
@@ -447,6 +455,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         factory = cls.engine_factory or Engine
         self.observer = observer
         self.engine = factory(config, stack, tiers=tiers, recorder=self._on_record)
+        self.twin = None
+        if world.fast_twin and not async_scheduling and cls.engine_factory is None:
+            twin_tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
+            if warmed:
+                lowest = twin_tiers[-1]
+                lowest.complete_store([h for h, _ in lowest.prepare_store(warmed).accepted])
+            twin_records: list[dict[str, Any]] = []
+            twin_engine = Engine(config, _with_explorer(_build_stack(cls.stack), explorer), tiers=twin_tiers,
+                                 recorder=twin_records.append)
+            twin_engine.state.fast_limits = StopRules(self.outputs)
+            self.twin = FastTwin(twin_engine, twin_records)
         observer.accounting = self.engine.check_invariants
         self.max_in_flight = 2 if async_scheduling else 1
         self.deadline = deadline
@@ -460,6 +479,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"reclaim deadline {world.reclaim_deadline}, lookups {world.max_async_lookups}, "
                         f"stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
+                        + (", fast-path twin" if self.twin is not None else "")
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
 
     def _in_tier(self, tier: str, block_hash: int) -> bool:
@@ -503,6 +523,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The engine's recorder: commands issued so far in this handling go to the
         observer first, so it sees them in the order the engine produced them."""
         assert self.observer is not None
+        if self.twin is not None:
+            self.records.append(record)
         self._feed_new_commands()
         self.observer.feed_record(record)
 
@@ -534,6 +556,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.observer.end_input()
         if self.observer.violations:
             self._raise(self.observer.violations[0])
+        if self.twin is not None:
+            differs = self.twin.compare(event, commands, self.records, self.engine.next_wakeup)
+            self.records.clear()
+            if differs is not None:
+                self._raise(Violation(14, f"the decode fast path is not the step-by-step path: {differs}",
+                                      t=event.t))
         self._track(commands)
         return list(commands)
 

@@ -261,7 +261,7 @@ def test_cli_check_takes_a_comma_stack_and_reports_counterexamples(capsys: pytes
 
     assert main(["check", "--stack", "async-lookup,shared-loads"]) == 0
     out = capsys.readouterr().out
-    assert "stack async-lookup, shared-loads:" in out and "invariants 1-8 and 10-13 hold" in out
+    assert "stack async-lookup, shared-loads:" in out and "invariants 1-8 and 10-14 hold" in out
     assert f"{DEFAULT_EXAMPLES} examples x up to {DEFAULT_STEPS} steps" in out
     assert main(["check", "--stack", "naive-stores-unsafe"]) == 1
     out = capsys.readouterr().out
