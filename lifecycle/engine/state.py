@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -218,7 +218,7 @@ class EngineState:
         # stops, reason); the simulator's): it must know no request finishes in a step it
         # plans without looking at each request. ``cohort``: the running requests as they
         # decode together, None when they do not (any change to ``running`` drops it).
-        self.fast_limits: dict[str, tuple[int, str]] | None = None
+        self.fast_limits: Mapping[str, tuple[int, str]] | None = None
         self.cohort: DecodeCohort | None = None
 
     def new_job_id(self) -> int:
