@@ -201,6 +201,7 @@ class _Req:
     # 13 (hit maximality): leading blocks the device prefix cache held when it was admitted
     # straight to running; its first chunk must start at or past them.
     cached_at_admit: int | None = None
+    answer_reuses: int = 0  # 13: lookup_reuse records since its last answer
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -540,6 +541,7 @@ class InvariantObserver:
             if not isinstance(blocks, list) or not all(_is_int(b) for b in blocks):
                 self._fail(0, "free record lacks a list of device blocks")
                 return
+            self._check_free_nonempty(blocks)
             self._on_free(blocks)
         elif kind == "step":
             self._on_step_record(record)
@@ -822,12 +824,14 @@ class InvariantObserver:
                 self._pending_lookups[rid] = self._t
         elif trigger == "lookup_answered":
             req.lookup_epoch = None
+            req.answer_reuses = 0
         if source == "lookup_pending":
             self._pending_lookups.pop(rid, None)
         if trigger in _EPOCH_BUMPS:
             req.epoch += 1
             req.lookup_epoch = None
             req.restart()
+            req.answer_reuses = 0
         if trigger in ("admitted", "load_done"):
             req.fresh = True
             self._store_watch.add(rid)
@@ -856,6 +860,8 @@ class InvariantObserver:
                 queue.remove(rid)
             queue.insert(0, rid)
         elif trigger in ("admitted", "load_started") and rid in queue:
+            self._check_patience_kept(req, trigger)
+            self._check_fits(req, trigger)
             ahead = queue[:queue.index(rid)]
             for other in ahead:
                 self._note_prefetch_wait(other)
@@ -867,6 +873,35 @@ class InvariantObserver:
         elif target == "finished" and rid in queue:
             queue.remove(rid)
 
+    def _live_prefetch(self, req: _Req) -> tuple[_Job, float] | None:
+        """``req``'s prefetch of its current epoch still in flight and not given up, with
+        its patience deadline; None if it has none."""
+        wait = self._prefetch_of.get(req.request_id)
+        if wait is None:
+            return None
+        job, epoch, deadline, _policy = wait
+        if epoch != req.epoch or job.complete or job.abandoned or job.reclaimed or job.timed_out:
+            return None
+        return job, deadline
+
+    def _check_fits(self, req: _Req, trigger: str) -> None:
+        """11: a request whose known tokens and the next need more blocks than the device
+        has can never run: it fails at its admission pass, it is never admitted."""
+        if self.device_blocks is None:
+            return
+        need = -(-(req.prompt_tokens + req.generated + 1) // self.block_tokens)
+        if need > self.device_blocks:
+            self._fail(11, f"{req.request_id} admitted ({trigger}) though it needs {need} blocks for its known "
+                           f"tokens and the next, and the device has {self.device_blocks}: it can never run")
+
+    def _check_patience_kept(self, req: _Req, trigger: str) -> None:
+        """11: a request whose prefetch is in flight waits for it while its patience lasts
+        (``prefetch_patience``): it is admitted only once the prefetch landed or was given up."""
+        live = self._live_prefetch(req)
+        if live is not None and self._t is not None and self._t < live[1]:
+            self._fail(11, f"{req.request_id} admitted ({trigger}) at t={self._t:g} while its prefetch job "
+                           f"{live[0].job_id} is in flight and its patience lasts until t={live[1]:g}")
+
     def _note_prefetch_wait(self, rid: str) -> None:
         """13: ``rid``, waiting, was passed by an admission behind it: if its prefetch was in
         flight (of its epoch) and its patience lasted, the pass deferred it for that prefetch,
@@ -877,8 +912,14 @@ class InvariantObserver:
             return
         job, epoch, deadline, policy = wait
         if (epoch == other.epoch and not (job.complete or job.abandoned or job.reclaimed or job.timed_out)
-                and self._t is not None and self._t < deadline):
-            self._waited[job.job_id] = policy
+                and self._t is not None):
+            if self._t < deadline:
+                self._waited[job.job_id] = policy
+            else:
+                # Its patience ran out: the pass that reached it gave up on the prefetch
+                # (an abandon record) and went on; it may not defer it for the prefetch again.
+                self._fail(11, f"{rid} is passed at t={self._t:g} still waiting on prefetch job {job.job_id}, "
+                               f"whose patience ran out at t={deadline:g}: the pass must give up on it")
 
     def _may_be_passed(self, rid: str) -> bool:
         other = self.requests[rid]
@@ -906,6 +947,11 @@ class InvariantObserver:
         req = self._req_of(record)
         if req is None:
             return
+        req.answer_reuses += 1
+        uses = record.get("uses")
+        if _is_int(uses) and uses != req.answer_reuses + 1:
+            self._fail(13, f"{req.request_id}: the lookup_reuse record counts {uses} uses of its answer, this is use "
+                           f"{req.answer_reuses + 1} (the first use writes no such record)")
         if self._lookups_spent(req):
             said = req.reuse_before if req.reuse_changed_at == self._handlings else req.reuse
             # The engine warns when a consumed answer hits the bound exactly (lookups that new
@@ -1011,6 +1057,9 @@ class InvariantObserver:
                     job.sources[move.block_hash] = self._read_tier(job, move.tier, move.block_hash)
                     if move.dst_tier is not None:
                         self._tier_seen.add((move.dst_tier, move.block_hash))
+                    if self.published_probe is not None and self.published_probe(move.block_hash):
+                        self._fail(12, f"prefetch job {job_id} pulls block {move.block_hash} into "
+                                       f"{move.dst_tier}, which the device prefix cache holds: a wasted transfer")
             else:
                 self._start_moves(job, moves)
 
@@ -1070,6 +1119,10 @@ class InvariantObserver:
                 self._failed_load(job, move.block_hash)
         if job.kind == "store":
             self._store_ended(job)
+
+    def _check_free_nonempty(self, blocks: Sequence[int]) -> None:
+        if not blocks:
+            self._fail(0, "a free of no device blocks: a release that frees nothing tells the driver nothing")
 
     def _on_free(self, blocks: Iterable[int]) -> None:
         if self.deferred_frees and not self.from_trace and self._own_writes:
@@ -1138,6 +1191,9 @@ class InvariantObserver:
             missing = sorted(set(range(self.ranks)) - job.reported)
             self._fail(3, f"{job.kind} job {job_id} counted done with ranks {missing} still to report "
                           f"(reported: {sorted(job.reported)})")
+        if job.kind == "prefetch" and bool(record.get("abandoned", False)) != job.abandoned:
+            self._fail(13, f"prefetch job {job_id}: job_done says abandoned={bool(record.get('abandoned', False))}, "
+                           f"but it was {'' if job.abandoned else 'not '}abandoned when its request's patience ran out")
         late = record.get("late")
         if isinstance(late, bool) and late != job.timed_out:
             self._fail(3, f"{job.kind} job {job_id}: job_done says late={late}, but it was "
@@ -1238,8 +1294,13 @@ class InvariantObserver:
                           f"at once, for ever")
             return
         if not future:
+            if wake is not None:
+                self._fail(7, f"the engine's next wakeup is t={wake:g}, but no deadline is ahead: a wakeup for nothing")
             return
         due, what = min(future)
+        if wake is not None and wake < due:
+            self._fail(7, f"the engine's next wakeup is t={wake:g}, before the first deadline ahead ({what} at "
+                          f"t={due:g}): a wakeup for nothing")
         if wake is None or wake > due:
             self._fail(7, f"the engine's next wakeup is {wake} at t={now:g}, after {what} at t={due:g}: a driver that "
                           f"ticks only then misses it")
@@ -1397,6 +1458,7 @@ class InvariantObserver:
             elif isinstance(command, StartLoad | StartStore):
                 self._on_start(command, "load" if isinstance(command, StartLoad) else "store")
             elif isinstance(command, FreeBlocks):
+                self._check_free_nonempty(command.device_blocks)
                 self._on_free(command.device_blocks)
             elif isinstance(command, StepPlan):
                 self._on_plan(command)
@@ -1764,11 +1826,10 @@ class CounterTally:
     JOBS = {"load": ("loads", "blocks_loaded"), "store": ("stores", "blocks_stored"),
             "prefetch": ("prefetches", "blocks_prefetched")}
 
-    # Not failed_blocks: a failed copy is judged by provenance (10), which a miscount of
-    # the same failure (the zoo's failed_store_visible does both) would only shadow.
+    # failed_blocks: the failed blocks each job_done record counts.
     COUNTED = ("ticks", "steps", "sync_lookups", "async_lookups", "stale_lookup_answers", "failed_lookups",
                "preemptions", "prefetch_gave_up", "loads", "blocks_loaded", "stores", "blocks_stored",
-               "prefetches", "blocks_prefetched", "redundant_block_loads", "expired_lookups")
+               "prefetches", "blocks_prefetched", "redundant_block_loads", "expired_lookups", "failed_blocks")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -1794,6 +1855,8 @@ class CounterTally:
             jobs, blocks = self.JOBS[str(record.get("op"))]
             self.counts[jobs] += 1
             self.counts[blocks] += int(record.get("blocks") or 0)
+        elif kind == "job_done":
+            self.counts["failed_blocks"] += int(record.get("failed") or 0)
         elif kind == "transition" and record.get("trigger") == "preempted":
             self.counts["preemptions"] += 1
         elif kind == "transition" and record.get("trigger") == "lookup_expired":

@@ -556,6 +556,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.observer.end_input()
         if self.observer.violations:
             self._raise(self.observer.violations[0])
+        if event.type == "tick" and not any(type(c).__name__ == "FreeBlocks" for c in commands):
+            # (Blocks freed in the tick may have been freed after its admission pass.)
+            idle = self._idle_with_room()
+            if idle is not None:
+                self._raise(Violation(11, f"the tick left the device idle: {idle}", t=event.t))
         if self.twin is not None:
             differs = self.twin.compare(event, commands, self.records, self.engine.next_wakeup)
             self.records.clear()
@@ -673,12 +678,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.outputs[new] = output
         self.feed(Arrival(self._now(), new, len(hashes) * bt + extra, tuple(hashes)))
 
-    def oversized_arrival(self) -> None:
-        """A prompt larger than the device: it can never run and must not block the queue."""
+    def oversized_arrival(self, extra: int = 1) -> None:
+        """A prompt that can never run, and must not block the queue: larger than the device
+        (``extra`` 1), or filling it exactly, with no block left for its first output
+        token (``extra`` 0)."""
         from kvlife.lifecycle.engine.events import Arrival
 
         config = self.engine.config
-        tokens = config.device_blocks * config.block_tokens + 1
+        tokens = config.device_blocks * config.block_tokens + extra
         rid = f"r{len(self.request_ids)}"
         self.request_ids.append(rid)
         self.outputs[rid] = 1
@@ -1037,6 +1044,29 @@ class LifecycleMachine(RuleBasedStateMachine):
         names = ", ".join(f"{r.request_id} ({-(-r.known_tokens // bt)} blocks)" for r in fits)
         return f"nothing runs and {free} device blocks are free, yet {names} wait ({why})"
 
+    def _idle_with_room(self) -> str | None:
+        """11 after a tick: if nothing runs, loads, stores or pulls and no step is in flight,
+        the first request in line that waits on nothing (no lookup, no prefetch, not
+        deferred by its admission policy) was admitted, or it does not fit the free device
+        blocks (admission is FIFO: it stops at a head short of memory). A head that can
+        never fit fails and the pass goes on (vllm#57841)."""
+        engine = self.engine
+        counts = engine.state_counts
+        if (counts["running"] or counts["loading"] or counts["sending"] or engine.prefetches or self.steps
+                or any(not job.timed_out for job in engine.jobs.values())):
+            return None
+        bt = engine.config.block_tokens
+        for req in sorted((r for r in engine.requests.values() if r.state == "waiting"), key=lambda r: r.seq):
+            decided = req.last_decisions.get("admission")
+            if decided is not None and decided[1] == "defer":
+                continue
+            need = -(-req.known_tokens // bt)
+            if need <= engine.pool.free:
+                return (f"{req.request_id}, first in line and waiting on nothing, needs {need} blocks and "
+                        f"{engine.pool.free} of {engine.pool.capacity} are free, yet it was not admitted")
+            return None
+        return None
+
     def _silent_open(self) -> bool:
         """A job some rank went silent on is still open in the observer (not reclaimed)."""
         assert self.observer is not None
@@ -1066,6 +1096,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         bound = DRAIN_BASE + DRAIN_PER_TOKEN * sum(r.prompt_tokens + self.outputs.get(r.request_id, 1)
                                                    for r in outstanding)
         stalled = parked = ticks = 0
+        overdue_ticked = False
         finished = -1
         last: tuple[Any, ...] = ()
         chaos = random.Random(self.seed)
@@ -1077,8 +1108,14 @@ class LifecycleMachine(RuleBasedStateMachine):
             if self.drain_chaos:
                 self._chaos(chaos)
             self._deliver_all(chaos if self.drain_chaos else None)
-            if not engine.busy() and (engine.next_wakeup() is None or not self._silent_open()):
-                break  # (a job a rank went silent on ends only at its reclaim deadline: tick to it)
+            # A job a rank went silent on ends only at its reclaim deadline: tick to it. Its
+            # deadline may have passed while outputs and reports were delivered (the engine
+            # names only future wakeups): one tick acts on it; after that, no wakeup for an
+            # open job is the engine's fault, which the observer's end check reports.
+            idle = not engine.busy() and engine.next_wakeup() is None
+            if not engine.busy() and (not self._silent_open() or (idle and overdue_ticked)):
+                break
+            overdue_ticked = idle
             now_finished = engine.state_counts["finished"]
             # Parked: nothing changed since the last round (no request moved, no job or
             # step started), though nothing runs and a request waits.
@@ -1107,6 +1144,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         stranded = engine.stranded()
         if stranded:
             self._raise(Violation(7, f"engine.stranded() after drain: {stranded}"))
+        for name, tier in getattr(engine, "tiers", {}).items():
+            busy = tier.busy() if hasattr(tier, "busy") else []
+            if busy:
+                self._raise(Violation(7, f"stranded: tier {name} still holds blocks {busy[:5]} for a transfer after "
+                                         f"every job ended (a store never completed or a load never let go)"))
         pool = getattr(engine, "pool", None)
         if pool is not None and pool.used:
             held = [b for b in range(pool.capacity) if pool.refs[b] > 0]
@@ -1135,7 +1177,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("revisit", 3, lambda self: bool(self.request_ids), (
         ("i", st.integers(0, 15)), ("blocks", st.integers(1, 5)), ("extra", st.integers(1, 3)),
         ("output", st.integers(1, 8)))),
-    Action("oversized_arrival", 1),
+    Action("oversized_arrival", 1, args=(("extra", st.integers(0, 1)),)),
     Action("first_step_finishes", 3, lambda self: not self.steps and not self.request_ids,
            (("blocks", st.integers(1, 3)),)),
     Action("time_passes", 3, lambda self: self.deadline is not None or self.engine.next_wakeup() is not None),

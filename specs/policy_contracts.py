@@ -21,7 +21,15 @@ from typing import Any
 
 import attrs
 
-from kvlife.policies.base import EngineView, LoadView, PolicyError, PrefetchView, RequestView
+from kvlife.policies.base import (
+    HOOK_VALUES,
+    Decision,
+    EngineView,
+    LoadView,
+    PolicyError,
+    PrefetchView,
+    RequestView,
+)
 
 SAMPLES = 200  # views per policy (deterministic: seeded)
 BLOCK_TOKENS = 16
@@ -169,13 +177,69 @@ CONTRACTS: dict[str, Callable[[Any, Views], str | None]] = {
 }
 
 
+# Answers the stack must refuse, per kind of hook (the engine acts on none of them).
+_MALFORMED: dict[str, tuple[Any, ...]] = {
+    "float": (math.nan, -1.0, "10", True, None),
+    "int": (1.5, "4", True, None),
+    "bool": (1, "yes", None),
+    "choice": ("maybe", 1, None),
+}
+
+
+def _malformed(hook: str) -> tuple[Any, ...]:
+    allowed = HOOK_VALUES[hook]
+    if allowed is float:
+        return _MALFORMED["float"]
+    if allowed is int:
+        return _MALFORMED["int"]
+    if allowed is bool:
+        return _MALFORMED["bool"]
+    return _MALFORMED["choice"]
+
+
+def stack_guard_problems() -> list[str]:
+    """The policy stack refuses (``PolicyError``) every malformed answer: a value of the
+    wrong type or out of range, no ``Decision``, an empty reason; the engine never acts on
+    one, whatever a user's policy returns."""
+    from kvlife.policies.stack import PolicyStack
+
+    v = next(views(count=1))
+    args = {"on_arrival": (v.req, v.engine), "lookup_mode": (v.req, v.engine), "lookup_reuse": (v.req, v.engine),
+            "prefetch_patience": (v.req, v.prefetch, v.engine), "admission": (v.req, v.load, v.engine),
+            "store_limit": (v.req, v.engine), "hold_at_finish": (v.req, v.stores_in_flight, v.engine),
+            "on_load_failure": (v.req, v.failed_blocks, v.engine)}
+    problems = []
+    for hook, hook_args in args.items():
+        answers: list[Any] = [Decision(value, "a malformed answer") for value in _malformed(hook)]
+        answers += ["not a Decision", Decision(_fallback(hook), "")]
+        for answer in answers:
+            policy = type("Malformed", (), {"name": "malformed", hook: lambda self, *a, _x=answer: _x})()
+            try:
+                PolicyStack([policy]).ask(hook, *hook_args)
+            except PolicyError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - any other failure is the finding
+                problems.append(f"the policy stack raised {type(exc).__name__} on {hook} answer {answer!r}, "
+                                f"not PolicyError")
+                continue
+            problems.append(f"the policy stack accepted the malformed {hook} answer {answer!r}")
+    return problems
+
+
+def _fallback(hook: str) -> Any:
+    """A well-typed value for ``hook`` (the malformed part is elsewhere)."""
+    allowed = HOOK_VALUES[hook]
+    return allowed[0] if isinstance(allowed, tuple) else {float: 1.0, int: 1, bool: True}[allowed]
+
+
 def contract_problems(stack: Any) -> list[str]:
     """Every built-in policy of ``stack`` against its documented properties; every policy
-    against the hooks' arguments. Empty when all hold."""
+    against the hooks' arguments; the stack's refusal of malformed answers. Empty when all
+    hold."""
     from kvlife.policies.loading import check_hooks
     from kvlife.policies.registry import BUILTIN
 
-    problems: list[str] = []
+    problems: list[str] = stack_guard_problems()
     for policy in getattr(stack, "policies", ()):
         name = str(getattr(policy, "name", type(policy).__name__))
         try:

@@ -63,6 +63,10 @@ class TierIndex:
     def free(self) -> int:
         return len(self._free_slots)
 
+    def busy(self) -> list[BlockHash]:
+        """Blocks a transfer still holds: a store not completed, a load still reading."""
+        return [h for h, e in self._entries.items() if not e.ready or e.pins or e.doomed]
+
     def contains(self, block: BlockHash) -> bool:
         entry = self._entries.get(block)
         return entry is not None and entry.ready and not entry.doomed
