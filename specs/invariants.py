@@ -358,6 +358,7 @@ class InvariantObserver:
         # 13: the preemptions the engine counts for a request (its metrics), once inputs stop.
         self.preemptions_probe = preemptions_probe
         self._fail_told: set[str] = set()
+        self._sending: set[str] = set()  # requests in sending (11: when they must leave it)
         self._queue: list[str] = []
         self._looked_up_now: set[str] = set()
         # 11's "finished only after every store is reported": live by default; a trace
@@ -802,6 +803,9 @@ class InvariantObserver:
             self._check_sending_ends(req)
         if trigger == "send_started":
             req.sending_step, req.sending_ticks = self._max_planned + 1, self._ticks
+            self._sending.add(rid)
+        elif source == "sending":
+            self._sending.discard(rid)
         if trigger == "preempted":
             req.preemptions += 1
         if trigger in ("preempted", "failed"):
@@ -940,6 +944,18 @@ class InvariantObserver:
         self._fail(11, f"{req.request_id} completed from sending too early: no output yet of a step planned "
                        f"after it entered sending (step {step} or later; the last output was of step "
                        f"{self._last_output}) and {why}")
+
+    def _check_sending_released(self) -> None:
+        """11, the other way: a request in ``sending`` whose stores were all reported
+        finishes with the output of a step planned after it entered ``sending`` (vLLM's
+        finished_sending comes with it): it does not wait longer."""
+        for rid in sorted(self._sending):
+            req = self.requests[rid]
+            if not any(not job.complete and not job.timed_out and not job.reclaimed for job in req.stores) \
+                    and req.sending_step is not None and self._last_output >= req.sending_step:
+                self._fail(11, f"{rid} stays in sending though its stores were all reported and the output of step "
+                               f"{self._last_output} (planned after it entered sending) came")
+                return
 
     def _on_lookup_reuse(self, record: dict[str, Any]) -> None:
         """12: a kept answer is used again only if the admission that used it before was
@@ -1232,6 +1248,8 @@ class InvariantObserver:
                                   f"t={now:g}, yet the tick did not give it up")
         if self.store_rule is not None and self._store_watch and self.cut is None:
             self._check_store_offers()
+        if self._sending and not self.from_trace and self.cut is None and self._input_is("step_output"):
+            self._check_sending_released()
         if self.wakeup_probe is not None and self._input is not None and self.cut is None:
             self._check_wakeup()
         if self.tier_probe is not None and self.tier_content_known and self.cut is None:

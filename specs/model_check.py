@@ -713,13 +713,16 @@ class LifecycleMachine(RuleBasedStateMachine):
                 for _ in list(remaining):
                     self._report(job_id, 0, False)
 
-    def time_passes(self) -> None:
+    def time_passes(self, exact: bool = False) -> None:
         """Nothing happens for a while: the next input comes after the transfer deadline
-        (or after the engine's next deadline: a prefetch patience, a lookup, a reclaim)."""
+        (or after the engine's next deadline: a prefetch patience, a lookup, a reclaim);
+        ``exact``: at that very deadline (a boundary: at its deadline, patience is over)."""
         jump = (self.deadline or 0.0) + 1.0
         wake = self.engine.next_wakeup()
         if wake is not None:
             jump = max(jump, wake - self.t)
+            if exact:
+                jump = max(0.0, wake - self.t - 1.0)  # the next input (_now) lands on it
         self.t += jump
         self.log.append(f"(time passes: {jump:g} ms)")
 
@@ -1180,7 +1183,8 @@ ACTIONS: tuple[Action, ...] = (
     Action("oversized_arrival", 1, args=(("extra", st.integers(0, 1)),)),
     Action("first_step_finishes", 3, lambda self: not self.steps and not self.request_ids,
            (("blocks", st.integers(1, 3)),)),
-    Action("time_passes", 3, lambda self: self.deadline is not None or self.engine.next_wakeup() is not None),
+    Action("time_passes", 3, lambda self: self.deadline is not None or self.engine.next_wakeup() is not None,
+           (("exact", st.booleans()),)),
     Action("step_output", 14, lambda self: bool(self.steps), swarm=False),
     Action("step_output_reordered", 3, lambda self: len(self.steps) >= 2),
     Action("stale_step_output", 2, lambda self: bool(self.delivered_steps),
