@@ -202,6 +202,7 @@ class _Req:
     # straight to running; its first chunk must start at or past them.
     cached_at_admit: int | None = None
     answer_reuses: int = 0  # 13: lookup_reuse records since its last answer
+    landed: dict[int, str] = attrs.Factory(dict)  # 12: blocks its prefetch of this epoch landed, and where
 
     def hash_at(self, i: int) -> int:
         """The hash of this request's block ``i`` (a prompt block, or derived past it)."""
@@ -715,6 +716,11 @@ class InvariantObserver:
                         job.sources.get(move.block_hash, _Prov(move.block_hash, bt, bt)), writer=None)
                     if self.tier_probe is not None:
                         self._landed_due.append((job.job_id, move.dst_tier, move.block_hash))
+                    owner = self.requests.get(job.request_id)
+                    wait = self._prefetch_of.get(job.request_id)
+                    if owner is not None and wait is not None and wait[0] is job and wait[1] == owner.epoch \
+                            and not job.abandoned:
+                        owner.landed[move.block_hash] = move.dst_tier
             return
         for move in job.moves:
             _drop(self._busy_blocks, move.device_block, job)
@@ -829,6 +835,7 @@ class InvariantObserver:
         elif trigger == "lookup_answered":
             req.lookup_epoch = None
             req.answer_reuses = 0
+            req.landed.clear()  # a new answer says where its blocks are
         if source == "lookup_pending":
             self._pending_lookups.pop(rid, None)
         if trigger in _EPOCH_BUMPS:
@@ -836,6 +843,7 @@ class InvariantObserver:
             req.lookup_epoch = None
             req.restart()
             req.answer_reuses = 0
+            req.landed.clear()
         if trigger in ("admitted", "load_done"):
             req.fresh = True
             self._store_watch.add(rid)
@@ -1526,6 +1534,11 @@ class InvariantObserver:
                     self._fail(2, f"{kind} job {job.job_id} uses device block {move.device_block} while "
                                   f"{other.kind} job {other.job_id} still moves it")
             if kind == "load":
+                landed = req.landed.get(move.block_hash) if req is not None else None
+                if landed is not None and move.tier != landed and self.tier_probe is not None \
+                        and self.tier_probe(landed, move.block_hash):
+                    self._fail(12, f"load job {job.job_id} ({job.request_id}) reads block {move.block_hash} from "
+                                   f"{move.tier}, though its own prefetch landed it in {landed}, which holds it")
                 if self._loading_hashes.get(move.block_hash):
                     self.tally.counts["redundant_block_loads"] += 1  # a second load of a block in flight
                 if self.sharing:

@@ -543,7 +543,9 @@ ZOO: tuple[ZooBug, ...] = (
            "docs/design.md (stale lookups)", lambda: PolicyStack([AsyncLookups()]), LookupNotDiscarded),
     ZooBug("load_done_after_one_rank", "a load counted done after one of its ranks", 3,
            "docs/design.md (TP ranks)", engine_factory=_first_rank_done),
-    ZooBug("send_recv_swapped", "finished_sending and finished_recving swapped", 7,
+    # 11: a request whose stores are reported is not released at the step output that
+    # should release it (before the drain finds it stuck, 7).
+    ZooBug("send_recv_swapped", "finished_sending and finished_recving swapped", 11,
            "docs/design.md", engine_factory=SwappedSendRecv),
     ZooBug("store_covers_placeholders", "a store covering placeholder tokens", 5,
            "vllm#27644", lambda: PolicyStack([StoreScheduledTokens()])),
@@ -557,7 +559,9 @@ ZOO: tuple[ZooBug, ...] = (
            "docs/design.md", engine_factory=KeepsFailedBlocks),
     ZooBug("duplicate_report_counted_twice", "a duplicate rank report counted twice", 3,
            "docs/design.md", engine_factory=_with_ranks(CountsDuplicateReports)),
-    ZooBug("head_of_line_never_fits", "requests parked forever behind a head that can never be scheduled", 7,
+    # 11: the engine admits the head that can never run (the observer's size check) before
+    # the drain sees the queue behind it parked (7).
+    ZooBug("head_of_line_never_fits", "requests parked forever behind a head that can never be scheduled", 11,
            "vllm#57841", engine_factory=QueuesOversizedPrompts),
     ZooBug("lookup_every_pass", "a pending lookup submitted again on every scheduler pass", 12,
            "vllm#49829", engine_factory=_with_scheduler(LooksUpEveryPass)),
@@ -567,7 +571,8 @@ ZOO: tuple[ZooBug, ...] = (
            "vllm#56194", engine_factory=LateCompletion),
     ZooBug("finish_store_includes_last_token", "a finish-time store watermark that includes the never-written "
            "last token", 5, "vllm#54193", engine_factory=StoresLastTokenAtFinish),
-    ZooBug("computed_kept_across_preemption", "cached-token counts not reset on preemption", 10,
+    # 8: admitted again, it computes from its old count over fewer blocks than its tokens need.
+    ZooBug("computed_kept_across_preemption", "cached-token counts not reset on preemption", 8,
            "vllm#36752", engine_factory=_with_scheduler(KeepsComputedScheduler)),
     ZooBug("async_hit_recorded_twice", "async hits recorded twice, the second as 0", 13,
            "vllm#28585", engine_factory=_with_scheduler(RecordsHitTwiceScheduler)),
