@@ -1059,7 +1059,10 @@ class LifecycleMachine(RuleBasedStateMachine):
                 or any(not job.timed_out for job in engine.jobs.values())):
             return None
         bt = engine.config.block_tokens
-        for req in sorted((r for r in engine.requests.values() if r.state == "waiting"), key=lambda r: r.seq):
+        queue = getattr(getattr(engine, "state", None), "waiting", None)
+        if queue is None:  # an engine without a visible queue: arrival order
+            queue = sorted(engine.requests.values(), key=lambda r: r.seq)
+        for req in [r for r in queue if r.state == "waiting"]:  # (a preempted one is first in line)
             decided = req.last_decisions.get("admission")
             if decided is not None and decided[1] == "defer":
                 continue
