@@ -61,7 +61,7 @@ from kvlife.specs.table import TABLE, IllegalTransition
 EngineFactory = Callable[..., Any]  # (EngineConfig, PolicyStack, tiers=..., recorder=...) -> Engine
 StackSpec = Sequence[str] | Callable[[], Any]
 
-DEFAULT_EXAMPLES = 100
+DEFAULT_EXAMPLES = 200
 DEFAULT_STEPS = 50
 # The drain gives up when no request finished for this many ticks (a livelock).
 STALL_ROUNDS = 150

@@ -11,7 +11,7 @@ from kvlife.lifecycle.cli.parsing import add_json_flag, add_stack_flag, positive
 
 # specs.model_check's DEFAULT_EXAMPLES / DEFAULT_STEPS, written here so building the parser
 # does not import Hypothesis (a test checks they agree).
-DEFAULT_EXAMPLES = 100
+DEFAULT_EXAMPLES = 200
 DEFAULT_STEPS = 50
 
 
