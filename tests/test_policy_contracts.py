@@ -65,3 +65,25 @@ def test_a_user_policy_is_held_only_to_the_hooks_arguments() -> None:
 
     problems = contract_problems(PolicyStack([TooFew()]))
     assert problems and "cannot take the 3 arguments" in problems[0]
+
+
+def test_a_stack_that_lets_a_nan_patience_through_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stack's own guard is checked too: a policy's malformed answer never reaches the engine.
+    import kvlife.policies.stack as stack_module
+
+    real = stack_module._check_decision
+
+    def lenient(policy: str, hook: str, decision: object) -> None:
+        if hook == "prefetch_patience" and isinstance(decision, Decision) and decision.value != decision.value:
+            return  # NaN let through
+        real(policy, hook, decision)
+
+    monkeypatch.setattr(stack_module, "_check_decision", lenient)
+    problems = contract_problems(load_stack([]))
+    assert problems and "accepted the malformed prefetch_patience answer Decision(value=nan" in problems[0]
+
+
+def test_the_real_stack_refuses_every_malformed_answer() -> None:
+    from kvlife.specs.policy_contracts import stack_guard_problems
+
+    assert stack_guard_problems() == []
