@@ -3,6 +3,7 @@
     python scripts/mutation.py run [--sample N | --all] [--seed S] [--session PATH]
     python scripts/mutation.py report [--session PATH] [--survivors]
     python scripts/mutation.py rerun [--session PATH]      # survivors again (after a checker change)
+    python scripts/mutation.py all-detectors [--session PATH]  # check's survivors against every detector
 
 The tool is Cosmic Ray (``pip install -e .[mutation]``), configured in pyproject.toml under
 ``[tool.cosmic-ray]``: it mutates ``lifecycle/engine/`` and ``policies/`` in place, one
@@ -33,6 +34,7 @@ import argparse
 import ast
 import json
 import math
+import os
 import random
 import re
 import sqlite3
@@ -278,6 +280,51 @@ def rerun_survivors(session: Path, scope: str | None) -> int:
     return run(session, None, 0, fresh=False, scope=scope)
 
 
+def all_detectors(session: Path) -> int:
+    """The score of every detector together: ``kvlife check``'s survivors (not judged
+    equivalent or text-only) run again, each in a copy of the sources with its diff
+    applied, through ``scripts/mutation_detect.py --all-detectors`` (check, then a
+    validated chaos run, then the engine's test files)."""
+    import shutil
+    import tempfile
+
+    known = equivalents()
+    found = mutants(session)
+    survivors = [m for m in found if classify(m, known) == "survived"]
+    caught = sum(1 for m in found if classify(m, known) in ("killed", "timeout"))
+    judged = caught + len(survivors)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    still = []
+    for m in survivors:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp) / "repo"
+            for folder in ("lifecycle", "policies", "specs", "transfer", "tests", "scripts"):
+                shutil.copytree(ROOT / folder, root / folder, ignore=ignore)
+            shutil.copytree(ROOT / "kvlife", root / "kvlife", symlinks=True, ignore=ignore)
+            shutil.copy(ROOT / "pyproject.toml", root)
+            diff = (m["diff"] or "").replace("--- mutation diff ---\n", "")
+            patched = subprocess.run(["patch", "-p1", "--quiet"], cwd=root, input=diff, text=True,
+                                     capture_output=True, check=False)
+            if patched.returncode != 0:
+                print(f"{m['path']}:{m['line']} {m['operator']}: the diff does not apply: {patched.stdout.strip()}")
+                still.append(m)
+                continue
+            env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+            done = subprocess.run([sys.executable, "scripts/mutation_detect.py", "--all-detectors"], cwd=root, env=env,
+                                  capture_output=True, text=True, check=False, timeout=7200)
+            last = [line for line in done.stdout.splitlines() if line.startswith("mutation_detect:")]
+            verdict = last[-1] if last else done.stdout.strip()[-200:]
+            print(f"{m['path']}:{m['line']} {m['operator']}: {verdict}", flush=True)
+            if done.returncode == 0:
+                still.append(m)
+    killed = judged - len(still)
+    low, high = wilson(killed, judged)
+    print(f"\nall detectors together: {killed}/{judged} ({100 * killed / max(judged, 1):.1f} %; 95 % Wilson interval "
+          f"{100 * low:.1f}-{100 * high:.1f} %); kvlife check alone: {caught}/{judged}; survivors of all: "
+          + (", ".join(f"{m['path']}:{m['line']}" for m in still) or "none"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -296,12 +343,16 @@ def main(argv: list[str] | None = None) -> int:
     for p in (run_p, sub.add_parser("report", help="print the table of a session"), rerun_p):
         p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
     sub.choices["report"].add_argument("--survivors", action="store_true", help="print every survivor's diff")
+    all_p = sub.add_parser("all-detectors", help="check's survivors against every detector (chaos validate, pytest)")
+    all_p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.session, None if args.all else args.sample, args.seed, fresh=not args.resume,
                    scope=args.scope)
     if args.command == "rerun":
         return rerun_survivors(args.session, args.scope)
+    if args.command == "all-detectors":
+        return all_detectors(args.session)
     return report(args.session, args.survivors)
 
 

@@ -1,4 +1,4 @@
-"""An independent observer of the invariants of DESIGN.md ("Invariants"): 0-8 and 10-13.
+"""An independent observer of the invariants of DESIGN.md ("Invariants"): 0-8 and 10-13 (14 in fast_twin).
 
 The observer never asks the engine what happened: it rebuilds its own picture from the
 stream a run produces — input events, trace records and, when it runs live beside the
