@@ -302,8 +302,9 @@ def all_detectors(session: Path) -> int:
                 shutil.copytree(ROOT / folder, root / folder, ignore=ignore)
             shutil.copytree(ROOT / "kvlife", root / "kvlife", symlinks=True, ignore=ignore)
             shutil.copy(ROOT / "pyproject.toml", root)
-            diff = (m["diff"] or "").replace("--- mutation diff ---\n", "")
-            patched = subprocess.run(["patch", "-p1", "--quiet"], cwd=root, input=diff, text=True,
+            diff = (m["diff"] or "").replace("--- mutation diff ---\n", "").rstrip("\n") + "\n"
+            patched = subprocess.run(["patch", "-p1", "--quiet", "--no-backup-if-mismatch"], cwd=root, input=diff,
+                                     text=True,
                                      capture_output=True, check=False)
             if patched.returncode != 0:
                 print(f"{m['path']}:{m['line']} {m['operator']}: the diff does not apply: {patched.stdout.strip()}")
