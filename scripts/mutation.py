@@ -4,6 +4,7 @@
     python scripts/mutation.py report [--session PATH] [--survivors]
     python scripts/mutation.py rerun [--session PATH]      # survivors again (after a checker change)
     python scripts/mutation.py all-detectors [--session PATH]  # check's survivors against every detector
+    python scripts/mutation.py export FILE                  # the sample, for run --sample-file FILE
 
 The tool is Cosmic Ray (``pip install -e .[mutation]``), configured in pyproject.toml under
 ``[tool.cosmic-ray]``: it mutates ``lifecycle/engine/`` and ``policies/`` in place, one
@@ -133,14 +134,31 @@ def skip(session: Path, job_ids: list[str], why: str) -> None:
                        "VALUES (?, 'SKIPPED', ?, NULL, NULL)", [(j, why) for j in job_ids])
 
 
-def filter_session(session: Path, config: dict[str, Any], sample: int | None, seed: int) -> None:
+def mutant_key(m: dict[str, Any]) -> str:
+    """A mutant's identity on given sources, stable across sessions (Cosmic Ray's job ids
+    are random): file, operator and occurrence, with the position for the reader."""
+    return f"{m['path']} {m['operator']} {m['occurrence']} {m['line']}:{m['col']}"
+
+
+def export_sample(session: Path, out: Path) -> int:
+    """Write the session's sample (the mutants it ran), one ``mutant_key`` per line."""
+    keys = sorted(mutant_key(m) for m in mutants(session) if m["worker"] != "skipped")
+    out.write_text("\n".join(keys) + "\n")
+    print(f"{len(keys)} mutants written to {out}")
+    return 0
+
+
+def filter_session(session: Path, config: dict[str, Any], sample: int | None, seed: int,
+                   sample_file: Path | None = None) -> None:
     excluded = config.get("filters", {}).get("operators-filter", {}).get("exclude-operators", [])
     pattern = re.compile("|".join(f"(?:{e})" for e in excluded)) if excluded else None
     spans: dict[str, list[tuple[tuple[int, int], tuple[int, int]]]] = {}
     dropped: list[str] = []
     annotated: list[str] = []
     candidates: dict[str, list[str]] = defaultdict(list)
+    keys: dict[str, str] = {}
     for m in mutants(session):
+        keys[m["job_id"]] = mutant_key(m)
         if pattern is not None and pattern.match(m["operator"]):
             dropped.append(m["job_id"])
             continue
@@ -154,12 +172,18 @@ def filter_session(session: Path, config: dict[str, Any], sample: int | None, se
     skip(session, annotated, "inside a type annotation (equivalent)")
     total = sum(len(v) for v in candidates.values())
     print(f"{total} mutants after filtering ({len(dropped)} of excluded operators, {len(annotated)} in annotations)")
+    if sample_file is not None:
+        wanted = {line.strip() for line in sample_file.read_text().splitlines() if line.strip()}
+        outside = [j for jobs in candidates.values() for j in jobs if keys[j] not in wanted]
+        skip(session, outside, "not in the sample")
+        print(f"sample: {total - len(outside)} mutants from {sample_file} ({len(wanted)} listed)")
+        return
     if sample is None or sample >= total:
         return
     rng = random.Random(seed)
     unsampled: list[str] = []
     for path in sorted(candidates):
-        jobs = sorted(candidates[path])
+        jobs = sorted(candidates[path], key=keys.__getitem__)  # by identity, not by random job id
         share = max(1, round(sample * len(jobs) / total))
         keep = set(rng.sample(jobs, min(share, len(jobs))))
         unsampled += [j for j in jobs if j not in keep]
@@ -249,7 +273,8 @@ def _score(counts: Counter[str]) -> str:
     return f"{100 * (counts['killed'] + counts['timeout']) / judged:.0f} %" if judged else "-"
 
 
-def run(session: Path, sample: int | None, seed: int, fresh: bool, scope: str | None = None) -> int:
+def run(session: Path, sample: int | None, seed: int, fresh: bool, scope: str | None = None,
+        sample_file: Path | None = None) -> int:
     config = pyproject_config()
     if scope is not None:
         config["test-command"] += f" --scope {scope}"
@@ -260,7 +285,7 @@ def run(session: Path, sample: int | None, seed: int, fresh: bool, scope: str | 
         session.unlink(missing_ok=True)
         subprocess.run([sys.executable, "-m", "cosmic_ray.cli", "init", str(cr_config), str(session)],
                        cwd=ROOT, check=True)
-        filter_session(session, config, sample, seed)
+        filter_session(session, config, sample, seed, sample_file)
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *config["module-path"]], cwd=ROOT,
                            capture_output=True, text=True, check=False).stdout.strip()
     if dirty:
@@ -336,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--all", action="store_true", help="run every mutant (hours on a laptop)")
     run_p.add_argument("--seed", type=int, default=11, help="sampling seed")
     run_p.add_argument("--resume", action="store_true", help="continue an interrupted session")
+    run_p.add_argument("--sample-file", type=Path, default=None,
+                       help="run exactly the mutants listed (one per line, as `export` writes them)")
     rerun_p = sub.add_parser("rerun", help="run the survivors of a session again")
     for p in (run_p, rerun_p):
         p.add_argument("--scope", choices=("owner", "all"), default=None,
@@ -344,12 +371,17 @@ def main(argv: list[str] | None = None) -> int:
     for p in (run_p, sub.add_parser("report", help="print the table of a session"), rerun_p):
         p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
     sub.choices["report"].add_argument("--survivors", action="store_true", help="print every survivor's diff")
+    export_p = sub.add_parser("export", help="write the session's sample, to run it again with --sample-file")
+    export_p.add_argument("out", type=Path)
+    export_p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
     all_p = sub.add_parser("all-detectors", help="check's survivors against every detector (chaos validate, pytest)")
     all_p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.session, None if args.all else args.sample, args.seed, fresh=not args.resume,
-                   scope=args.scope)
+                   scope=args.scope, sample_file=args.sample_file)
+    if args.command == "export":
+        return export_sample(args.session, args.out)
     if args.command == "rerun":
         return rerun_survivors(args.session, args.scope)
     if args.command == "all-detectors":
