@@ -360,6 +360,7 @@ class InvariantObserver:
         self.preemptions_probe = preemptions_probe
         self._fail_told: set[str] = set()
         self._sending: set[str] = set()  # requests in sending (11: when they must leave it)
+        self._oversized_now: str | None = None  # 1: a prompt that can never run, arrived in this handling
         self._queue: list[str] = []
         self._looked_up_now: set[str] = set()
         # 11's "finished only after every store is reported": live by default; a trace
@@ -614,6 +615,9 @@ class InvariantObserver:
                     max_tokens=getattr(event, "max_tokens", None), arrival_blocks=len(event.block_hashes))
                 if self.fifo:
                     self._queue.append(event.request_id)
+                if self.device_blocks is not None and not self.from_trace \
+                        and -(-(event.prompt_tokens + 1) // self.block_tokens) > self.device_blocks:
+                    self._oversized_now = event.request_id
         elif kind == "transfer_report":
             job = self.jobs.get(event.job_id)
             if job is None or job.complete or job.reclaimed or not 0 <= event.rank < self.ranks:
@@ -1232,6 +1236,11 @@ class InvariantObserver:
         # A cut inside a handling (a second Ctrl-C does not wait) may have come before the
         # engine recorded the completion: only a cut between handlings says it is clean.
         cut_inside = self.cut is not None and self.cut.get("clean") is False
+        if self._oversized_now is not None:
+            rid, self._oversized_now = self._oversized_now, None
+            if self.requests[rid].state != "finished" and self.cut is None:
+                self._fail(1, f"{rid}'s prompt and its first output token need more than the device's "
+                              f"{self.device_blocks} blocks, yet it did not fail at its arrival: it can never run")
         for job in self._completed_now:
             if not job.done_recorded and not cut_inside:
                 self._fail(3, f"{job.kind} job {job.job_id}: every rank reported, yet it was not completed")

@@ -679,9 +679,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.feed(Arrival(self._now(), new, len(hashes) * bt + extra, tuple(hashes)))
 
     def oversized_arrival(self, extra: int = 1) -> None:
-        """A prompt that can never run, and must not block the queue: larger than the device
-        (``extra`` 1), or filling it exactly, with no block left for its first output
-        token (``extra`` 0)."""
+        """A prompt at the device's size: larger than the device (``extra`` 1), or filling it
+        exactly, with no block left for its first output token (``extra`` 0): it can never
+        run and must not block the queue; or one token less (``extra`` -1): it just fits."""
         from kvlife.lifecycle.engine.events import Arrival
 
         config = self.engine.config
@@ -1183,7 +1183,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("revisit", 3, lambda self: bool(self.request_ids), (
         ("i", st.integers(0, 15)), ("blocks", st.integers(1, 5)), ("extra", st.integers(1, 3)),
         ("output", st.integers(1, 8)))),
-    Action("oversized_arrival", 1, args=(("extra", st.integers(0, 1)),)),
+    Action("oversized_arrival", 1, args=(("extra", st.integers(-1, 1)),)),
     Action("first_step_finishes", 3, lambda self: not self.steps and not self.request_ids,
            (("blocks", st.integers(1, 3)),)),
     Action("time_passes", 3, lambda self: self.deadline is not None or self.engine.next_wakeup() is not None,
