@@ -218,6 +218,9 @@ class World:
     # one input by input (14; ``fast_twin.FastTwin``). As the simulator: not under async
     # scheduling.
     fast_twin: bool = False
+    # The engine lets go of finished requests once nothing refers to them (the simulator's
+    # retention); at the end none may be left.
+    retention: bool = False
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -241,6 +244,7 @@ class World:
             reclaim_deadline=rng.choice([480_000.0, 60.0, 60.0]),
             max_async_lookups=rng.choice([1024, 1, 2, 3]),
             fast_twin=rng.random() < 0.6,
+            retention=rng.random() < 0.3,
         )
 
 
@@ -411,6 +415,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.broken = False
         self.swarm: dict[str, int] = {}  # per-example weight multipliers of the rare actions
         self.twin: FastTwin | None = None  # the fast-path engine fed the same inputs (14)
+        self.arrival_hashes: dict[str, tuple[int, ...]] = {}
+        self.retired: dict[str, Any] = {}  # requests the engine retired, as they left
+        self.retention = False  # the engine retires finished requests (Engine(retire=...))
         self.records: list[dict[str, Any]] = []  # this input's records, for the twin
 
     # ---- setup -------------------------------------------------------------------------
@@ -454,7 +461,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             observer.seed_tier(lowest.name, warmed)
         factory = cls.engine_factory or Engine
         self.observer = observer
-        self.engine = factory(config, stack, tiers=tiers, recorder=self._on_record)
+        self.retention = world.retention and cls.engine_factory is None
+        retire = self._on_retire if self.retention else None
+        self.engine = factory(config, stack, tiers=tiers, recorder=self._on_record, retire=retire) \
+            if self.retention else factory(config, stack, tiers=tiers, recorder=self._on_record)
         self.twin = None
         if world.fast_twin and not async_scheduling and cls.engine_factory is None:
             twin_tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
@@ -463,7 +473,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 lowest.complete_store([h for h, _ in lowest.prepare_store(warmed).accepted])
             twin_records: list[dict[str, Any]] = []
             twin_engine = Engine(config, _with_explorer(_build_stack(cls.stack), explorer), tiers=twin_tiers,
-                                 recorder=twin_records.append)
+                                 recorder=twin_records.append, retire=retire)
             twin_engine.state.fast_limits = StopRules(self.outputs)
             self.twin = FastTwin(twin_engine, twin_records)
         observer.accounting = self.engine.check_invariants
@@ -480,7 +490,28 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"stack {list(stack.names)}, sharing {sharing}, "
                         f"warm {tiers[-1].name if warmed else 'none'} {warmed}"
                         + (", fast-path twin" if self.twin is not None else "")
+                        + (", retention on" if self.retention else "")
                         + (f", explorer {attrs.asdict(explorer)}" if explorer is not None else ""))
+
+    def _on_retire(self, req: Any) -> None:
+        """The engine lets go of a finished request: its metrics stay readable here."""
+        self.retired[req.request_id] = req
+
+    def _request(self, rid: str) -> Any:
+        """The engine's request, or the one it retired."""
+        req = self.engine.requests.get(rid) if self.engine is not None else None
+        return req if req is not None else self.retired.get(rid)
+
+    def _state(self, rid: str) -> str:
+        """A request's state; a request the engine retired (retention on) is finished."""
+        req = self.engine.requests.get(rid)
+        return "finished" if req is None else str(req.state)
+
+    def _hashes(self, rid: str) -> tuple[int, ...]:
+        """A request's block hashes (derived ones included while the engine holds it; its
+        arrival's once retired)."""
+        req = self.engine.requests.get(rid)
+        return tuple(req.hashes) if req is not None else self.arrival_hashes.get(rid, ())
 
     def _in_tier(self, tier: str, block_hash: int) -> bool:
         """Does the engine's ``tier`` hold ``block_hash`` (13)? True if it cannot tell."""
@@ -497,7 +528,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         return getattr(getattr(self.engine, "state", None), "stats", None)
 
     def _preemptions(self, rid: str) -> int | None:
-        req = self.engine.requests.get(rid) if self.engine is not None else None
+        req = self._request(rid)
         count = getattr(req, "preemptions", None)
         return count if isinstance(count, int) else None
 
@@ -507,13 +538,13 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _finish_time(self, rid: str) -> float | None:
         """When the engine's metrics say ``rid`` finished (13); None if it keeps none."""
-        req = self.engine.requests.get(rid) if self.engine is not None else None
+        req = self._request(rid)
         finish = getattr(req, "finish_ms", None)
         return float(finish) if isinstance(finish, (int, float)) else None
 
     def _recorded_hit(self, rid: str) -> int | None:
         """The prefix hit the engine recorded for ``rid`` (device + tier blocks), for 13."""
-        req = self.engine.requests.get(rid) if self.engine is not None else None
+        req = self._request(rid)
         if req is None or not hasattr(req, "tier_hit_blocks"):
             return None
         return int(req.device_hit_blocks + sum(req.tier_hit_blocks.values()))
@@ -537,6 +568,8 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def feed(self, event: Any) -> list[Any]:
         assert self.observer is not None
+        if event.type == "arrival":
+            self.arrival_hashes.setdefault(event.request_id, tuple(event.block_hashes))
         self.log.append(f"t={event.t:g} {describe_input(event)}")
         try:
             commands = self.engine.handle(event)
@@ -556,6 +589,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.observer.end_input()
         if self.observer.violations:
             self._raise(self.observer.violations[0])
+        if self.retention:
+            kept = self._kept_for_nothing()
+            if kept is not None:
+                self._raise(Violation(7, kept, t=event.t))
         if event.type == "tick" and not any(type(c).__name__ == "FreeBlocks" for c in commands):
             # (Blocks freed in the tick may have been freed after its admission pass.)
             idle = self._idle_with_room()
@@ -672,7 +709,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                                   tuple(9000 + 10 * len(self.request_ids) + k for k in range(count))))
         else:
             rid = self.request_ids[i % len(self.request_ids)]
-        hashes = engine.requests[rid].hashes[: min(blocks, 5)]
+        hashes = self._hashes(rid)[: min(blocks, 5)]
         new = f"r{len(self.request_ids)}"
         self.request_ids.append(new)
         self.outputs[new] = output
@@ -753,7 +790,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         from kvlife.lifecycle.engine.events import StepOutput
 
         step_id = 10_000 + i if unknown else self.delivered_steps[i % len(self.delivered_steps)]
-        running = [rid for rid in self.request_ids if self.engine.requests[rid].state == "running"]
+        running = [rid for rid in self.request_ids if self._state(rid) == "running"]
         finished = ((running[i % len(running)], "stopped"),) if running else ()
         self.feed(StepOutput(self._now(), step_id, finished))
 
@@ -796,7 +833,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         older epoch if there are any (the rarer case), else those the last admission consumed."""
         pending = {rid for rid, _, _, _ in self.lookups}
         found = [old for old in self.old_lookups if old[0] in pending
-                 and self.engine.requests[old[0]].state == "lookup_pending"]
+                 and self._state(old[0]) == "lookup_pending"]
         older = [old for old in found if old[1] < self.engine.requests[old[0]].epoch]
         return older or found
 
@@ -901,7 +938,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             job = self.engine.jobs.get(job_id)
             if job is None or not job.timed_out:
                 continue
-            states = {self.engine.requests[rid].state for rid, _ in job.waiters}
+            states = {self._state(rid) for rid, _ in job.waiters}
             if "running" in states:
                 running.append(job_id)
             elif "waiting" in states:
@@ -939,22 +976,22 @@ class LifecycleMachine(RuleBasedStateMachine):
         states (loading, sending, lookup_pending) get aborted as often as common ones."""
         from kvlife.lifecycle.engine.events import Abort
 
-        states = {self.engine.requests[rid].state for rid in self.request_ids}
+        states = {self._state(rid) for rid in self.request_ids}
         present = [s for s in TABLE.states if s in states]
         state = present[k % len(present)]
-        pool = [rid for rid in self.request_ids if self.engine.requests[rid].state == state]
+        pool = [rid for rid in self.request_ids if self._state(rid) == state]
         self.feed(Abort(self._now(), pool[i % len(pool)]))
 
     def abort_waiting_on_io(self, i: int) -> None:
         """Abort a request that waits on IO (a lookup, a load, its stores)."""
         from kvlife.lifecycle.engine.events import Abort
 
-        pool = [rid for rid in self.request_ids if self.engine.requests[rid].state in IO_WAIT_STATES]
+        pool = [rid for rid in self.request_ids if self._state(rid) in IO_WAIT_STATES]
         self.feed(Abort(self._now(), pool[i % len(pool)]))
 
     def corrupt_block(self, i: int) -> None:
         """A tier copy goes bad: every load of it fails until it is stored again."""
-        stored = sorted({(name, h) for rid in self.request_ids for h in self.engine.requests[rid].hashes
+        stored = sorted({(name, h) for rid in self.request_ids for h in self._hashes(rid)
                          for name, tier in self.engine.tiers.items() if tier.contains(h)})
         if not stored:
             return
@@ -1046,6 +1083,18 @@ class LifecycleMachine(RuleBasedStateMachine):
                else f"{head.request_id} first in line")
         names = ", ".join(f"{r.request_id} ({-(-r.known_tokens // bt)} blocks)" for r in fits)
         return f"nothing runs and {free} device blocks are free, yet {names} wait ({why})"
+
+    def _kept_for_nothing(self) -> str | None:
+        """7 with retention: a finished request leaves the engine at the end of the handling
+        in which nothing refers to it any more (no store of it in flight, no prefetch it
+        waits on, no load in flight that will tell it its outcome)."""
+        state = self.engine.state
+        told = {w for job in state.jobs.values() if job.kind == "load" and not job.timed_out for w, _ in job.waiters}
+        for rid, req in state.requests.items():
+            if req.state == "finished" and not req.store_jobs and rid not in state.prefetch_waits \
+                    and rid not in state.wants_prefetch and rid not in told:
+                return f"{rid} finished and nothing refers to it, yet the engine still holds it (retention)"
+        return None
 
     def _idle_with_room(self) -> str | None:
         """11 after a tick: if nothing runs, loads, stores or pulls and no step is in flight,
@@ -1150,6 +1199,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         stranded = engine.stranded()
         if stranded:
             self._raise(Violation(7, f"engine.stranded() after drain: {stranded}"))
+        if self.retention and engine.requests:
+            held = sorted(engine.requests)[:5]
+            self._raise(Violation(7, f"stranded: requests {held} ({len(engine.requests)} in all) are still held after "
+                                     f"every request finished and every job ended: retention never let go of them"))
         for name, tier in getattr(engine, "tiers", {}).items():
             busy = tier.busy() if hasattr(tier, "busy") else []
             if busy:
@@ -1213,7 +1266,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("bogus_report", 1, args=(("kind", st.sampled_from(["unknown_job", "bad_rank"])),)),
     Action("abort", 3, lambda self: bool(self.request_ids), (("k", st.integers(0, 5)), ("i", st.integers(0, 15)))),
     Action("abort_waiting_on_io", 2, lambda self: any(
-        self.engine.requests[rid].state in IO_WAIT_STATES for rid in self.request_ids), (("i", st.integers(0, 15)),)),
+        self._state(rid) in IO_WAIT_STATES for rid in self.request_ids), (("i", st.integers(0, 15)),)),
     Action("corrupt_block", 2, lambda self: bool(self.request_ids), (("i", st.integers(0, 15)),)),
 )
 
