@@ -559,9 +559,9 @@ ZOO: tuple[ZooBug, ...] = (
            "docs/design.md", engine_factory=KeepsFailedBlocks),
     ZooBug("duplicate_report_counted_twice", "a duplicate rank report counted twice", 3,
            "docs/design.md", engine_factory=_with_ranks(CountsDuplicateReports)),
-    # 11: the engine admits the head that can never run (the observer's size check) before
-    # the drain sees the queue behind it parked (7).
-    ZooBug("head_of_line_never_fits", "requests parked forever behind a head that can never be scheduled", 11,
+    # 1: a prompt that can never run is queued instead of failed at its arrival (the fix of
+    # vllm#57841), before the drain sees the queue behind it parked (7).
+    ZooBug("head_of_line_never_fits", "requests parked forever behind a head that can never be scheduled", 1,
            "vllm#57841", engine_factory=QueuesOversizedPrompts),
     ZooBug("lookup_every_pass", "a pending lookup submitted again on every scheduler pass", 12,
            "vllm#49829", engine_factory=_with_scheduler(LooksUpEveryPass)),
