@@ -279,6 +279,17 @@ def _world_config(tiers: tuple[str, ...], ranks: int, eviction: str) -> Any:
         tiers=tuple(TierConfig(n, capacity_blocks=TIER_CAPACITY[n], eviction=eviction) for n in tiers))
 
 
+def _tier_indexes(config: Any, warmed: Sequence[int]) -> list[Any]:
+    """The engine's tiers, empty but for ``warmed`` in the lowest (a previous life's copies)."""
+    from kvlife.transfer.index import TierIndex
+
+    tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
+    if warmed:
+        lowest = tiers[-1]
+        lowest.complete_store([h for h, _ in lowest.prepare_store(warmed).accepted])
+    return tiers
+
+
 def _build_stack(stack: StackSpec) -> Any:
     from kvlife.policies.loading import load_stack
 
@@ -424,7 +435,6 @@ class LifecycleMachine(RuleBasedStateMachine):
     @initialize(seed=st.integers(0, 2**32 - 1))
     def start(self, seed: int) -> None:
         from kvlife.lifecycle.engine.core import Engine
-        from kvlife.transfer.index import TierIndex
 
         cls = type(self)
         world = World.draw(seed)
@@ -448,17 +458,15 @@ class LifecycleMachine(RuleBasedStateMachine):
                                      deferred_frees=config.async_scheduling and bool(config.tiers), fifo=True,
                                      finish_probe=self._finish_time, device_blocks=config.device_blocks,
                                      wakeup_probe=self._next_wakeup, preemptions_probe=self._preemptions)
-        tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
         warmed: list[int] = []
-        if world.warm and tiers:
+        if world.warm and config.tiers:
             # A previous life left prefixes in the lowest tier: the first requests load
             # (or, with early prefetch, pull them up into the host tier first).
-            lowest = tiers[-1]
             warmed = sorted({f * 1000 + (0 if i == 0 else b * 100) + i for f in range(3) for b in range(3)
-                             for i in range(4)})[: lowest.capacity]
-            plan = lowest.prepare_store(warmed)
-            lowest.complete_store([h for h, _ in plan.accepted])
-            observer.seed_tier(lowest.name, warmed)
+                             for i in range(4)})[: config.tiers[-1].capacity_blocks]
+        tiers = _tier_indexes(config, warmed)
+        if warmed:
+            observer.seed_tier(tiers[-1].name, warmed)
         factory = cls.engine_factory or Engine
         self.observer = observer
         self.retention = world.retention and cls.engine_factory is None
@@ -467,12 +475,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             if self.retention else factory(config, stack, tiers=tiers, recorder=self._on_record)
         self.twin = None
         if world.fast_twin and not async_scheduling and cls.engine_factory is None:
-            twin_tiers = [TierIndex(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
-            if warmed:
-                lowest = twin_tiers[-1]
-                lowest.complete_store([h for h, _ in lowest.prepare_store(warmed).accepted])
             twin_records: list[dict[str, Any]] = []
-            twin_engine = Engine(config, _with_explorer(_build_stack(cls.stack), explorer), tiers=twin_tiers,
+            twin_engine = Engine(config, _with_explorer(_build_stack(cls.stack), explorer),
+                                 tiers=_tier_indexes(config, warmed),
                                  recorder=twin_records.append, retire=retire)
             twin_engine.state.fast_limits = StopRules(self.outputs)
             self.twin = FastTwin(twin_engine, twin_records)
@@ -567,6 +572,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.observer.feed_new_commands(commands)
 
     def feed(self, event: Any) -> list[Any]:
+        from kvlife.lifecycle.engine.events import FreeBlocks
+
         assert self.observer is not None
         if event.type == "arrival":
             self.arrival_hashes.setdefault(event.request_id, tuple(event.block_hashes))
@@ -593,7 +600,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             kept = self._kept_for_nothing()
             if kept is not None:
                 self._raise(Violation(7, kept, t=event.t))
-        if event.type == "tick" and not any(type(c).__name__ == "FreeBlocks" for c in commands):
+        if event.type == "tick" and not any(isinstance(c, FreeBlocks) for c in commands):
             # (Blocks freed in the tick may have been freed after its admission pass.)
             idle = self._idle_with_room()
             if idle is not None:
