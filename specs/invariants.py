@@ -615,8 +615,7 @@ class InvariantObserver:
                     max_tokens=getattr(event, "max_tokens", None), arrival_blocks=len(event.block_hashes))
                 if self.fifo:
                     self._queue.append(event.request_id)
-                if self.device_blocks is not None and not self.from_trace \
-                        and -(-(event.prompt_tokens + 1) // self.block_tokens) > self.device_blocks:
+                if not self.from_trace and self._never_fits(event.prompt_tokens) is not None:
                     self._oversized_now = event.request_id
         elif kind == "transfer_report":
             job = self.jobs.get(event.job_id)
@@ -900,13 +899,17 @@ class InvariantObserver:
             return None
         return job, deadline
 
+    def _never_fits(self, known_tokens: int) -> int | None:
+        """The blocks ``known_tokens`` and the next need, if more than the device has (such a
+        request can never run); None if they fit or the device's size is unknown."""
+        need = -(-(known_tokens + 1) // self.block_tokens)
+        return need if self.device_blocks is not None and need > self.device_blocks else None
+
     def _check_fits(self, req: _Req, trigger: str) -> None:
         """11: a request whose known tokens and the next need more blocks than the device
         has can never run: it fails at its admission pass, it is never admitted."""
-        if self.device_blocks is None:
-            return
-        need = -(-(req.prompt_tokens + req.generated + 1) // self.block_tokens)
-        if need > self.device_blocks:
+        need = self._never_fits(req.prompt_tokens + req.generated)
+        if need is not None:
             self._fail(11, f"{req.request_id} admitted ({trigger}) though it needs {need} blocks for its known "
                            f"tokens and the next, and the device has {self.device_blocks}: it can never run")
 
