@@ -2,13 +2,13 @@
 
 A driver that knows when each request stops (the simulator: ``EngineState.fast_limits``)
 lets the engine plan runs of pure decode steps without per-request work
-(``scheduler.Scheduler._form_cohort``) and hand it light step plans (totals and the
-sampling requests instead of per-entry records). Issue 13 requires the results to be
+(``scheduler.Scheduler._cohort_tick``) and hand it light step plans (totals and the
+sampling requests that may stop instead of per-entry records). Issue 13 requires the results to be
 exactly those of the step-by-step path. ``FastTwin`` checks that under the checker's
 adversarial inputs: a second engine, built the same way but with the stop rules given,
 takes every input the checked engine takes; after each one, both must have written the
 same records, issued the same commands (a light plan stands for the full plan with the
-same step id, sync lookups, totals and samplers) and named the same next wakeup.
+same step id, sync lookups and totals, its samplers in the full plan's order) and named the same next wakeup.
 """
 
 from __future__ import annotations
@@ -96,10 +96,12 @@ class FastTwin:
         for mine, theirs in zip(commands, twin_commands, strict=True):
             if isinstance(mine, StepPlan) and isinstance(theirs, StepPlan) and theirs.totals is not None:
                 totals, samplers = plan_totals(mine.entries)
-                cohort = not theirs.samplers and all(e.num_tokens == 1 and e.samples for e in mine.entries)
+                # A light plan may leave out sampling requests it knows do not stop (the
+                # cohort's members): a wrong omission shows as a missing finish afterwards.
+                named = iter(samplers)
                 same = (mine.step_id == theirs.step_id and mine.sync_lookups == theirs.sync_lookups
                         and mine.sync_lookup_keys == theirs.sync_lookup_keys and totals == theirs.totals
-                        and (samplers == theirs.samplers or cohort))
+                        and all(rid in named for rid in theirs.samplers))
                 if not same:
                     return (f"step {mine.step_id}: the fast path's light plan (step {theirs.step_id}, totals "
                             f"{theirs.totals}, samplers {list(theirs.samplers)}) is not the plan step by step "

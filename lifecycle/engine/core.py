@@ -252,14 +252,21 @@ class Engine:
         maybe_store = self.transfers.maybe_store
         finished = dict(event.finished)
         cohort = state.cohort
-        if cohort is not None and entries is cohort.entries and not finished:
-            # A step of the decode cohort (``scheduler.Scheduler._form_cohort``): each
-            # request confirms the token it sampled, and that is all that happens to it.
-            for req in cohort.requests:
-                req.confirmed += 1
-                req.placeholders -= 1
-                req.generated += 1
-            entries = []
+        if cohort is not None and entries is cohort.planned:
+            cohort.planned = None
+            members = cohort.members
+            requests = state.requests
+            if not any(requests.get(rid) in members for rid in finished):
+                # A step of the decode cohort (``scheduler.Scheduler._cohort_tick``): each
+                # member confirms the token it sampled, and that is all that happens to it;
+                # the specials (after the members) are taken as in any step.
+                for req in members:
+                    req.confirmed += 1
+                    req.placeholders -= 1
+                    req.generated += 1
+                entries = entries[len(members):]
+                if entries:
+                    cohort.quiet_head = None  # their outputs change what admission finds
         for req, epoch, n, samples in entries:
             if req.state != "running" or req.epoch != epoch:
                 continue  # preempted or aborted while the step ran: its output is void
@@ -308,7 +315,7 @@ class Engine:
         state = self.state
         lifecycle = self.lifecycle
         state.running.remove(req)
-        state.cohort = None
+        state.drop_cohort_of(req)
         if req.store_jobs and lifecycle.ask(req, "hold_at_finish", req.store_jobs):
             req.finish_reason = reason
             req.finish_ms = state.now

@@ -234,8 +234,8 @@ class StepPlan:
     # (``EngineState.fast_limits``: the simulator): ``entries`` is left empty and only what
     # the step's cost and its output need is given: ``totals`` (tokens, entries, the sum
     # over entries of n x (2 x computed_before + n + 1), the sum of computed_before) and
-    # ``samplers``, the requests that sample a token, in entry order (left empty for a
-    # step of the decode cohort, ``scheduler.DecodeCohort``: none of them stops there).
+    # ``samplers``, the requests that sample a token, in entry order, but for the members of
+    # the decode cohort (``state.DecodeCohort``), none of which stops in the step.
     # None: an ordinary plan, ``entries`` complete.
     totals: tuple[int, int, int, int] | None = None
     samplers: tuple[str, ...] = ()

@@ -142,7 +142,7 @@ class Lifecycle:
         state = self.state
         if req in state.running:
             state.running.remove(req)
-            state.cohort = None
+            state.drop_cohort_of(req)
         if req.state in ("waiting", "lookup_pending") and req in state.waiting:
             state.waiting.remove(req)
         elif req.state == "loading" and req in state.holding:

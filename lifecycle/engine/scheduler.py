@@ -75,7 +75,6 @@ class Scheduler:
         builtin = tuple(BUILTIN.values())
         self._pure_admission = all(type(p) in builtin for p in lifecycle.policies.policies)
         self._blocked_head: Request | None = None  # _admit's last pass stopped at a blocked head
-        self._cohort_blocker: Request | None = None  # the request _form_cohort failed on last
         self.fast_steps = 0  # steps planned for a decode cohort
 
     def tick(self) -> None:
@@ -94,10 +93,9 @@ class Scheduler:
         running = state.running
         if state.fast_limits is not None and running and not state.steps:
             cohort = state.cohort
-            if cohort is None or cohort.left <= 0:
-                cohort = state.cohort = self._form_cohort()
-            if cohort is not None and len(running) <= budget:
-                self._decode_tick(cohort)
+            if cohort is None:
+                cohort = state.cohort = DecodeCohort()
+            if self._cohort_tick(cohort, budget):
                 return
         state.cohort = None
         bt = config.block_tokens
@@ -157,40 +155,100 @@ class Scheduler:
             self.transfers.release_sent()
 
     # ---- the decode fast path --------------------------------------------------------------
-    def _form_cohort(self) -> DecodeCohort | None:
-        """The running requests as a ``DecodeCohort`` if each of them decodes (its prompt
-        computed, one token to compute, no step in flight) and goes on doing only that for
-        at least one more step; None otherwise. A cohort's steps are exactly the steps the
-        ordinary path would plan: each request computes one token and samples it, none
-        fills or needs a block (the step that does is planned the ordinary way), none
-        reaches a block the store or the prefix cache has not caught up with, none stops
-        (``state.fast_limits``). So the tick, ``_emit_plan`` and the step output need not
-        look at each request's numbers: they add one to each (``_decode_tick``,
-        ``core.Engine._on_step_output``)."""
+    def _cohort_tick(self, cohort: DecodeCohort, budget: int) -> bool:
+        """``tick`` with the decode cohort (``state.DecodeCohort``): the same step, records
+        and commands, but the members' share of the step is one token each, added up
+        without looking at them; the specials (the other running requests) are planned as
+        the ordinary loop plans them, in ``running`` order. False, with no request touched,
+        when the step would not schedule every special's whole chunk or would need more
+        free device blocks than there are (budget and preemption then depend on ``running``
+        order: the ordinary tick plans it)."""
         state = self.state
-        limits = state.fast_limits
-        if limits is None:
-            return None
-        blocker = self._cohort_blocker
-        if blocker is not None and blocker.state == "running" and self._decode_room(blocker) <= 0:
-            return None  # the request that kept the last one from forming still does
-        left = 1 << 62
-        before = 0
-        running = state.running
-        for req in running:
-            k = self._decode_room(req)
-            if k <= 0:
-                self._cohort_blocker = req
-                return None
-            if k < left:
-                left = k
-            before += req.computed
-        self._cohort_blocker = None
-        return DecodeCohort(list(running), [(req, req.epoch, 1, True) for req in running], left, before)
+        members = cohort.members
+        step = cohort.step
+        expiring = cohort.expiry.pop(step, None)
+        if expiring is not None:
+            for req in expiring:
+                del members[req]
+                cohort.before -= req.computed
+        specials: list[Request] = []
+        room = self._decode_room
+        for req in state.running:
+            if req not in members:
+                k = room(req)
+                if k > 0:  # it decodes for k steps from this one: a member till then
+                    members[req] = (req, req.epoch, 1, True)
+                    cohort.expiry.setdefault(step + k, []).append(req)
+                    cohort.before += req.computed
+                else:
+                    specials.append(req)
+        count = len(members)
+        left = budget - count
+        bt = state.config.block_tokens
+        pool = state.pool
+        free = pool.free
+        chunks: list[tuple[Request, int, int]] = []
+        for req in specials:
+            known = req.prompt_tokens + req.generated + req.placeholders
+            want = known - req.computed
+            if want <= 0 or (req.placeholders and req.max_tokens is not None
+                             and req.computed + 2 - req.placeholders >= req.prompt_tokens + req.max_tokens):
+                continue  # as the ordinary loop skips it
+            need = -(-(req.computed + want) // bt) - len(req.block_table)
+            if need > 0:
+                free -= need
+            chunks.append((req, want, need))
+            left -= want
+        if left < 0 or free < 0:
+            return False
+        for req in members:
+            req.computed += 1
+            req.placeholders += 1
+        entries: list[Entry] = []
+        for req, n, need in chunks:
+            if need > 0:
+                req.block_table.extend(pool.allocate(need))
+            entries.append(_schedule(req, n))
+        sync_keys: list[int] = []
+        if state.waiting or state.holding:
+            if specials:
+                cohort.quiet_head = None  # their chunks and outputs change what admission finds
+            self._cohort_admit(cohort, left, entries, sync_keys)
+        if self._emit_plan(entries, sync_keys, cohort):
+            cohort.step = step + 1
+            self.fast_steps += 1
+        if state.sent:
+            self.transfers.release_sent()
+        return True
+
+    def _cohort_admit(self, cohort: DecodeCohort, budget: int, entries: list[Entry], sync_keys: list[int]) -> None:
+        """``_admit`` for a cohort's step, skipped while its last pass would repeat."""
+        state = self.state
+        waiting = state.waiting
+        head = cohort.quiet_head
+        if (head is not None and waiting and waiting[0] is head and not state.holding and not state.sent
+                and not state.prefetch_waits and state.now < cohort.quiet_until):
+            return
+        cohort.quiet_head = None
+        commands = len(state.commands)
+        admitted = len(entries)
+        self._blocked_head = None
+        self._admit(budget, entries, sync_keys)
+        if (self._pure_admission and self._blocked_head is not None and len(entries) == admitted
+                and not sync_keys and len(state.commands) == commands
+                and not state.holding and not state.prefetch_waits and not state.sent):
+            # The head was blocked (short of device blocks) and nothing else happened: the
+            # same pass gives the same answer (the built-in policies' admission hooks depend
+            # on what they are given only) until the device, the tiers or the queue's head
+            # change (a special in a step, an input other than an arrival or a step output,
+            # a deadline): skip it till then.
+            wake = state.next_wakeup()
+            cohort.quiet_head = self._blocked_head
+            cohort.quiet_until = math.inf if wake is None else wake
 
     def _decode_room(self, req: Request) -> int:
-        """How many more steps ``req`` (running) would just decode: ``_form_cohort``'s
-        test of each request, 0 if it fails it (or has no stop rule)."""
+        """How many more steps ``req`` (running) would just decode, this tick's included
+        (0 if it would not, or has no stop rule): ``_cohort_tick``'s test of a member."""
         state = self.state
         limits = state.fast_limits
         c = req.computed
@@ -209,63 +267,16 @@ class Scheduler:
             k = min(k, (req.stored_blocks + 1) * bt - c - 1)
         return k
 
-    def _decode_tick(self, cohort: DecodeCohort) -> None:
-        """``tick`` for a cohort: the same step, the same records, the same commands."""
-        state = self.state
-        requests = cohort.requests
-        for req in requests:
-            req.computed += 1
-            req.placeholders += 1
-        count = len(requests)
-        waiting = state.waiting
-        if waiting or state.holding:
-            head = cohort.quiet_head
-            if (head is None or not waiting or waiting[0] is not head or state.holding or state.sent
-                    or state.prefetch_waits or state.now >= cohort.quiet_until):
-                cohort.quiet_head = None
-                commands = len(state.commands)
-                extra: list[Entry] = []
-                sync_keys: list[int] = []
-                self._blocked_head = None
-                self._admit(state.config.max_batched_tokens - count, extra, sync_keys)
-                if extra or sync_keys:  # admission added to the step: an ordinary one after all
-                    state.cohort = None
-                    self._emit_plan([(req, 1, True) for req in requests] + extra, sync_keys)
-                    if state.sent:
-                        self.transfers.release_sent()
-                    return
-                if (self._pure_admission and self._blocked_head is not None and len(state.commands) == commands
-                        and not state.holding and not state.prefetch_waits and not state.sent):
-                    # The head was blocked (short of device blocks) and nothing else happened:
-                    # the same pass gives the same answer (the built-in policies' admission
-                    # hooks depend on what they are given only) until the device, the tiers
-                    # or the queue's head change (a step that is not the cohort's, an input
-                    # other than an arrival, a deadline): skip it till then.
-                    wake = state.next_wakeup()
-                    cohort.quiet_head = self._blocked_head
-                    cohort.quiet_until = math.inf if wake is None else wake
-        step_id = state.next_step_id
-        state.next_step_id += 1
-        stats = state.stats
-        stats.steps += 1
-        state.steps[step_id] = cohort.entries
-        if state.recorder is not None:
-            state.recorder({"kind": "step", "t": state.now, "step": step_id, "requests": count,
-                            "prefill_tokens": 0, "sync_lookups": 0, "prompt": []})
-        before = cohort.before
-        state.commands.append(StepPlan(step_id, (), 0, (), (count, count, 2 * before + 2 * count, before)))
-        self.fast_steps += 1
-        cohort.before = before + count
-        cohort.left -= 1
-        if state.sent:
-            self.transfers.release_sent()
-
-    def _emit_plan(self, entries: list[Entry], sync_keys: list[int]) -> None:
+    def _emit_plan(self, entries: list[Entry], sync_keys: list[int], cohort: DecodeCohort | None = None) -> bool:
+        """Plan the step of ``entries`` (and of ``cohort``'s members, one token each, ahead
+        of them; a light plan then), record it and start the stores it calls for. False if
+        there is nothing to plan."""
         state = self.state
         sync_lookups = len(sync_keys)
         state.stats.sync_lookups += sync_lookups
-        if not entries and not sync_lookups:
-            return
+        members = 0 if cohort is None else len(cohort.members)
+        if not entries and not sync_lookups and not members:
+            return False
         step_id = state.next_step_id
         state.next_step_id += 1
         state.stats.steps += 1
@@ -301,13 +312,24 @@ class Scheduler:
                 prefill += n
             if end >= (req.stored_blocks + 1) * bt:
                 to_store.append(req)
-        state.steps[step_id] = [(req, req.epoch, n, samples) for req, n, samples in entries]
+        step_entries = [(req, req.epoch, n, samples) for req, n, samples in entries]
+        if cohort is not None:
+            # The members' share: one token each on top of their computed tokens
+            # (``cohort.before`` in all); none of them samples its last token here.
+            before = cohort.before
+            tokens += members
+            cached += before
+            twice_pairs += 2 * before + 2 * members
+            step_entries = list(cohort.members.values()) + step_entries
+            cohort.planned = step_entries
+            cohort.before = before + members
+        state.steps[step_id] = step_entries
         if state.recorder is not None:
             record = {
                 "kind": "step",
                 "t": state.now,
                 "step": step_id,
-                "requests": len(entries),
+                "requests": len(step_entries),
                 "prefill_tokens": prefill,
                 "sync_lookups": sync_lookups,
                 "prompt": prompt_chunks,
@@ -317,12 +339,13 @@ class Scheduler:
             state.recorder(record)
         if light:
             state.commands.append(StepPlan(step_id, (), sync_lookups, tuple(sync_keys),
-                                           (tokens, len(entries), twice_pairs, cached), tuple(samplers)))
+                                           (tokens, len(step_entries), twice_pairs, cached), tuple(samplers)))
         else:
             state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
         maybe_store = self.transfers.maybe_store
         for req in to_store:
             maybe_store(req)
+        return True
 
     # ---- admission ------------------------------------------------------------------------
     def _admit(self, budget: int, entries: list[Entry], sync_keys: list[int]) -> int:
@@ -455,7 +478,6 @@ class Scheduler:
             del holding[i]
             self.lifecycle.move(req, "load_done", "every rank reported the load; taken back by the scheduler")
             running.append(req)
-            state.cohort = None
             entries.append(_schedule(req, n))
             budget -= n
         return budget, False
@@ -584,7 +606,6 @@ class Scheduler:
             req.block_table.extend(pool.allocate(new_blocks))
         self.lifecycle.move(req, "admitted", f"admitted with {hit_blocks} hit blocks on device")
         state.running.append(req)
-        state.cohort = None
         entries.append(_schedule(req, compute_tokens))
         return "running"
 

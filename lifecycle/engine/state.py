@@ -45,18 +45,24 @@ class Job:
 
 @attrs.define(slots=True, eq=False)
 class DecodeCohort:
-    """The running requests while each of them just decodes, one token a step, for at
-    least ``left`` more steps: no prompt chunk, no block filled or allocated, no store, no
-    finish (``scheduler.Scheduler.tick``'s fast path plans those steps without looking at
-    each request's numbers)."""
+    """The running requests that just decode, one token a step, each for a known number of
+    steps more: no prompt chunk, no block filled or allocated, no store, no finish
+    (``scheduler.Scheduler._cohort_tick`` plans their share of a step without looking at
+    each of them; the other running requests of the step, its *specials*, are planned the
+    ordinary way). A member leaves when its steps run out (``expiry``) and is a special
+    for that step; a special that just decodes again joins. A member that leaves
+    ``running`` any other way drops the whole cohort (``EngineState.drop_cohort_of``)."""
 
-    requests: list[Request]  # ``running`` when it formed, in order
-    entries: list[tuple[Request, int, int, bool]]  # the step entries of each of its steps (one list)
-    left: int  # steps it may still plan
-    before: int  # the sum of the requests' computed tokens before its next step
+    # Member -> its entry in every step it is planned as a member (epoch fixed meanwhile).
+    members: dict[Request, tuple[Request, int, int, bool]] = attrs.Factory(dict)
+    expiry: dict[int, list[Request]] = attrs.Factory(dict)  # step index -> members it ends
+    step: int = 0  # the index of the next step it plans
+    before: int = 0  # the sum of the members' computed tokens before the next step
+    # The entries of the step it planned last (members first), until that step's output.
+    planned: list[tuple[Request, int, int, bool]] | None = None
     # Admission found the head of ``waiting`` blocked and did nothing else (see
-    # ``scheduler.Scheduler._decode_tick``): it would again, while the engine only decodes
-    # this cohort and takes arrivals, before ``quiet_until`` (the next deadline).
+    # ``scheduler.Scheduler._cohort_admit``): it would again, while the engine only decodes
+    # members and takes arrivals, before ``quiet_until`` (the next deadline).
     quiet_head: Request | None = None
     quiet_until: float = 0.0
 
@@ -216,10 +222,17 @@ class EngineState:
         # The decode fast path (``scheduler.DecodeCohort``), off unless a driver turns it on
         # by giving every request's stop rule here (request id -> (output length at which it
         # stops, reason); the simulator's): it must know no request finishes in a step it
-        # plans without looking at each request. ``cohort``: the running requests as they
-        # decode together, None when they do not (any change to ``running`` drops it).
+        # plans without looking at each request. ``cohort``: the running requests that
+        # decode together, None when it is dropped (an ordinary tick, a member leaving).
         self.fast_limits: Mapping[str, tuple[int, str]] | None = None
         self.cohort: DecodeCohort | None = None
+
+    def drop_cohort_of(self, req: Request) -> None:
+        """``req`` leaves ``running``: if it is a member of the decode cohort, drop the cohort
+        (its members' step counts no longer hold as a whole); a special's leaving is its own."""
+        cohort = self.cohort
+        if cohort is not None and req in cohort.members:
+            self.cohort = None
 
     def new_job_id(self) -> int:
         job_id = self.next_job_id
