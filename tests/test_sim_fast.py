@@ -1,4 +1,4 @@
-"""The decode fast path (``scheduler.Scheduler._form_cohort``) changes nothing but speed.
+"""The decode fast path (``scheduler.Scheduler._cohort_tick``) changes nothing but speed.
 
 Each case runs a workload twice through ``run_workload``: with the fast path (the default)
 and step by step (``fast=False``). The traces must be identical byte for byte and the
@@ -113,3 +113,17 @@ def test_long_decodes_take_the_fast_path(tmp_path: Path) -> None:
     fast, step = _both(config, workload, tmp_path)
     _assert_same(fast, step, tmp_path)
     assert fast.result.fast_steps > fast.summary["steps"] // 2
+
+
+def test_a_crowded_batch_stays_on_the_fast_path(tmp_path: Path) -> None:
+    """Forty requests decode at once, so in most steps one of them is at a block boundary,
+    stops or starts: the members go on as one while those few are planned the ordinary
+    way, and the run is the same as step by step."""
+    config = RunConfig(engine=attrs.evolve(_ENGINE, device_blocks=8000, max_running=64, block_tokens=16),
+                       sim=SimConfig(seed=6))
+    workload = synthetic_workload(seed=6, num_requests=120, arrival_rate_per_s=40.0, output_tokens=(200, 600))
+    fast, step = _both(config, workload, tmp_path)
+    _assert_same(fast, step, tmp_path)
+    fills = sum(1 for line in (tmp_path / "fast.jsonl").read_bytes().splitlines() if b'"fills"' in line)
+    assert fills > fast.summary["steps"] // 2, "the workload must fill a block in most steps"
+    assert fast.result.fast_steps > 0.9 * fast.summary["steps"]

@@ -129,7 +129,7 @@ class Simulator:
     ``interrupted`` record). ``keep_requests=False``: finished requests leave the engine
     (see the module docstring); the default keeps every request, for tests and tools that
     read ``engine.requests`` afterwards. ``fast=False`` turns off the engine's decode fast
-    path (``scheduler.Scheduler._form_cohort``): the run goes step by step through the
+    path (``scheduler.Scheduler._cohort_tick``): the run goes step by step through the
     ordinary path, with the same results (tests compare the two)."""
 
     def __init__(
@@ -188,7 +188,7 @@ class Simulator:
         self._progress_mark = 0  # finished requests at the last progress report
         # Per request that arrived and has not left the engine: its stop rule (stop_rule).
         self._stops: dict[str, tuple[int, str]] = {}
-        # The engine's decode fast path (``scheduler.Scheduler._form_cohort``): given the
+        # The engine's decode fast path (``scheduler.Scheduler._cohort_tick``): given the
         # stop rules, it plans the steps in which every running request just decodes
         # without looking at each one. Off for a checked, chaotic, reference or
         # deliberately broken run, and with async scheduling (two steps in flight).
@@ -257,6 +257,7 @@ class Simulator:
             try:
                 return self._run(gate)
             except KeyboardInterrupt as exc:
+                self.engine.state.drop_cohort()  # what is read of a cut run is up to date
                 if self.engine.recorder is not None:
                     self.engine.recorder(cut_record(self.engine, exc, self._total(), gate.clean,
                                                     steps=self._steps_in_flight))

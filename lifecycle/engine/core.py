@@ -71,7 +71,7 @@ __all__ = ["Engine", "EngineState", "Job", "PrefetchJob", "Recorder", "Retire", 
 
 
 # Inputs after which admission finds what it found before, if it found the head of the
-# queue blocked (``scheduler.Scheduler._decode_tick``): an arrival joins the queue's end.
+# queue blocked (``scheduler.Scheduler._cohort_admit``): an arrival joins the queue's end.
 _QUIET_INPUTS = (Tick, StepOutput, Arrival)
 
 
@@ -253,18 +253,15 @@ class Engine:
         finished = dict(event.finished)
         cohort = state.cohort
         if cohort is not None and entries is cohort.planned:
-            cohort.planned = None
-            members = cohort.members
             requests = state.requests
-            if not any(requests.get(rid) in members for rid in finished):
+            if finished and any(requests.get(rid) in cohort.members for rid in finished):
+                state.drop_cohort()  # a member stops after all: every entry the ordinary way
+            else:
                 # A step of the decode cohort (``scheduler.Scheduler._cohort_tick``): each
-                # member confirms the token it sampled, and that is all that happens to it;
-                # the specials (after the members) are taken as in any step.
-                for req in members:
-                    req.confirmed += 1
-                    req.placeholders -= 1
-                    req.generated += 1
-                entries = entries[len(members):]
+                # member confirms the token it sampled (``DecodeCohort.settle`` counts it),
+                # and that is all that happens to it; the specials are taken as in any step.
+                cohort.planned = None
+                cohort.outputs += 1
                 if entries:
                     cohort.quiet_head = None  # their outputs change what admission finds
         for req, epoch, n, samples in entries:

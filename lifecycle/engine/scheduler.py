@@ -94,10 +94,10 @@ class Scheduler:
         if state.fast_limits is not None and running and not state.steps:
             cohort = state.cohort
             if cohort is None:
-                cohort = state.cohort = DecodeCohort()
+                cohort = state.cohort = DecodeCohort(outsiders=list(running))
             if self._cohort_tick(cohort, budget):
                 return
-        state.cohort = None
+        state.drop_cohort()
         bt = config.block_tokens
         pool = state.pool
         entries: list[Entry] = []
@@ -166,24 +166,29 @@ class Scheduler:
         state = self.state
         members = cohort.members
         step = cohort.step
+        outsiders = [req for req in cohort.outsiders if req.state == "running"]
         expiring = cohort.expiry.pop(step, None)
         if expiring is not None:
             for req in expiring:
+                cohort.settle(req)
                 del members[req]
                 cohort.before -= req.computed
+                outsiders.append(req)
         specials: list[Request] = []
         room = self._decode_room
-        for req in state.running:
-            if req not in members:
-                k = room(req)
-                if k > 0:  # it decodes for k steps from this one: a member till then
-                    members[req] = (req, req.epoch, 1, True)
-                    cohort.expiry.setdefault(step + k, []).append(req)
-                    cohort.before += req.computed
-                else:
-                    specials.append(req)
-        count = len(members)
-        left = budget - count
+        for req in outsiders:
+            k = room(req)
+            if k > 0:  # it decodes for k steps from this one: a member till then
+                members[req] = (step, req.computed, req.generated)
+                cohort.expiry.setdefault(step + k, []).append(req)
+                cohort.before += req.computed
+            else:
+                specials.append(req)
+        running = state.running
+        if len(specials) > 1:
+            specials.sort(key=running.index)
+        cohort.outsiders = specials
+        left = budget - len(members)
         bt = state.config.block_tokens
         pool = state.pool
         free = pool.free
@@ -201,9 +206,6 @@ class Scheduler:
             left -= want
         if left < 0 or free < 0:
             return False
-        for req in members:
-            req.computed += 1
-            req.placeholders += 1
         entries: list[Entry] = []
         for req, n, need in chunks:
             if need > 0:
@@ -213,7 +215,9 @@ class Scheduler:
         if state.waiting or state.holding:
             if specials:
                 cohort.quiet_head = None  # their chunks and outputs change what admission finds
+            admitted = len(running)
             self._cohort_admit(cohort, left, entries, sync_keys)
+            specials.extend(running[admitted:])  # outsiders from the next step on
         if self._emit_plan(entries, sync_keys, cohort):
             cohort.step = step + 1
             self.fast_steps += 1
@@ -320,7 +324,6 @@ class Scheduler:
             tokens += members
             cached += before
             twice_pairs += 2 * before + 2 * members
-            step_entries = list(cohort.members.values()) + step_entries
             cohort.planned = step_entries
             cohort.before = before + members
         state.steps[step_id] = step_entries
@@ -329,7 +332,7 @@ class Scheduler:
                 "kind": "step",
                 "t": state.now,
                 "step": step_id,
-                "requests": len(step_entries),
+                "requests": len(step_entries) + members,
                 "prefill_tokens": prefill,
                 "sync_lookups": sync_lookups,
                 "prompt": prompt_chunks,
@@ -339,7 +342,7 @@ class Scheduler:
             state.recorder(record)
         if light:
             state.commands.append(StepPlan(step_id, (), sync_lookups, tuple(sync_keys),
-                                           (tokens, len(step_entries), twice_pairs, cached), tuple(samplers)))
+                                           (tokens, len(step_entries) + members, twice_pairs, cached), tuple(samplers)))
         else:
             state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
         maybe_store = self.transfers.maybe_store
@@ -423,7 +426,7 @@ class Scheduler:
                     self.lifecycle.warn("lookup_limit", req=req.request_id, lookups=max_lookups)
             if outcome == "blocked":
                 if index == 0 and not req.lookup_async:
-                    self._blocked_head = req  # (for _decode_tick: the pass changed nothing)
+                    self._blocked_head = req  # (for _cohort_admit: the pass changed nothing)
                 break  # FIFO: no overtaking when memory is short
             index += 1  # deferred by the admission policy
         return budget
@@ -614,7 +617,7 @@ class Scheduler:
         released: it recomputes, or reloads what the tiers still hold."""
         state = self.state
         state.running.remove(req)
-        state.cohort = None
+        state.drop_cohort()
         self.lifecycle.release_request_blocks(req)
         req.computed = req.confirmed = 0
         req.placeholders = 0

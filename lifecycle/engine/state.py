@@ -47,24 +47,41 @@ class Job:
 class DecodeCohort:
     """The running requests that just decode, one token a step, each for a known number of
     steps more: no prompt chunk, no block filled or allocated, no store, no finish
-    (``scheduler.Scheduler._cohort_tick`` plans their share of a step without looking at
-    each of them; the other running requests of the step, its *specials*, are planned the
-    ordinary way). A member leaves when its steps run out (``expiry``) and is a special
-    for that step; a special that just decodes again joins. A member that leaves
-    ``running`` any other way drops the whole cohort (``EngineState.drop_cohort_of``)."""
+    (``scheduler.Scheduler._cohort_tick`` plans their share of a step as one sum, without
+    looking at each; the other running requests of the step, its *specials*, are planned
+    the ordinary way). A member's token counts are not kept up to date while it is one:
+    ``settle`` brings them up to date from the steps planned and confirmed since it joined.
+    A member leaves when its steps run out (``expiry``) and is a special for that step; a
+    special that just decodes again joins. Anything else that needs a member's numbers
+    drops the whole cohort first (``EngineState.drop_cohort``)."""
 
-    # Member -> its entry in every step it is planned as a member (epoch fixed meanwhile).
-    members: dict[Request, tuple[Request, int, int, bool]] = attrs.Factory(dict)
+    # Member -> (the cohort step it joined at, its computed and generated tokens then).
+    members: dict[Request, tuple[int, int, int]] = attrs.Factory(dict)
     expiry: dict[int, list[Request]] = attrs.Factory(dict)  # step index -> members it ends
-    step: int = 0  # the index of the next step it plans
+    # The running requests that are not members, and some that left ``running`` since.
+    outsiders: list[Request] = attrs.Factory(list)
+    step: int = 0  # steps planned (the index of the next one)
+    outputs: int = 0  # outputs taken of the steps planned
     before: int = 0  # the sum of the members' computed tokens before the next step
-    # The entries of the step it planned last (members first), until that step's output.
+    # The specials' entries of the step in flight (``EngineState.steps``), until its output.
     planned: list[tuple[Request, int, int, bool]] | None = None
     # Admission found the head of ``waiting`` blocked and did nothing else (see
     # ``scheduler.Scheduler._cohort_admit``): it would again, while the engine only decodes
     # members and takes arrivals, before ``quiet_until`` (the next deadline).
     quiet_head: Request | None = None
     quiet_until: float = 0.0
+
+    def settle(self, req: Request) -> None:
+        """Bring member ``req``'s token counts up to date: one computed token (a
+        placeholder until its output) per step planned since it joined, one confirmed and
+        generated per output taken."""
+        joined, computed, generated = self.members[req]
+        planned = self.step - joined
+        confirmed = self.outputs - joined
+        req.computed = computed + planned
+        req.confirmed = computed + confirmed
+        req.generated = generated + confirmed
+        req.placeholders = planned - confirmed
 
 
 @attrs.define(slots=True, eq=False)
@@ -227,12 +244,25 @@ class EngineState:
         self.fast_limits: Mapping[str, tuple[int, str]] | None = None
         self.cohort: DecodeCohort | None = None
 
+    def drop_cohort(self) -> None:
+        """Drop the decode cohort, its members' token counts settled; in a step still in
+        flight, each member gets its own entry, so its output is taken the ordinary way."""
+        cohort = self.cohort
+        if cohort is None:
+            return
+        self.cohort = None
+        planned = cohort.planned
+        for req in cohort.members:
+            cohort.settle(req)
+            if planned is not None:
+                planned.append((req, req.epoch, 1, True))
+
     def drop_cohort_of(self, req: Request) -> None:
         """``req`` leaves ``running``: if it is a member of the decode cohort, drop the cohort
         (its members' step counts no longer hold as a whole); a special's leaving is its own."""
         cohort = self.cohort
         if cohort is not None and req in cohort.members:
-            self.cohort = None
+            self.drop_cohort()
 
     def new_job_id(self) -> int:
         job_id = self.next_job_id
@@ -368,6 +398,7 @@ class EngineState:
 
     def check_invariants(self) -> None:
         """Invariants 2 and 8 on current state (cheap enough for tests, not per tick)."""
+        self.drop_cohort()  # (the members' numbers up to date)
         self.pool.check_accounting()
         for tier in self.tiers.values():
             tier.check_accounting()
