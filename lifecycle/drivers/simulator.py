@@ -287,7 +287,11 @@ class Simulator:
                         self._push(later, event)
                         continue
                 self._steps_in_flight -= 1
-                output = StepOutput(now, event.step_id, step_finishes(event, self._requests, self._stops))
+                finishes = step_finishes(event, self._requests, self._stops)
+                if self.fast and not finishes and not self._held and not self._tick_pending \
+                        and self._skip_ahead(now, event):
+                    continue
+                output = StepOutput(now, event.step_id, finishes)
                 self._feed(now, output)
                 if self.chaos is not None:
                     stale = self.chaos.duplicate_step(now, output)
@@ -343,6 +347,43 @@ class Simulator:
                          chaos=self.chaos.summary() if self.chaos is not None else None,
                          check=self.check.summary() if self.check is not None else None,
                          fast_steps=engine.scheduler.fast_steps)
+
+    def _skip_ahead(self, now: float, plan: StepPlan) -> bool:
+        """The step of ``plan`` ends now. If the engine vouches that the next ticks would
+        plan steps of its decode cohort's members alone (``Engine.pure_decode_steps``),
+        take in one call (``Engine.handle_decode_steps``) each of those steps' output and
+        the tick after it that fall before anything else queued; the last plan goes on the
+        queue as usual. Exactly the step-by-step run: each step's cost is the one its plan
+        would be given (the members' totals grow by one token each a step), and the plans
+        the engine makes are checked against that. False if not even one step qualifies."""
+        engine = self.engine
+        steps, until = engine.pure_decode_steps()
+        if steps <= 0:
+            return False
+        queue = self._queue
+        horizon = min(until, queue[0][0]) if queue else until
+        if not now < horizon or plan.totals is None:
+            return False
+        tokens, count, twice_pairs, cached = plan.totals
+        times: list[float] = []
+        cost = self._cost.totals_ms
+        t = now
+        while len(times) < steps and t < horizon:
+            times.append(t)
+            twice_pairs += 2 * count
+            cached += count
+            t += cost(count, count, twice_pairs * 0.5, cached + count)
+        last = engine.handle_decode_steps(times)
+        if last.totals != (count, count, twice_pairs, cached):
+            raise RuntimeError(f"skip-ahead at t={now}: the engine planned {last.totals} last, the simulator "
+                               f"costed {(count, count, twice_pairs, cached)}")
+        # What the step-by-step loop would have counted: two inputs per step, a Tick and a
+        # StepPlan queued per step (all taken but the last plan's).
+        self._events += 2 * len(times)
+        self._seq += 2 * len(times) - 1
+        self._steps_in_flight += 1
+        self._push(t, last)
+        return True
 
     def _push_wake(self, wake: float) -> None:
         """A tick at ``wake`` even if nothing else happens then (skipped if one comes anyway)."""

@@ -39,6 +39,7 @@ is handled and recorded exactly as if it were still there.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar, cast
 
@@ -52,6 +53,7 @@ from kvlife.lifecycle.engine.events import (
     InputEvent,
     LookupAnswer,
     StepOutput,
+    StepPlan,
     Tick,
     TransferReport,
     input_to_record,
@@ -133,6 +135,78 @@ class Engine:
         if state.retiring:
             self._retire_finished()
         return commands
+
+    def pure_decode_steps(self) -> tuple[int, float]:
+        """How many (output, tick) pairs ``handle_decode_steps`` may take now, and the time
+        they must all come before: while the step in flight is one of the decode cohort's
+        members alone, the next ticks plan such steps too and change nothing else (no
+        special, no admission pass, no deadline, no transfer, nothing to release or
+        retire). (0, now) when the engine cannot vouch for even one."""
+        state = self.state
+        cohort = state.cohort
+        none = (0, state.now)
+        if (cohort is None or cohort.planned is None or cohort.planned or not cohort.members
+                or len(state.steps) != 1 or next(iter(state.steps.values())) is not cohort.planned
+                or state.holding or state.sent or state.jobs or state.prefetches or state.lookup_timers
+                or state.prefetch_waits or state.deferred_frees or state.retiring
+                or len(cohort.members) > state.config.max_batched_tokens):
+            return none
+        if any(req.state == "running" for req in cohort.outsiders):
+            return none
+        until = math.inf
+        if state.waiting:  # admission would find its head blocked again (Scheduler._cohort_admit)
+            if cohort.quiet_head is None or state.waiting[0] is not cohort.quiet_head:
+                return none
+            until = cohort.quiet_until
+        return min(cohort.expiry) - cohort.step, until
+
+    def handle_decode_steps(self, times: Sequence[float]) -> StepPlan:
+        """For each time ``t`` in order: the output of the step in flight at ``t``, with
+        no request stopping, then a tick at ``t``, which plans the next step (the one whose
+        output comes at the next time). Exactly ``handle(StepOutput(t, step, ()))`` then
+        ``handle(Tick(t))`` for each, records included, but for no more pairs than
+        ``pure_decode_steps`` vouches for and before its time; returns the last tick's plan
+        (a light plan: the members' totals). The simulator skips ahead with it; asked for
+        more, it raises ``ValueError``."""
+        state = self.state
+        cohort = state.cohort
+        steps, until = self.pure_decode_steps()
+        if not times or len(times) > steps or times[-1] >= until \
+                or any(b < a for a, b in zip((state.now, *times), times, strict=False)):
+            raise ValueError(f"handle_decode_steps: {len(times)} steps up to t={times[-1] if times else None} "
+                             f"asked, {steps} pure decode steps before t={until} vouched for")
+        assert cohort is not None
+        count = len(cohort.members)
+        before = cohort.before
+        step_id = next(iter(state.steps))
+        k = len(times)
+        recorder = state.recorder
+        if recorder is not None:
+            # What the outputs, the ticks and the steps they plan record (``input_to_record``,
+            # ``Scheduler._emit_plan``), step by step.
+            for j, t in enumerate(times):
+                recorder({"kind": "input", "type": "step_output", "t": t, "step_id": step_id + j, "finished": []})
+                recorder({"kind": "input", "type": "tick", "t": t})
+                recorder({"kind": "step", "t": t, "step": step_id + j + 1, "requests": count,
+                          "prefill_tokens": 0, "sync_lookups": 0, "prompt": []})
+        # Their effect, all at once: k outputs of members alone (``_on_step_output``) and k
+        # ticks that each plan one (``Scheduler._cohort_tick``, ``_emit_plan``).
+        last = step_id + k
+        state.now = times[-1]
+        del state.steps[step_id]
+        state.last_output_step = max(state.last_output_step, last - 1)
+        state.next_step_id = last + 1
+        state.stats.ticks += k
+        state.stats.steps += k
+        before += (k - 1) * count
+        planned: list[tuple[Request, int, int, bool]] = []
+        state.steps[last] = planned
+        cohort.planned = planned
+        cohort.outputs += k
+        cohort.step += k
+        cohort.before = before + count
+        self.scheduler.fast_steps += k
+        return StepPlan(last, (), 0, (), (count, count, 2 * before + 2 * count, before))
 
     def _retire_finished(self) -> None:
         """Let go of the finished requests nothing refers to any more (retention on). Only
