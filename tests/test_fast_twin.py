@@ -4,6 +4,8 @@ a finding; the same engine twice is not."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.events import Abort, Arrival, StepOutput, StepPlan, Tick
@@ -90,3 +92,65 @@ def test_light_plan_totals_are_those_of_the_entries() -> None:
     plan = next(c for c in commands if isinstance(c, StepPlan))
     totals, samplers = plan_totals(plan.entries)
     assert totals == (6, 1, 6 * (0 + 6 + 1), 0) and samplers == ("a",)
+
+
+def _decoding_pair() -> tuple[list[Engine], list[list[dict[str, object]]], list[StepPlan]]:
+    """Two engines with the fast path on, in the same state: three requests decoding as a
+    cohort, a step of its members alone in flight."""
+    outputs = {"a": 40, "b": 40, "c": 40}
+    config = EngineConfig(block_tokens=16, device_blocks=64, max_batched_tokens=64, max_running=4, ranks=1, tiers=())
+    engines, logs, plans = [], [], []
+    for _ in range(2):
+        log: list[dict[str, object]] = []
+        engine = Engine(config, PolicyStack([]), recorder=log.append)
+        engine.state.fast_limits = StopRules(outputs)
+        events: list[object] = [Arrival(0.0, rid, 3, ()) for rid in outputs] + [Tick(0.0)]
+        t = 0.0
+        for _ in range(6):
+            plan = None
+            for event in events:
+                plan = next((c for c in engine.handle(event) if isinstance(c, StepPlan)), plan)  # type: ignore[arg-type]
+            assert plan is not None
+            t += 1.0
+            events = [StepOutput(t, plan.step_id, ()), Tick(t)]
+        engines.append(engine)
+        logs.append(log)
+        plans.append(plan)
+    return engines, logs, plans
+
+
+def test_decode_steps_in_one_call_are_the_steps_one_by_one() -> None:
+    (one_by_one, batched), (log_a, log_b), (plan, _) = _decoding_pair()
+    steps, until = batched.pure_decode_steps()
+    assert steps >= 4 and until == float("inf")
+    times = [7.0, 7.5, 9.0, 9.25]
+    log_a.clear()
+    log_b.clear()
+    last = batched.handle_decode_steps(times)
+    step = plan.step_id
+    mine = None
+    for t in times:
+        one_by_one.handle(StepOutput(t, step, ()))
+        mine = next(c for c in one_by_one.handle(Tick(t)) if isinstance(c, StepPlan))
+        step = mine.step_id
+    assert mine is not None and (mine.step_id, mine.totals) == (last.step_id, last.totals)
+    assert log_a == log_b and len(log_a) == 3 * len(times)
+    # The states go on the same: the next inputs give the same records and plans.
+    follow = []
+    for engine in (one_by_one, batched):
+        engine.handle(StepOutput(10.0, last.step_id, ()))
+        follow.append([(c.step_id, c.totals) for c in engine.handle(Tick(10.0)) if isinstance(c, StepPlan)])
+    assert log_a == log_b and follow[0] == follow[1] != []
+    for engine in (one_by_one, batched):
+        engine.check_invariants()  # (the members' numbers settled)
+    assert {rid: (r.computed, r.confirmed, r.generated) for rid, r in one_by_one.requests.items()} \
+        == {rid: (r.computed, r.confirmed, r.generated) for rid, r in batched.requests.items()}
+
+
+def test_decode_steps_beyond_what_the_engine_vouches_for_are_refused() -> None:
+    (_, batched), _, _ = _decoding_pair()
+    steps, _ = batched.pure_decode_steps()
+    with pytest.raises(ValueError, match="pure decode steps"):
+        batched.handle_decode_steps([7.0 + j for j in range(steps + 1)])
+    with pytest.raises(ValueError, match="pure decode steps"):
+        batched.handle_decode_steps([7.0, 6.0])
