@@ -37,7 +37,7 @@ class PolicyStack:
                 decision = fn(*args)
                 if decision is None:
                     continue
-                _check_decision(f"{name} ({_origin(fn)})", hook, decision)
+                _check_decision(name, hook, decision, fn)
             except PolicyError:
                 raise
             except (Exception, SystemExit) as exc:  # a user's hook (or its value's __eq__) can raise anything
@@ -61,32 +61,32 @@ def _origin(fn: Callable[..., Any]) -> str:
     return f"module {module_name}"
 
 
-def _check_decision(policy: str, hook: str, decision: object) -> None:
+def _check_decision(name: str, hook: str, decision: object, fn: Callable[..., Any] | None = None) -> None:
+    """Raise ``PolicyError`` naming the policy (and where ``fn``, its hook, lives) unless
+    ``decision`` is a well-formed answer at ``hook``; the name is put together only then."""
+    problem = _decision_problem(hook, decision)
+    if problem is not None:
+        policy = name if fn is None else f"{name} ({_origin(fn)})"
+        raise PolicyError(f"policy {policy}: hook {hook} {problem}")
+
+
+def _decision_problem(hook: str, decision: object) -> str | None:
+    """What is wrong with ``decision`` as an answer at ``hook``; None if nothing."""
     if not isinstance(decision, Decision):
-        raise PolicyError(
-            f"policy {policy}: hook {hook} returned {type(decision).__name__}, expected Decision or None"
-        )
+        return f"returned {type(decision).__name__}, expected Decision or None"
     if not isinstance(decision.reason, str) or not decision.reason:
-        raise PolicyError(f"policy {policy}: hook {hook} gave no reason string")
+        return "gave no reason string"
     allowed = HOOK_VALUES[hook]
+    value = decision.value
     if allowed is float:
-        value = decision.value
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value < 0:
-            raise PolicyError(
-                f"policy {policy}: hook {hook} returned {value!r}, expected a number of ms >= 0"
-            )
-        return
+            return f"returned {value!r}, expected a number of ms >= 0"
+        return None
     if isinstance(allowed, tuple):
-        if decision.value not in allowed:
-            raise PolicyError(
-                f"policy {policy}: hook {hook} returned {decision.value!r}, expected one of {allowed}"
-            )
-    elif isinstance(decision.value, bool) is not (allowed is bool) or not isinstance(
-        decision.value, allowed
-    ):
-        raise PolicyError(
-            f"policy {policy}: hook {hook} returned {decision.value!r}, expected {allowed.__name__}"
-        )
+        return None if value in allowed else f"returned {value!r}, expected one of {allowed}"
+    if isinstance(value, bool) is not (allowed is bool) or not isinstance(value, allowed):
+        return f"returned {value!r}, expected {allowed.__name__}"
+    return None
 
 
 def policy_name(policy: object) -> str:

@@ -73,10 +73,10 @@ def test_a_stack_that_lets_a_nan_patience_through_is_a_finding(monkeypatch: pyte
 
     real = stack_module._check_decision
 
-    def lenient(policy: str, hook: str, decision: object) -> None:
+    def lenient(policy: str, hook: str, decision: object, *rest: Any) -> None:
         if hook == "prefetch_patience" and isinstance(decision, Decision) and decision.value != decision.value:
             return  # NaN let through
-        real(policy, hook, decision)
+        real(policy, hook, decision, *rest)
 
     monkeypatch.setattr(stack_module, "_check_decision", lenient)
     problems = contract_problems(load_stack([]))
