@@ -60,6 +60,14 @@ def _schedule(req: Request, n: int) -> Entry:
     return (req, n, samples)
 
 
+def _nothing_to_schedule(req: Request, want: int) -> bool:
+    """``req`` (running) gets no tokens this step: it wants none (``want``: its known tokens
+    not yet computed), or, with async scheduling, a step in flight already samples its
+    last token (vLLM schedules no step past max_tokens)."""
+    return want <= 0 or bool(req.placeholders and req.max_tokens is not None
+                             and req.computed + 2 - req.placeholders >= req.prompt_tokens + req.max_tokens)
+
+
 def _outgrown(req: Request, need: int, capacity: int) -> str:
     return (f"needs {len(req.block_table) + need} blocks for {req.computed} computed tokens and the chunk, "
             f"the device has {capacity}")
@@ -107,13 +115,7 @@ class Scheduler:
             req = running[i]
             known = req.prompt_tokens + req.generated + req.placeholders  # req.known_tokens, inlined
             want = known - req.computed
-            if want <= 0:
-                i += 1
-                continue
-            if (req.placeholders and req.max_tokens is not None
-                    and req.computed + 2 - req.placeholders >= req.prompt_tokens + req.max_tokens):
-                # Async scheduling: a step in flight already samples its last token (vLLM
-                # schedules no step past max_tokens).
+            if _nothing_to_schedule(req, want):
                 i += 1
                 continue
             n = min(want, budget)
@@ -194,11 +196,9 @@ class Scheduler:
         free = pool.free
         chunks: list[tuple[Request, int, int]] = []
         for req in specials:
-            known = req.prompt_tokens + req.generated + req.placeholders
-            want = known - req.computed
-            if want <= 0 or (req.placeholders and req.max_tokens is not None
-                             and req.computed + 2 - req.placeholders >= req.prompt_tokens + req.max_tokens):
-                continue  # as the ordinary loop skips it
+            want = req.prompt_tokens + req.generated + req.placeholders - req.computed
+            if _nothing_to_schedule(req, want):
+                continue
             need = -(-(req.computed + want) // bt) - len(req.block_table)
             if need > 0:
                 free -= need
