@@ -94,8 +94,8 @@ FORMER_SURVIVORS = [
     ("lifecycle/engine/state.py", "if entry[0] is req and entry[1] == req.epoch:",
      "if not entry[0] is req and entry[1] == req.epoch:", 2, "which no output has ended yet"),
     # Survivors of the third round, caught by the checks added for them.
-    ("lifecycle/engine/scheduler.py", ">= req.prompt_tokens + req.max_tokens):",
-     ">= req.prompt_tokens / req.max_tokens):", 11, "work conservation"),
+    ("lifecycle/engine/scheduler.py", ">= req.prompt_tokens + req.max_tokens)\n",
+     ">= req.prompt_tokens / req.max_tokens)\n", 11, "work conservation"),
     ("lifecycle/engine/state.py", "    deferred: bool = False  # its request",
      "    deferred: bool = True  # its request", 13, "stats.prefetch_waits"),
     ("lifecycle/engine/state.py", "if now < job.deadline_ms < soonest:", "if now < job.deadline_ms >= soonest:", 7,
