@@ -257,7 +257,7 @@ class Simulator:
             try:
                 return self._run(gate)
             except KeyboardInterrupt as exc:
-                self.engine.state.drop_cohort()  # what is read of a cut run is up to date
+                self.engine.state.settle_cohort()  # what is read of a cut run is up to date
                 if self.engine.recorder is not None:
                     self.engine.recorder(cut_record(self.engine, exc, self._total(), gate.clean,
                                                     steps=self._steps_in_flight))

@@ -272,9 +272,9 @@ class Scheduler:
         return k
 
     def _emit_plan(self, entries: list[Entry], sync_keys: list[int], cohort: DecodeCohort | None = None) -> bool:
-        """Plan the step of ``entries`` (and of ``cohort``'s members, one token each, ahead
-        of them; a light plan then), record it and start the stores it calls for. False if
-        there is nothing to plan."""
+        """Plan the step of ``entries`` and of ``cohort``'s members (one token each, counted
+        in the totals and the record only; ``state.steps`` holds the entries), record it and
+        start the stores it calls for. False if there is nothing to plan."""
         state = self.state
         sync_lookups = len(sync_keys)
         state.stats.sync_lookups += sync_lookups

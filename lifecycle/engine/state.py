@@ -244,18 +244,25 @@ class EngineState:
         self.fast_limits: Mapping[str, tuple[int, str]] | None = None
         self.cohort: DecodeCohort | None = None
 
+    def settle_cohort(self) -> None:
+        """Bring every member's token counts up to date, the cohort kept (settling is
+        idempotent: counts are derived from when each joined), for a reader of them."""
+        cohort = self.cohort
+        if cohort is not None:
+            for req in cohort.members:
+                cohort.settle(req)
+
     def drop_cohort(self) -> None:
         """Drop the decode cohort, its members' token counts settled; in a step still in
         flight, each member gets its own entry, so its output is taken the ordinary way."""
         cohort = self.cohort
         if cohort is None:
             return
+        self.settle_cohort()
         self.cohort = None
         planned = cohort.planned
-        for req in cohort.members:
-            cohort.settle(req)
-            if planned is not None:
-                planned.append((req, req.epoch, 1, True))
+        if planned is not None:
+            planned.extend((req, req.epoch, 1, True) for req in cohort.members)
 
     def drop_cohort_of(self, req: Request) -> None:
         """``req`` leaves ``running``: if it is a member of the decode cohort, drop the cohort
@@ -398,7 +405,7 @@ class EngineState:
 
     def check_invariants(self) -> None:
         """Invariants 2 and 8 on current state (cheap enough for tests, not per tick)."""
-        self.drop_cohort()  # (the members' numbers up to date)
+        self.settle_cohort()  # (the members' numbers up to date; the fast path goes on)
         self.pool.check_accounting()
         for tier in self.tiers.values():
             tier.check_accounting()
