@@ -81,6 +81,8 @@ Progress = Callable[[int, int], None]
 # Heap keys of arrivals: below every other event's (those count up from 0), in workload
 # order, so an arrival goes before anything else at its time, as when all were queued first.
 _ARRIVAL_SEQ = -(1 << 62)
+# The commands that start a transfer (compared by type: the hot loop of ``_feed``).
+_TRANSFERS: frozenset[type] = frozenset((StartStore, StartLoad, StartPrefetch))
 
 
 @attrs.define
@@ -365,22 +367,18 @@ class Simulator:
         if not now < horizon or plan.totals is None:
             return False
         tokens, count, twice_pairs, cached = plan.totals
-        times: list[float] = []
-        cost = self._cost.totals_ms
-        t = now
-        while len(times) < steps and t < horizon:
-            times.append(t)
-            twice_pairs += 2 * count
-            cached += count
-            t += cost(count, count, twice_pairs * 0.5, cached + count)
+        times, t = self._cost.decode_run(now, count, twice_pairs, cached, steps, horizon)
+        k = len(times)
         last = engine.handle_decode_steps(times)
+        twice_pairs += 2 * k * count
+        cached += k * count
         if last.totals != (count, count, twice_pairs, cached):
             raise RuntimeError(f"skip-ahead at t={now}: the engine planned {last.totals} last, the simulator "
                                f"costed {(count, count, twice_pairs, cached)}")
         # What the step-by-step loop would have counted: two inputs per step, a Tick and a
         # StepPlan queued per step (all taken but the last plan's).
-        self._events += 2 * len(times)
-        self._seq += 2 * len(times) - 1
+        self._events += 2 * k
+        self._seq += 2 * k - 1
         self._steps_in_flight += 1
         self._push(t, last)
         return True
@@ -418,16 +416,17 @@ class Simulator:
             if type(command) is StepPlan and command.sync_lookup_keys:
                 ready = self._pay_sync_lookups(now, command.sync_lookup_keys)
         for command in commands:
-            if isinstance(command, StepPlan):
+            kind = type(command)
+            if kind is StepPlan:
                 made_plan = True
-                self._start_step(ready, command)
-            elif isinstance(command, StartStore | StartLoad | StartPrefetch):
+                self._start_step(ready, cast(StepPlan, command))
+            elif kind in _TRANSFERS:
                 if ready > now:
-                    self._push(ready, _Later(command))
+                    self._push(ready, _Later(cast(StartStore | StartLoad | StartPrefetch, command)))
                 else:
-                    self._start_transfer(now, command)
-            elif isinstance(command, SubmitLookup):
-                self._submit_lookup(now, command)
+                    self._start_transfer(now, cast(StartStore | StartLoad | StartPrefetch, command))
+            elif kind is SubmitLookup:
+                self._submit_lookup(now, cast(SubmitLookup, command))
         # Tick again after any event, unless the last tick found nothing to do and
         # nothing has changed since (no spinning in idle time).
         if (

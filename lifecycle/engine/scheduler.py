@@ -511,12 +511,15 @@ class Scheduler:
         # After a failed load, external hits stop before the first block that failed, so
         # a bad or unreachable copy is never retried forever.
         external_end = min(len(req.lookup), len(candidates), req.external_hit_limit)
+        on_device = pool.cached  # (pool.block_of, inlined: every block of the head, every pass)
+        tiers = state.tiers
+        lookup = req.lookup
         for i in range(device, external_end):
             block = candidates[i]
-            if pool.block_of(block) is not None:
+            if block in on_device:
                 plan.append((block, "device"))
-            elif state.tiers[req.lookup[i]].contains(block):
-                plan.append((block, req.lookup[i]))
+            elif tiers[lookup[i]].contains(block):
+                plan.append((block, lookup[i]))
             else:
                 break
         to_load = [(h, t) for h, t in plan if t != "device"]
@@ -541,11 +544,12 @@ class Scheduler:
         own_loads = [(h, t) for h, t in to_load if h not in joined]
         known = req.known_tokens
         # Cached hits that sit in the free queue: taking them uses up free blocks too.
-        reclaim = sum(
-            1
-            for h in hit_hashes
-            if (b := pool.block_of(h)) is not None and pool.refs[b] == 0
-        )
+        refs = pool.refs
+        reclaim = 0
+        for h in hit_hashes:
+            b = on_device.get(h)
+            if b is not None and refs[b] == 0:
+                reclaim += 1
         # The whole known sequence must fit, not just the first chunk (vLLM's
         # scheduler_reserve_full_isl): new blocks past the hit, the blocks to load, and
         # the cached hits it takes out of the free queue.

@@ -343,9 +343,9 @@ class EngineState:
         """True while some request is not finished or some job is in flight. A job given up
         after its deadline is quarantined, not work: its blocks stay held, but nothing waits."""
         return (
-            any(not job.timed_out for job in self.jobs.values())
+            self.state_counts["finished"] < len(self.requests) + len(self.retired)  # (the cheap test first)
             or bool(self.prefetches)
-            or self.state_counts["finished"] < len(self.requests) + len(self.retired)
+            or any(not job.timed_out for job in self.jobs.values())
         )
 
     def next_wakeup(self) -> float | None:

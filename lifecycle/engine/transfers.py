@@ -95,28 +95,33 @@ class Transfers:
         hashes = req.hashes[req.stored_blocks : upto]
         blocks = req.block_table[req.stored_blocks : upto]
         req.stored_blocks = upto
-        record = self.lifecycle.record
+        recorder = state.recorder  # (records are built only when there is one to take them)
+        device_of: dict[int, int] | None = None
         for tier in state.tiers.values():
             plan = tier.prepare_store(hashes)
-            if plan.evicted:
-                record({"kind": "evict", "t": state.now, "tier": tier.name, "blocks": list(plan.evicted)})
-            if plan.rejected_full:
-                # The tier is full of copies still being written: these blocks are not stored.
-                record({"kind": "store_rejected", "t": state.now, "req": req.request_id, "tier": tier.name,
-                        "blocks": plan.rejected_full})
+            if recorder is not None:
+                if plan.evicted:
+                    recorder({"kind": "evict", "t": state.now, "tier": tier.name, "blocks": list(plan.evicted)})
+                if plan.rejected_full:
+                    # The tier is full of copies still being written: these blocks are not stored.
+                    recorder({"kind": "store_rejected", "t": state.now, "req": req.request_id, "tier": tier.name,
+                              "blocks": plan.rejected_full})
             if not plan.accepted:
                 continue
-            device_of = dict(zip(hashes, blocks, strict=True))
-            moves = tuple(BlockMove(h, device_of[h], tier.name, slot) for h, slot in plan.accepted)
+            if device_of is None:
+                device_of = dict(zip(hashes, blocks, strict=True))
+            moves = tuple([BlockMove(h, device_of[h], tier.name, slot) for h, slot in plan.accepted])
             job_id = state.new_job_id()
-            state.pool.retain(m.device_block for m in moves)
+            state.pool.retain([m.device_block for m in moves])
             state.jobs[job_id] = Job(job_id, "store", req.request_id, moves, state.now, [(req.request_id, req.epoch)])
             state.ranks.open(job_id)
             req.store_jobs += 1
-            state.stats.stores += 1
-            state.stats.blocks_stored += len(moves)
-            record({"kind": "job", "t": state.now, "job": job_id, "op": "store", "req": req.request_id,
-                    "blocks": len(moves), "tiers": {tier.name: len(moves)}, "moves": moves_record(moves)})
+            stats = state.stats
+            stats.stores += 1
+            stats.blocks_stored += len(moves)
+            if recorder is not None:
+                recorder({"kind": "job", "t": state.now, "job": job_id, "op": "store", "req": req.request_id,
+                          "blocks": len(moves), "tiers": {tier.name: len(moves)}, "moves": moves_record(moves)})
             state.commands.append(StartStore(job_id, req.request_id, moves))
 
     # ---- reports: a job ends when every rank has reported it ---------------------------------
@@ -139,8 +144,9 @@ class Transfers:
             self.lifecycle.warn(outcome.status.value + "_report", job=event.job_id, rank=event.rank)
             return
         job = state.jobs.pop(event.job_id)
-        self.lifecycle.record({"kind": "job_done", "t": state.now, "job": job.job_id, "op": job.kind,
-                               "failed": len(outcome.failed), "late": job.timed_out})
+        if state.recorder is not None:
+            state.recorder({"kind": "job_done", "t": state.now, "job": job.job_id, "op": job.kind,
+                            "failed": len(outcome.failed), "late": job.timed_out})
         self.release_job(job, outcome.failed)
         if not job.timed_out:
             self.job_outcome(job, outcome.failed)
@@ -194,7 +200,11 @@ class Transfers:
             by_tier: dict[str, list[int]] = {}
             for move in job.moves:
                 by_tier.setdefault(move.tier, []).append(move.block_hash)
+            clean = not bad and not job.timed_out
             for name, blocks in by_tier.items():
+                if clean:  # (the usual case: every block written)
+                    tiers[name].complete_store(blocks, ok=True)
+                    continue
                 good = [h for h in blocks if h not in bad and not job.timed_out]
                 failed_here = [h for h in blocks if h in bad or job.timed_out]
                 tiers[name].complete_store(good, ok=True)

@@ -245,6 +245,40 @@ class StepCostModel:
             )
         return linear + attention + comm + self._overhead_ms
 
+    def decode_run(self, t: float, count: int, twice_pairs: int, cached: int,
+                   steps: int, horizon: float) -> tuple[list[float], float]:
+        """Back-to-back decode steps of the same ``count`` requests (one new token each),
+        the first starting at ``t``, the step before it having had totals ``twice_pairs``
+        (twice the attention pairs) and ``cached``: each step's start, while fewer than
+        ``steps`` and before ``horizon``, and the end of the last. Each step costs exactly
+        ``totals_ms(count, count, twice_pairs * 0.5, cached + count)`` with its own totals
+        (each request's context one token longer than the step before), summed in the same
+        order: the terms that do not change from step to step are worked out once."""
+        starts: list[float] = []
+        if count <= 0:
+            raise ValueError(f"decode_run: count must be positive, got {count}")
+        linear = max((self._linear_flops_per_token * count + self._lm_head_flops_per_request * count)
+                     * self._ms_per_flop, self._weight_ms)
+        comm = 0.0
+        if self._allreduces:
+            comm = self._allreduces * (
+                self._ring_factor * count * self._allreduce_bytes_per_token / self._link * 1000.0
+                + self._allreduce_latency_ms
+            )
+        overhead = self._overhead_ms
+        flops_per_pair = self._attention_flops_per_pair
+        ms_per_attention_flop = self._ms_per_attention_flop
+        kv_ms = self._kv_bytes_per_token
+        ms_per_byte = self._ms_per_byte
+        while len(starts) < steps and t < horizon:
+            starts.append(t)
+            twice_pairs += 2 * count
+            cached += count
+            attention = max(flops_per_pair * (twice_pairs * 0.5) * ms_per_attention_flop,
+                            kv_ms * (cached + count) * ms_per_byte)
+            t += linear + attention + comm + overhead
+        return starts, t
+
     # --- conveniences ------------------------------------------------------------------------
 
     def prefill_ms(self, prompt_tokens: int, chunk_tokens: int | None = None, cached_tokens: int = 0) -> float:
