@@ -58,6 +58,11 @@ class DeviceBlockPool:
         self.hashes = [NO_HASH] * capacity
         self.cached: dict[BlockHash, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(capacity))
+        self.freed_total = 0  # blocks that went back to the free queue, ever
+        # Hashes someone is watching (the scheduler: a blocked head's blocks): ``watch_hit``
+        # turns True when one of them enters or leaves the prefix cache.
+        self.watch: frozenset[BlockHash] | None = None
+        self.watch_hit = False
 
     @property
     def free(self) -> int:
@@ -98,6 +103,8 @@ class DeviceBlockPool:
                 # Reusing a cached block evicts its hash from the prefix cache.
                 if self.cached.get(old) == block:
                     del self.cached[old]
+                    if self.watch is not None and old in self.watch:
+                        self.watch_hit = True
                 self.hashes[block] = NO_HASH
             self.refs[block] = 1
             blocks.append(block)
@@ -134,6 +141,7 @@ class DeviceBlockPool:
         for block in reversed(unhashed):
             free[block] = None
             free.move_to_end(block, last=False)
+        self.freed_total += len(freed)
         return freed
 
     def register(self, block: int, block_hash: BlockHash) -> bool:
@@ -142,6 +150,8 @@ class DeviceBlockPool:
             return False
         self.cached[block_hash] = block
         self.hashes[block] = block_hash
+        if self.watch is not None and block_hash in self.watch:
+            self.watch_hit = True
         return True
 
     def forget(self, block: int) -> None:
@@ -149,6 +159,8 @@ class DeviceBlockPool:
         old = self.hashes[block]
         if old != NO_HASH and self.cached.get(old) == block:
             del self.cached[old]
+            if self.watch is not None and old in self.watch:
+                self.watch_hit = True
         self.hashes[block] = NO_HASH
 
     def check_accounting(self) -> None:

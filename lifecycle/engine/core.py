@@ -155,7 +155,7 @@ class Engine:
             return none
         until = math.inf
         if state.waiting:  # admission would find its head blocked again (Scheduler._cohort_admit)
-            if cohort.quiet_head is None or state.waiting[0] is not cohort.quiet_head:
+            if not self.scheduler.admission_quiet(cohort):
                 return none
             until = cohort.quiet_until
         return min(cohort.expiry) - cohort.step, until
@@ -336,8 +336,6 @@ class Engine:
                 # and that is all that happens to it; the specials are taken as in any step.
                 cohort.planned = None
                 cohort.outputs += 1
-                if entries:
-                    cohort.quiet_head = None  # their outputs change what admission finds
         for req, epoch, n, samples in entries:
             if req.state != "running" or req.epoch != epoch:
                 continue  # preempted or aborted while the step ran: its output is void

@@ -83,6 +83,7 @@ class Scheduler:
         builtin = tuple(BUILTIN.values())
         self._pure_admission = all(type(p) in builtin for p in lifecycle.policies.policies)
         self._blocked_head: Request | None = None  # _admit's last pass stopped at a blocked head
+        self._blocked_loads: tuple[tuple[int, str], ...] = ()  # (hash, tier) it would have loaded
         self.fast_steps = 0  # steps planned for a decode cohort
 
     def tick(self) -> None:
@@ -213,8 +214,6 @@ class Scheduler:
             entries.append(_schedule(req, n))
         sync_keys: list[int] = []
         if state.waiting or state.holding:
-            if specials:
-                cohort.quiet_head = None  # their chunks and outputs change what admission finds
             admitted = len(running)
             self._cohort_admit(cohort, left, entries, sync_keys)
             specials.extend(running[admitted:])  # outsiders from the next step on
@@ -228,27 +227,56 @@ class Scheduler:
     def _cohort_admit(self, cohort: DecodeCohort, budget: int, entries: list[Entry], sync_keys: list[int]) -> None:
         """``_admit`` for a cohort's step, skipped while its last pass would repeat."""
         state = self.state
-        waiting = state.waiting
-        head = cohort.quiet_head
-        if (head is not None and waiting and waiting[0] is head and not state.holding and not state.sent
-                and not state.prefetch_waits and state.now < cohort.quiet_until):
+        if self.admission_quiet(cohort):
             return
         cohort.quiet_head = None
+        pool = state.pool
+        pool.watch = None
         commands = len(state.commands)
         admitted = len(entries)
         self._blocked_head = None
         self._admit(budget, entries, sync_keys)
-        if (self._pure_admission and self._blocked_head is not None and len(entries) == admitted
-                and not sync_keys and len(state.commands) == commands
-                and not state.holding and not state.prefetch_waits and not state.sent):
+        head = self._blocked_head
+        if (self._pure_admission and head is not None and len(entries) == admitted
+                and not sync_keys and len(state.commands) == commands and not state.holding
+                and not state.prefetch_waits and not state.prefetches and not state.sent):
             # The head was blocked (short of device blocks) and nothing else happened: the
-            # same pass gives the same answer (the built-in policies' admission hooks depend
-            # on what they are given only) until the device, the tiers or the queue's head
-            # change (a special in a step, an input other than an arrival or a step output,
-            # a deadline): skip it till then.
+            # same pass gives the same answer, and the same decisions (the built-in
+            # policies' admission hooks answer from the request and the load they are given
+            # only), until something it read changes (``admission_quiet``): skip it till then.
             wake = state.next_wakeup()
-            cohort.quiet_head = self._blocked_head
+            cohort.quiet_head = head
             cohort.quiet_until = math.inf if wake is None else wake
+            cohort.quiet_mark = (head.epoch, head.lookup, state.transfer_version, pool.freed_total)
+            cohort.quiet_loads = self._blocked_loads
+            pool.watch = frozenset(state.hit_candidates(head))
+            pool.watch_hit = False
+
+    def admission_quiet(self, cohort: DecodeCohort) -> bool:
+        """Would an admission pass now find ``cohort.quiet_head`` at the head of the queue,
+        blocked as before, and do nothing else? Yes while none of what that pass read has
+        changed: the head (its epoch, its lookup answer, still current for the tiers'
+        version), no device block freed (``free`` only went down; the blocks the prefills
+        in flight reserve went down with it), none of the head's blocks in or out of the
+        device cache, each block it would load still in its tier (blocks join the tiers
+        only when a transfer reports, which changes the version), no load landed or
+        prefetch running, no deadline reached."""
+        head = cohort.quiet_head
+        if head is None:
+            return False
+        state = self.state
+        waiting = state.waiting
+        pool = state.pool
+        if (not waiting or waiting[0] is not head or state.holding or state.sent or state.prefetch_waits
+                or state.prefetches or state.now >= cohort.quiet_until or pool.watch_hit):
+            return False
+        epoch, lookup, version, freed = cohort.quiet_mark
+        if (head.state != "waiting" or head.epoch != epoch or head.lookup is not lookup
+                or state.transfer_version != version or pool.freed_total != freed
+                or state.sync_lookup_version.get(head.request_id) != version):
+            return False
+        tiers = state.tiers
+        return all(tiers[tier].contains(block) for block, tier in cohort.quiet_loads)
 
     def _decode_room(self, req: Request) -> int:
         """How many more steps ``req`` (running) would just decode, this tick's included
@@ -554,11 +582,13 @@ class Scheduler:
         # scheduler_reserve_full_isl): new blocks past the hit, the blocks to load, and
         # the cached hits it takes out of the free queue.
         if -(-known // bt) - hit_blocks + len(own_loads) + reclaim > pool.free:
+            self._blocked_loads = tuple(to_load)
             return "blocked"
         loads = bool(own_loads or joined)
         if loads:
             compute_tokens = 0
             if len(own_loads) + reclaim > pool.free - self._reserved():
+                self._blocked_loads = tuple(to_load)
                 return "blocked"  # would take blocks the prefills in flight still need
         else:
             compute_tokens = min(known - hit_blocks * bt, budget)

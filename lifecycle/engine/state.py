@@ -66,10 +66,15 @@ class DecodeCohort:
     # The specials' entries of the step in flight (``EngineState.steps``), until its output.
     planned: list[tuple[Request, int, int, bool]] | None = None
     # Admission found the head of ``waiting`` blocked and did nothing else (see
-    # ``scheduler.Scheduler._cohort_admit``): it would again, while the engine only decodes
-    # members and takes arrivals, before ``quiet_until`` (the next deadline).
+    # ``scheduler.Scheduler._cohort_admit``): it would again, before ``quiet_until`` (the
+    # next deadline), while nothing it read has changed (``Scheduler.admission_quiet``):
+    # the head's epoch, lookup answer and ``quiet_mark`` (the tiers' version, the device
+    # blocks freed so far), its blocks in the device cache (``DeviceBlockPool.watch``) and
+    # its blocks in the tiers (``quiet_loads``, each (hash, tier)).
     quiet_head: Request | None = None
     quiet_until: float = 0.0
+    quiet_mark: tuple[int, tuple[str, ...] | None, int, int] = (0, None, 0, 0)
+    quiet_loads: tuple[tuple[int, str], ...] = ()
 
     def settle(self, req: Request) -> None:
         """Bring member ``req``'s token counts up to date: one computed token (a
