@@ -249,6 +249,7 @@ class Scheduler:
             cohort.quiet_until = math.inf if wake is None else wake
             cohort.quiet_mark = (head.epoch, head.lookup, state.transfer_version, pool.freed_total)
             cohort.quiet_loads = self._blocked_loads
+            cohort.quiet_removals = tuple((tier, tier.removals) for tier in state.tiers.values())
             pool.watch = frozenset(state.hit_candidates(head))
             pool.watch_hit = False
 
@@ -276,7 +277,12 @@ class Scheduler:
                 or state.sync_lookup_version.get(head.request_id) != version):
             return False
         tiers = state.tiers
-        return all(tiers[tier].contains(block) for block, tier in cohort.quiet_loads)
+        if all(tier.removals == count for tier, count in cohort.quiet_removals):
+            return True  # nothing left any tier since
+        if not all(tiers[tier].contains(block) for block, tier in cohort.quiet_loads):
+            return False
+        cohort.quiet_removals = tuple((tier, tier.removals) for tier, _ in cohort.quiet_removals)
+        return True
 
     def _decode_room(self, req: Request) -> int:
         """How many more steps ``req`` (running) would just decode, this tick's included
@@ -321,15 +327,19 @@ class Scheduler:
         prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
         fills = []  # the same for the other steps that fill a block (generated tokens)
         to_store = []
+        recorder = state.recorder
+        recording = recorder is not None  # (the record's lists are built only for it)
         for req, n, samples in entries:
             end = req.computed
             before = end - n
             if before < req.prompt_tokens:
-                prompt_chunks.append([req.request_id, before, n])
+                if recording:
+                    prompt_chunks.append([req.request_id, before, n])
                 if end >= (len(req.hashes) + 1) * bt:
                     state.ensure_hashes(req, end // bt)  # a recompute past the prompt's blocks
             elif end % bt < n:  # the chunk reaches a block boundary: it fills a block
-                fills.append([req.request_id, before, n])
+                if recording:
+                    fills.append([req.request_id, before, n])
                 if end >= (len(req.hashes) + 1) * bt:
                     state.ensure_hashes(req, end // bt)  # the block it fills gets its hash
             if light:
@@ -355,7 +365,7 @@ class Scheduler:
             cohort.planned = step_entries
             cohort.before = before + members
         state.steps[step_id] = step_entries
-        if state.recorder is not None:
+        if recorder is not None:
             record = {
                 "kind": "step",
                 "t": state.now,
@@ -367,7 +377,7 @@ class Scheduler:
             }
             if fills:
                 record["fills"] = fills
-            state.recorder(record)
+            recorder(record)
         if light:
             state.commands.append(StepPlan(step_id, (), sync_lookups, tuple(sync_keys),
                                            (tokens, len(step_entries) + members, twice_pairs, cached), tuple(samplers)))

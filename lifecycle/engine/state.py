@@ -70,11 +70,13 @@ class DecodeCohort:
     # next deadline), while nothing it read has changed (``Scheduler.admission_quiet``):
     # the head's epoch, lookup answer and ``quiet_mark`` (the tiers' version, the device
     # blocks freed so far), its blocks in the device cache (``DeviceBlockPool.watch``) and
-    # its blocks in the tiers (``quiet_loads``, each (hash, tier)).
+    # its blocks in the tiers (``quiet_loads``, each (hash, tier); looked at only when a
+    # tier's ``removals`` moved since ``quiet_removals``).
     quiet_head: Request | None = None
     quiet_until: float = 0.0
     quiet_mark: tuple[int, tuple[str, ...] | None, int, int] = (0, None, 0, 0)
     quiet_loads: tuple[tuple[int, str], ...] = ()
+    quiet_removals: tuple[tuple[TierIndex, int], ...] = ()  # each tier's removals when last checked
 
     def settle(self, req: Request) -> None:
         """Bring member ``req``'s token counts up to date: one computed token (a
