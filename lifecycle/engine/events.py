@@ -7,7 +7,7 @@ replay, so they are the whole truth about a run.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, cast
 
 import attrs
 
@@ -85,6 +85,14 @@ _TUPLE_FIELDS = {"block_hashes", "tiers", "failed"}
 
 
 def input_to_record(event: InputEvent) -> dict[str, Any]:
+    # The two inputs of every step first, written out: the same dict ``attrs.asdict`` makes.
+    kind = type(event)
+    if kind is Tick:
+        return {"kind": "input", "type": "tick", "t": event.t}
+    if kind is StepOutput:
+        step = cast(StepOutput, event)
+        return {"kind": "input", "type": "step_output", "t": step.t, "step_id": step.step_id,
+                "finished": [list(pair) for pair in step.finished]}
     record: dict[str, Any] = {"kind": "input", "type": event.type}
     record.update(attrs.asdict(event, recurse=False))
     if isinstance(event, StepOutput):
