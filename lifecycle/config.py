@@ -214,7 +214,9 @@ def _from_text(kind: str, text: str) -> Any:
             return int(text)
         except ValueError:
             digits = text.strip().lstrip("+-").replace("_", "")
-            if digits.isdigit():  # more digits than int() converts: an integer that large
+            # More digits than int() converts: an integer that large. (isdecimal, not
+            # isdigit: a superscript or circled digit is a digit, but no integer.)
+            if digits.isdecimal():
                 return (-1 if text.strip().startswith("-") else 1) * 10 ** (len(digits) - 1)
         try:
             return float(text)

@@ -399,3 +399,15 @@ def test_an_integer_too_long_for_python_is_refused_at_its_line(tmp_path: Path,
     assert capsys.readouterr().err == (
         "kvlife run: error: argument --seed: must be at most 9,223,372,036,854,775,807 (the largest integer JSON "
         "traces hold exactly, signed 64-bit), got an integer of about 4999 digits\n")
+
+
+@pytest.mark.parametrize("word", ["¹", "²³", "①", "+⁵"])
+def test_a_digit_that_is_no_decimal_digit_is_no_integer_as_a_flag_either(capsys: pytest.CaptureFixture[str],
+                                                                          word: str) -> None:
+    """Unicode calls a superscript or circled digit a digit (``str.isdigit``), but ``int``
+    reads none: the flag must refuse it as its config key refuses the same string (found by
+    tests/test_fuzz_inputs.py: ``--chaos ¹`` was read as 1)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["run", "--seed", word])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"kvlife run: error: argument --seed: must be an integer, got {word!r}\n"
