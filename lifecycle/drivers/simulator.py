@@ -421,10 +421,11 @@ class Simulator:
                 made_plan = True
                 self._start_step(ready, cast(StepPlan, command))
             elif kind in _TRANSFERS:
+                transfer = cast(StartStore | StartLoad | StartPrefetch, command)
                 if ready > now:
-                    self._push(ready, _Later(cast(StartStore | StartLoad | StartPrefetch, command)))
+                    self._push(ready, _Later(transfer))
                 else:
-                    self._start_transfer(now, cast(StartStore | StartLoad | StartPrefetch, command))
+                    self._start_transfer(now, transfer)
             elif kind is SubmitLookup:
                 self._submit_lookup(now, cast(SubmitLookup, command))
         # Tick again after any event, unless the last tick found nothing to do and

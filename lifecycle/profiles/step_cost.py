@@ -229,13 +229,19 @@ class StepCostModel:
         sums a step plan itself and calls this, allocating nothing."""
         if tokens == 0:
             return 0.0
-        linear = max(
-            (self._linear_flops_per_token * tokens + self._lm_head_flops_per_request * requests) * self._ms_per_flop,
-            self._weight_ms,
-        )
+        linear, comm = self._linear_and_comm_ms(tokens, requests)
         attention = max(
             self._attention_flops_per_pair * pairs * self._ms_per_attention_flop,
             self._kv_bytes_per_token * kv_tokens * self._ms_per_byte,
+        )
+        return linear + attention + comm + self._overhead_ms
+
+    def _linear_and_comm_ms(self, tokens: int, requests: int) -> tuple[float, float]:
+        """The step's linear layers (compute, or the weights read, whichever bounds) and its
+        all-reduces: what depends on its new tokens and requests, not on their context."""
+        linear = max(
+            (self._linear_flops_per_token * tokens + self._lm_head_flops_per_request * requests) * self._ms_per_flop,
+            self._weight_ms,
         )
         comm = 0.0
         if self._allreduces:
@@ -243,7 +249,7 @@ class StepCostModel:
                 self._ring_factor * tokens * self._allreduce_bytes_per_token / self._link * 1000.0
                 + self._allreduce_latency_ms
             )
-        return linear + attention + comm + self._overhead_ms
+        return linear, comm
 
     def decode_run(self, t: float, count: int, twice_pairs: int, cached: int,
                    steps: int, horizon: float) -> tuple[list[float], float]:
@@ -257,14 +263,7 @@ class StepCostModel:
         starts: list[float] = []
         if count <= 0:
             raise ValueError(f"decode_run: count must be positive, got {count}")
-        linear = max((self._linear_flops_per_token * count + self._lm_head_flops_per_request * count)
-                     * self._ms_per_flop, self._weight_ms)
-        comm = 0.0
-        if self._allreduces:
-            comm = self._allreduces * (
-                self._ring_factor * count * self._allreduce_bytes_per_token / self._link * 1000.0
-                + self._allreduce_latency_ms
-            )
+        linear, comm = self._linear_and_comm_ms(count, count)
         overhead = self._overhead_ms
         flops_per_pair = self._attention_flops_per_pair
         ms_per_attention_flop = self._ms_per_attention_flop
@@ -274,6 +273,7 @@ class StepCostModel:
             starts.append(t)
             twice_pairs += 2 * count
             cached += count
+            # (totals_ms's attention term, with the attributes read once)
             attention = max(flops_per_pair * (twice_pairs * 0.5) * ms_per_attention_flop,
                             kv_ms * (cached + count) * ms_per_byte)
             t += linear + attention + comm + overhead
