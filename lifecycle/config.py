@@ -482,6 +482,10 @@ class EngineConfig:
     # request deferred on every answer would otherwise look up for ever (vllm#49829: 1.27M
     # ``lookup()`` calls for one request). The checker draws small bounds to reach it.
     max_async_lookups: int = attrs.field(default=1024, validator=_positive_int)
+    # vLLM's kv_load_failure_policy: a request whose load failed recomputes from its first
+    # failed block, or fails with an error. The ``on_load_failure`` policy is asked either way;
+    # an answer the deployment cannot carry out is refused (a ``decision_refused`` warning).
+    kv_load_failure_policy: str = attrs.field(default="recompute", validator=_choice("recompute", "fail"))
     tiers: tuple[TierConfig, ...] = attrs.field(default=(TierConfig("host", capacity_blocks=8000),))
 
     @tiers.validator

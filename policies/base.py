@@ -31,6 +31,7 @@ names the built-ins (each imports this module, never the other way round).
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import attrs
@@ -43,16 +44,22 @@ ArrivalAction = Literal["none", "lookup", "prefetch"]
 Admission = Literal["go", "defer", "join"]
 LoadFailureAction = Literal["recompute", "fail"]
 
-HOOKS: tuple[str, ...] = (
-    "on_arrival",
-    "lookup_mode",
-    "lookup_reuse",
-    "prefetch_patience",
-    "admission",
-    "store_limit",
-    "hold_at_finish",
-    "on_load_failure",
-)
+
+class Hook(StrEnum):
+    """The decision points, in the order a request meets them."""
+
+    ON_ARRIVAL = "on_arrival"
+    LOOKUP_MODE = "lookup_mode"
+    LOOKUP_REUSE = "lookup_reuse"
+    PREFETCH_PATIENCE = "prefetch_patience"
+    ADMISSION = "admission"
+    STORE_LIMIT = "store_limit"
+    HOLD_AT_FINISH = "hold_at_finish"
+    ON_LOAD_FAILURE = "on_load_failure"
+
+
+HOOKS: tuple[str, ...] = tuple(Hook)
+
 HOOK_VALUES: dict[str, tuple[Any, ...] | type] = {
     "on_arrival": ("none", "lookup", "prefetch"),
     "lookup_mode": ("sync", "async"),

@@ -12,6 +12,8 @@ python-statemachine validates the class when it is defined: every state reachabl
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from statemachine import State, StateMachine
 
 FINISH_REASONS = ("stopped", "length", "aborted", "error")
@@ -44,12 +46,15 @@ class RequestLifecycle(StateMachine):
     # transfer (or reclaim) deadline: recompute from the first bad block, which means
     # queueing again with a shorter hit.
     load_failed = loading.to(waiting)
-    # Out of device blocks: back to the queue (its in-flight stores keep their blocks).
+    # Out of device blocks: back to the queue (vLLM frees its blocks; its in-flight stores
+    # are finished before the next step writes anything).
     preempted = running.to(waiting)
     # Generation finished but a store or send still reads its blocks.
     send_started = running.to(sending)
-    # Generation finished and nothing references its blocks any more.
-    completed = running.to(finished) | sending.to(finished)
+    # Generation finished and nothing references its blocks any more; or (async
+    # scheduling) a preempted request's in-flight token, which vLLM still delivers, was its
+    # last one.
+    completed = running.to(finished) | sending.to(finished) | waiting.to(finished)
     # The client went away. Blocks under an in-flight transfer stay held by that job
     # until every rank reported it; the request itself is done.
     aborted = (
@@ -67,3 +72,32 @@ class RequestLifecycle(StateMachine):
 STATES: tuple[str, ...] = tuple(state.id for state in RequestLifecycle.states)
 TERMINAL_STATE = "finished"
 INITIAL_STATE = "waiting"
+
+
+class RequestState(StrEnum):
+    """The spec's states as typed names (a test checks they are exactly ``STATES``)."""
+
+    WAITING = "waiting"
+    LOOKUP_PENDING = "lookup_pending"
+    LOADING = "loading"
+    RUNNING = "running"
+    SENDING = "sending"
+    FINISHED = "finished"
+
+
+class Trigger(StrEnum):
+    """The spec's triggers as typed names (a test checks they are exactly the spec's events)."""
+
+    LOOKUP_SUBMITTED = "lookup_submitted"
+    LOOKUP_ANSWERED = "lookup_answered"
+    LOOKUP_EXPIRED = "lookup_expired"
+    LOAD_STARTED = "load_started"
+    ADMITTED = "admitted"
+    LOAD_DONE = "load_done"
+    LOAD_FAILED = "load_failed"
+    PREEMPTED = "preempted"
+    SEND_STARTED = "send_started"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    FAILED = "failed"
+

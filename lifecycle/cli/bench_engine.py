@@ -141,10 +141,10 @@ ANCHOR_NOTE = (f"anchor: a published Rust simulator replays Mooncake's tool&agen
                "(another language and engine model)")
 
 
-def bench_trace(workload_name: str, limit: int | None, bars: Bars | None = None, *, tracing: bool = True,
-                fast: bool = True) -> dict[str, Any]:
+def bench_trace(workload_name: str, limit: int | None, bars: Bars | None = None, *,
+                tracing: bool = True) -> dict[str, Any]:
     """Simulate ``workload_name`` (a bundled name or a Mooncake file), tracing on (to a
-    temporary file) or off; ``fast=False``: the engine's decode fast path off (step by step)."""
+    temporary file) or off."""
     from kvlife.lifecycle.drivers.runner import run_workload
     from kvlife.lifecycle.workloads.bundled import resolve_workload
     from kvlife.lifecycle.workloads.mooncake import load_mooncake
@@ -157,7 +157,7 @@ def bench_trace(workload_name: str, limit: int | None, bars: Bars | None = None,
                                 len(workload)) as progress:
             start = time.perf_counter()
             outcome = run_workload(config, workload, trace_path=trace, workload_name=workload_name,
-                                   progress=progress, fast=fast)
+                                   progress=progress)
             wall = time.perf_counter() - start
         size = trace.stat().st_size if trace is not None else 0
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -165,11 +165,9 @@ def bench_trace(workload_name: str, limit: int | None, bars: Bars | None = None,
         "workload": workload_name,
         "requests": len(workload),
         "tracing": tracing,
-        "fast_path": fast,
         "finished": sum(outcome.summary["finished"].values()),
         "engine_events": outcome.result.events,
         "steps": outcome.summary["steps"],
-        "fast_steps": outcome.result.fast_steps,
         "trace_lines": outcome.trace_lines,
         "trace_mib": size / 2**20,
         "wall_s": wall,
@@ -196,12 +194,10 @@ def format_report(transitions: dict[str, float] | None, runs: list[dict[str, Any
             f"  python-statemachine   {t['reference_per_s']:>14,.0f} /s",
         ]
     for r in runs:
-        path = "fast path" if r["fast_path"] else "step by step (fast path off)"
         lines += [
             f"whole-run simulation: workload {r['workload']}, {r['requests']:,} requests, "
-            f"tracing {'on' if r['tracing'] else 'off'}, {path}",
-            f"  finished {r['finished']:,}, engine events {r['engine_events']:,}, steps {r['steps']:,} "
-            f"({r['fast_steps']:,} by the decode fast path)",
+            f"tracing {'on' if r['tracing'] else 'off'}",
+            f"  finished {r['finished']:,}, engine events {r['engine_events']:,}, steps {r['steps']:,}",
         ]
         if r["tracing"]:
             lines.append(f"  trace {r['trace_lines']:,} lines, {r['trace_mib']:.1f} MiB")

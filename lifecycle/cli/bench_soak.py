@@ -9,8 +9,7 @@ share no prefix, as a longer trace of new conversations would not; request ids a
 never built as a list. Arrivals are replayed at ``--time-scale`` (0.25 by default, where
 the baseline engine keeps up: the queue does not grow over the run, so memory measures
 the simulator, not a backlog) with tied timestamps spread (``sim.arrivals = "spread"``),
-tracing off (``--trace``: written to a temporary file), the engine's decode fast path on
-(``--stepwise``: off), the default config otherwise.
+tracing off (``--trace``: written to a temporary file), the default config otherwise.
 
 Each size runs in a fresh Python process, so one size's peak cannot hide another's: the
 child runs ``kvlife.lifecycle.drivers.runner.run_workload`` and reports its own peak
@@ -100,11 +99,9 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_one(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False,
-            fast: bool = True) -> dict[str, Any]:
+def run_one(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False) -> dict[str, Any]:
     """The child's side: one soak run in this process (``requests`` 0: imports only);
-    ``tracing``: the trace written to a temporary file (removed after); ``fast=False``: the
-    engine's decode fast path off (step by step)."""
+    ``tracing``: the trace written to a temporary file (removed after)."""
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.lifecycle.drivers.runner import run_workload
     from kvlife.lifecycle.workloads.arrivals import spread_ties
@@ -118,7 +115,7 @@ def run_one(requests: int, time_scale: float, keep_requests: bool, tracing: bool
         start = time.perf_counter()
         outcome = run_workload(soak_config(time_scale), workload, workload_name=f"soak-{requests}",
                                progress=progress, size=requests, keep_requests=keep_requests,
-                               trace_path=trace, fast=fast)
+                               trace_path=trace)
         wall = time.perf_counter() - start
         trace_mib = trace.stat().st_size / 2**20 if trace is not None else 0.0
     summary = outcome.summary
@@ -128,7 +125,6 @@ def run_one(requests: int, time_scale: float, keep_requests: bool, tracing: bool
         "wall_s": wall,
         "requests_per_s": requests / wall,
         "trace_mib": trace_mib,
-        "fast_steps": outcome.result.fast_steps,
         "steps": summary["steps"],
         "peak_rss_mib": _peak_rss_mib(),
         "finished": sum(summary["finished"].values()),
@@ -145,11 +141,10 @@ class SoakError(Exception):
     """A soak child failed."""
 
 
-def run_child(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False,
-              fast: bool = True) -> dict[str, Any]:
+def run_child(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False) -> dict[str, Any]:
     """``run_one`` in a fresh interpreter; its JSON line back."""
     command = [sys.executable, "-m", "kvlife.lifecycle.cli.bench_soak", str(requests), repr(time_scale),
-               "keep" if keep_requests else "drop", "trace" if tracing else "notrace", "fast" if fast else "step"]
+               "keep" if keep_requests else "drop", "trace" if tracing else "notrace"]
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise SoakError(f"the {requests:,}-request run failed (exit {done.returncode})")
@@ -157,13 +152,13 @@ def run_child(requests: int, time_scale: float, keep_requests: bool, tracing: bo
 
 
 def bench_soak(sizes: Sequence[int], time_scale: float = DEFAULT_TIME_SCALE,
-               keep_requests: bool = False, tracing: bool = False, fast: bool = True) -> dict[str, Any]:
+               keep_requests: bool = False, tracing: bool = False) -> dict[str, Any]:
     floor = run_child(0, time_scale, keep_requests)["peak_rss_mib"]
-    runs = [run_child(n, time_scale, keep_requests, tracing, fast) for n in sizes]
+    runs = [run_child(n, time_scale, keep_requests, tracing) for n in sizes]
     for run in runs:
         run["over_floor_mib"] = run["peak_rss_mib"] - floor
     return {"workload": f"{SOURCE} + shifted copies", "time_scale": time_scale, "arrivals": "spread",
-            "trace": tracing, "fast_path": fast, "keep_requests": keep_requests, "floor_rss_mib": floor,
+            "trace": tracing, "keep_requests": keep_requests, "floor_rss_mib": floor,
             "runs": runs}
 
 
@@ -171,8 +166,7 @@ def format_report(report: dict[str, Any]) -> str:
     kept = "kept (--keep-requests)" if report["keep_requests"] else "dropped once folded"
     lines = [
         f"soak: {report['workload']}, time scale {report['time_scale']:g}, {report['arrivals']} arrivals, "
-        f"tracing {'on' if report['trace'] else 'off'}, "
-        f"{'fast path' if report['fast_path'] else 'step by step'}, finished requests {kept}",
+        f"tracing {'on' if report['trace'] else 'off'}, finished requests {kept}",
         f"{'requests':>10}  {'wall s':>8}  {'peak RSS MiB':>12}  {'over floor':>10}  {'held at end':>11}  "
         f"{'TTFT p50 ms':>11}  {'stranded':>8}",
     ]
@@ -192,11 +186,9 @@ def _main(argv: Sequence[str]) -> None:
     parser.add_argument("retention", choices=("keep", "drop"), help="keep or drop finished requests")
     parser.add_argument("tracing", nargs="?", choices=("trace", "notrace"), default="notrace",
                         help="write the trace (to a temporary file) or not")
-    parser.add_argument("path", nargs="?", choices=("fast", "step"), default="fast",
-                        help="the engine's decode fast path on, or step by step")
     args = parser.parse_args(argv)
-    print(json.dumps(run_one(args.requests, args.time_scale, args.retention == "keep", args.tracing == "trace",
-                             args.path == "fast")), flush=True)
+    print(json.dumps(run_one(args.requests, args.time_scale, args.retention == "keep", args.tracing == "trace")),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,6 @@ def run_workload(
     size: int | None = None,
     keep_requests: bool = False,
     engine_factory: Callable[..., Engine] | None = None,
-    fast: bool = True,
 ) -> RunOutcome:
     """Simulate ``workload`` (a list, or a stream in arrival order whose length ``size`` is
     given when known: the trace header and progress report it). The trace header holds the
@@ -110,9 +109,7 @@ def run_workload(
     Finished requests leave the engine as the run goes unless ``keep_requests``.
     ``sim.chaos`` and ``sim.check`` (``drivers.chaos``, ``drivers.online_check``) add
     ``chaos`` (perturbation counts) and ``check`` (violations per invariant) to the summary;
-    ``engine_factory`` (tests: a broken engine of ``tests/bug_zoo.py``) keeps requests.
-    ``fast=False`` turns the engine's decode fast path off (``Simulator``): the same run,
-    step by step, for comparison."""
+    ``engine_factory`` (tests: a broken engine of ``tests/bug_zoo.py``) keeps requests."""
     if size is None and isinstance(workload, Sequence):
         size = len(workload)
     workload = require_requests(workload, workload_name)
@@ -125,8 +122,7 @@ def run_workload(
     meta = {"name": workload_name, "requests": size}
     with interrupts.held(), recording(trace_path, config, stack, workload=meta, setup=setup) as writer:
         sim = Simulator(config, workload, stack, writer.record if writer else None, progress, size=size,
-                        keep_requests=keep_requests or engine_factory is not None, engine_factory=engine_factory,
-                        fast=fast)
+                        keep_requests=keep_requests or engine_factory is not None, engine_factory=engine_factory)
         result = sim.run()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, physics.block_bytes)

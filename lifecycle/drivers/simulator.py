@@ -16,13 +16,22 @@ their completions in virtual time (the model: ``docs/fidelity-model.md``):
   and reports when all its parts have drained, plus that rank's jitter; each block fails
   with its tier's failure rate;
 - completions at step boundaries (``sim.completions = "step_boundary"``, the default): a
-  transfer report or lookup answer that completes while a step is in flight reaches the
-  engine right after that step's output, at its time, in completion order; vLLM's scheduler
-  learns of finished transfers the same way, from the next step's ``finished_recving`` /
-  ``finished_sending``. With no step in flight it is delivered when it completes: an idle
-  vLLM engine keeps stepping (empty steps) while requests wait for KV, so it would see the
-  completion within one empty step; we take that step as instantaneous.
-  ``"exact"`` delivers every completion at its own time, for comparison.
+  transfer report that completes while a step is in flight comes with that step's output
+  (``StepOutput.reports``, applied after its tokens, as vLLM applies a step's
+  ``kv_connector_output``); a lookup answer right after it. With no step in flight a
+  completion is delivered when it completes: an idle vLLM engine keeps stepping (empty
+  steps) while requests wait for KV; we take such a step as instantaneous.
+  ``"exact"`` delivers every completion at its own time, for comparison;
+- every scheduler pass is a step (a pass that schedules nothing is an empty step whose
+  output comes at once); steps run one after another on the device, so a step starts when
+  the one before it ends (async scheduling plans the next while one runs). After an empty
+  step's output the driver ticks again only if that output changed something, so idle time
+  does not spin;
+- a store flushed by a preemption (``StepPlan.flush``) is taken as done when its step
+  starts: the time it would add to that step is not charged (flushes are rare: a preemption
+  with a store in flight);
+- a join (``StartLoad.after``) copies device blocks another load fills: each rank reports it
+  with that load's report on the rank, its failed blocks those of the load.
 
 The tier indexes are the very ones the engine holds (``kvlife.transfer.index``); only the
 bytes are modelled. Everything random comes from one ``random.Random(seed)``, and ties in
@@ -103,8 +112,6 @@ class SimResult:
     chaos: dict[str, Any] | None = None
     # ``--check`` (or ``--chaos``): the online observer's findings (``drivers.online_check``).
     check: dict[str, Any] | None = None
-    # Steps planned by the engine's decode fast path (``Simulator(fast=True)``); not in the summary.
-    fast_steps: int = 0
 
 
 class _LinkWake:
@@ -130,9 +137,7 @@ class Simulator:
     as the run goes; ``size``, when known, is its length, for progress and the
     ``interrupted`` record). ``keep_requests=False``: finished requests leave the engine
     (see the module docstring); the default keeps every request, for tests and tools that
-    read ``engine.requests`` afterwards. ``fast=False`` turns off the engine's decode fast
-    path (``scheduler.Scheduler._cohort_tick``): the run goes step by step through the
-    ordinary path, with the same results (tests compare the two)."""
+    read ``engine.requests`` afterwards."""
 
     def __init__(
         self,
@@ -147,7 +152,6 @@ class Simulator:
         size: int | None = None,
         keep_requests: bool = True,
         engine_factory: Callable[..., Engine] | None = None,
-        fast: bool = True,
     ) -> None:
         # Derived values (device blocks, ranks) filled in; a config resolved already stays as it is.
         self.config, self.physics = resolve(config)
@@ -179,7 +183,6 @@ class Simulator:
                                  retire=None if keep_requests else self._retire)
         if self.check is not None:
             self.check.attach(self.engine)
-        self._requests = self.engine.requests  # the engine's own dict (read only)
         self.rng = random.Random(config.sim.seed)
         self.progress = progress
         # Check block accounting (invariants 2 and 8) every N events; tests use it.
@@ -190,25 +193,19 @@ class Simulator:
         self._progress_mark = 0  # finished requests at the last progress report
         # Per request that arrived and has not left the engine: its stop rule (stop_rule).
         self._stops: dict[str, tuple[int, str]] = {}
-        # The engine's decode fast path (``scheduler.Scheduler._cohort_tick``): given the
-        # stop rules, it plans the steps in which every running request just decodes
-        # without looking at each one. Off for a checked, chaotic, reference or
-        # deliberately broken run, and with async scheduling (two steps in flight).
-        self.fast = (fast and self.check is None and engine_factory is None and not reference
-                     and check_every is None and not config.engine.async_scheduling)
-        if self.fast:
-            self.engine.state.fast_limits = self._stops
         self._max_output_tokens = config.sim.max_output_tokens
         self._taken = 0  # arrivals taken from the workload
         self._last_arrival = 0.0
         self._steps_in_flight = 0
+        self._last_step_end = 0.0  # steps run one after another on the device
         self._max_in_flight = 2 if config.engine.async_scheduling else 1
-        self._tick_pending = False
+        self._tick_pending: float | None = None  # the time of the tick queued, if one is
+        self._idle_steps: set[int] = set()  # empty steps of passes that did nothing else
         self._tiers = {t.name: t for t in config.engine.tiers}
         self._failing_tiers = any(t.failure_rate for t in config.engine.tiers)
         self._jitter = config.sim.rank_jitter_ms
         self._pending_lookup: dict[tuple[str, int], tuple[int, ...]] = {}
-        # Ticks pushed because a prefetch patience runs out (engine.next_wakeup), by heap seq.
+        # Ticks pushed because a deadline passes (engine.next_wakeup), by heap seq.
         self._wakeup_seqs: set[int] = set()
         self._wakeup_times: set[float] = set()
         # Physics: the step cost, per-rank links, the lookup service.
@@ -220,12 +217,19 @@ class Simulator:
         self._link_wakes = {link: _LinkWake(link) for links in self._links for tl in links.values()
                             for link in (tl.load, tl.store)}
         self._rank_jobs: dict[tuple[int, int], list[Any]] = {}  # (job, rank) -> [parts left, failed, jitter]
+        self._flushed: set[int] = set()  # store jobs a preemption flushed: reported when their step started
+        # Joins (``StartLoad.after``): load job -> the joins that copy from it; and per load
+        # job, each rank's report so far (a join started after that rank reported copies at once).
+        self._followers: dict[int, list[StartLoad]] = {}
+        self._load_reports: dict[int, dict[int, tuple[int, ...]]] = {}
+        self._load_jobs: dict[int, StartLoad] = {}
         self.lookups = LookupService(config.sim.lookup_workers, config.engine.lookup_latency_ms,
                                      config.sim.lookup_per_key_ms)
         self.critical_path_lookup_ms = 0.0
         self._exact = config.sim.completions == "exact"
-        self._held: list[TransferReport | LookupAnswer] = []  # completions waiting for a step output
-        self._engine_lookup = self.engine.state.sync_lookup  # the tiers' answer
+        self._held_reports: list[TransferReport] = []  # reports waiting for the step output in flight
+        self._held_answers: list[LookupAnswer] = []  # answers delivered right after it
+        self._engine_lookup = self.engine.sync_lookup  # the tiers' answer
 
     def _push(self, t: float, event: Any) -> None:
         heapq.heappush(self._queue, (t, self._seq, event))
@@ -259,7 +263,6 @@ class Simulator:
             try:
                 return self._run(gate)
             except KeyboardInterrupt as exc:
-                self.engine.state.settle_cohort()  # what is read of a cut run is up to date
                 if self.engine.recorder is not None:
                     self.engine.recorder(cut_record(self.engine, exc, self._total(), gate.clean,
                                                     steps=self._steps_in_flight))
@@ -283,31 +286,38 @@ class Simulator:
                 self._start_transfer(now, event.command)
                 continue
             if kind is StepPlan:  # the step ends: its output, with the requests that stop
+                if self._tick_pending == now and self._steps_in_flight < self._max_in_flight:
+                    # Async scheduling: vLLM schedules the next step before it takes the
+                    # output of the one after (its batch queue has room): the tick first.
+                    self._push(now, event)
+                    continue
                 if self.chaos is not None:
                     later = self.chaos.delay_step(now, event.step_id, alone=self._max_in_flight == 1)
                     if later is not None:
                         self._push(later, event)
                         continue
                 self._steps_in_flight -= 1
-                finishes = step_finishes(event, self._requests, self._stops)
-                if self.fast and not finishes and not self._held and not self._tick_pending \
-                        and self._skip_ahead(now, event):
-                    continue
-                output = StepOutput(now, event.step_id, finishes)
-                self._feed(now, output)
+                finishes = step_finishes(event, engine, self._stops)
+                reports, self._held_reports = tuple(self._held_reports), []
+                output = StepOutput(now, event.step_id, finishes, tuple((r.job_id, r.rank, r.failed) for r in reports))
+                idle = event.step_id in self._idle_steps
+                self._idle_steps.discard(event.step_id)
+                self._delivered_reports(reports)
+                self._feed(now, output, idle=idle and not reports and not finishes)
                 if self.chaos is not None:
                     stale = self.chaos.duplicate_step(now, output)
                     if stale is not None:
                         self._push(*stale)
-                if self._held:
-                    held, self._held = self._held, []
-                    for completion in held:
-                        self._feed(now, _at(completion, now))
+                if self._held_answers:
+                    held, self._held_answers = self._held_answers, []
+                    for answer in held:
+                        self._feed(now, LookupAnswer(now, answer.request_id, answer.epoch, answer.tiers))
                 continue
             if kind is TransferReport:
                 if self._steps_in_flight and not self._exact:
-                    self._held.append(event)
+                    self._held_reports.append(event)
                     continue
+                self._delivered_reports((event,))
             elif kind is LookupAnswer:
                 event, instant = self._answer_lookup(event)
                 if self.chaos is not None:
@@ -316,7 +326,7 @@ class Simulator:
                         continue
                     event = on_time
                 if self._steps_in_flight and not self._exact and not instant:
-                    self._held.append(event)
+                    self._held_answers.append(cast(LookupAnswer, event))
                     continue
             elif kind is Arrival:
                 self._push_arrival()
@@ -324,13 +334,18 @@ class Simulator:
                 if seq in self._wakeup_seqs:
                     self._wakeup_seqs.discard(seq)
                     self._wakeup_times.discard(now)
-                    if self._tick_pending or self._steps_in_flight >= self._max_in_flight:
+                    if self._tick_pending is not None or self._steps_in_flight >= self._max_in_flight:
                         continue  # a regular tick comes anyway (after the step in flight)
-                self._tick_pending = False
+                self._tick_pending = None
             elif kind is Delivery:  # --chaos: a completion the adversary held back or copied
                 event = self._delivered(now, event)
-                if self._steps_in_flight and not self._exact:
-                    self._held.append(event)
+                if type(event) is TransferReport:
+                    if self._steps_in_flight and not self._exact:
+                        self._held_reports.append(event)
+                        continue
+                    self._delivered_reports((event,))
+                elif self._steps_in_flight and not self._exact:
+                    self._held_answers.append(cast(LookupAnswer, event))
                     continue
             self._feed(now, event)  # (--chaos: a stale copy of a step output, too)
         if self.progress is not None:
@@ -347,41 +362,7 @@ class Simulator:
         return SimResult(engine, self.workload, now, self._events, stranded,
                          self.critical_path_lookup_ms, self.physics, self.retired,
                          chaos=self.chaos.summary() if self.chaos is not None else None,
-                         check=self.check.summary() if self.check is not None else None,
-                         fast_steps=engine.scheduler.fast_steps)
-
-    def _skip_ahead(self, now: float, plan: StepPlan) -> bool:
-        """The step of ``plan`` ends now. If the engine vouches that the next ticks would
-        plan steps of its decode cohort's members alone (``Engine.pure_decode_steps``),
-        take in one call (``Engine.handle_decode_steps``) each of those steps' output and
-        the tick after it that fall before anything else queued; the last plan goes on the
-        queue as usual. Exactly the step-by-step run: each step's cost is the one its plan
-        would be given (the members' totals grow by one token each a step), and the plans
-        the engine makes are checked against that. False if not even one step qualifies."""
-        engine = self.engine
-        steps, until = engine.pure_decode_steps()
-        if steps <= 0:
-            return False
-        queue = self._queue
-        horizon = min(until, queue[0][0]) if queue else until
-        if not now < horizon or plan.totals is None:
-            return False
-        tokens, count, twice_pairs, cached = plan.totals
-        times, t = self._cost.decode_run(now, count, twice_pairs, cached, steps, horizon)
-        k = len(times)
-        last = engine.handle_decode_steps(times)
-        twice_pairs += 2 * k * count
-        cached += k * count
-        if last.totals != (count, count, twice_pairs, cached):
-            raise RuntimeError(f"skip-ahead at t={now}: the engine planned {last.totals} last, the simulator "
-                               f"costed {(count, count, twice_pairs, cached)}")
-        # What the step-by-step loop would have counted: two inputs per step, a Tick and a
-        # StepPlan queued per step (all taken but the last plan's).
-        self._events += 2 * k
-        self._seq += 2 * k - 1
-        self._steps_in_flight += 1
-        self._push(t, last)
-        return True
+                         check=self.check.summary() if self.check is not None else None)
 
     def _push_wake(self, wake: float) -> None:
         """A tick at ``wake`` even if nothing else happens then (skipped if one comes anyway)."""
@@ -392,33 +373,40 @@ class Simulator:
 
     def _idle_wake(self) -> bool:
         """Nothing is queued: if the engine has a deadline ahead, wake for it (True)."""
-        wake = self.engine.state.next_wakeup()
+        wake = self.engine.next_wakeup()
         if wake is None:
             return False
         self._push_wake(wake)
         return True
 
-    def _feed(self, now: float, event: InputEvent) -> None:
-        """Hand one input to the engine and carry out its commands."""
+    def _feed(self, now: float, event: InputEvent, idle: bool = False) -> None:
+        """Hand one input to the engine and carry out its commands. ``idle``: the output of
+        an empty step of a pass that did nothing else: the driver ticks again only if it
+        changed something (commands, or a change the engine counts)."""
         engine = self.engine
-        state = engine.state
+        before = engine.progress() if idle else None
         commands = engine.handle(event)
         if self.check is not None:
             self.check.handled()
         self._events += 1
         if self.check_every is not None and self._events % self.check_every == 0:
             engine.check_invariants()
-        made_plan = False
-        # A tick that looked the tiers up inline hands its work over when the lookups answer:
+        quiet = False
+        # A pass that looked the tiers up inline hands its work over when the lookups answer:
         # the step, and the transfers it started (vLLM's workers start them with the step).
         ready = now
+        plan: StepPlan | None = None
         for command in commands:
-            if type(command) is StepPlan and command.sync_lookup_keys:
-                ready = self._pay_sync_lookups(now, command.sync_lookup_keys)
+            if type(command) is StepPlan:
+                plan = cast(StepPlan, command)
+                if plan.sync_lookup_keys:
+                    ready = self._pay_sync_lookups(now, plan.sync_lookup_keys)
+        if plan is not None:
+            for job_id in plan.flush:
+                self._flush(ready, job_id)
         for command in commands:
             kind = type(command)
             if kind is StepPlan:
-                made_plan = True
                 self._start_step(ready, cast(StepPlan, command))
             elif kind in _TRANSFERS:
                 transfer = cast(StartStore | StartLoad | StartPrefetch, command)
@@ -428,19 +416,24 @@ class Simulator:
                     self._start_transfer(now, transfer)
             elif kind is SubmitLookup:
                 self._submit_lookup(now, cast(SubmitLookup, command))
-        # Tick again after any event, unless the last tick found nothing to do and
-        # nothing has changed since (no spinning in idle time).
+        if plan is not None and not plan.entries and len(commands) == 1:
+            quiet = True  # the pass found nothing to do: its (empty) step's output is idle
+            self._idle_steps.add(plan.step_id)
+        elif idle and not commands and engine.progress() == before:
+            quiet = True  # an idle step's output that changed nothing: no spinning
+        # Tick again after any event, unless the last pass found nothing to do and nothing
+        # has changed since.
         if (
-            not self._tick_pending
+            self._tick_pending is None
             and self._steps_in_flight < self._max_in_flight
-            and not (type(event) is Tick and not made_plan)
-            and state.busy()  # some request unfinished, or some job in flight
+            and not quiet
+            and engine.busy()  # some request unfinished, some job in flight, some blocks held
         ):
-            self._tick_pending = True
+            self._tick_pending = now
             self._push(now, Tick(now))
         # A deadline (prefetch patience, lookup, transfer, reclaim) the engine acts on at
         # a tick: wake for it unless something queued comes first (it asks again then).
-        wake = state.next_wakeup()
+        wake = engine.next_wakeup()
         if wake is not None and (not self._queue or wake < self._queue[0][0]):
             self._push_wake(wake)
         if self.progress is not None:
@@ -476,14 +469,14 @@ class Simulator:
         event = delivery.event
         old_epoch = False
         if type(event) is LookupAnswer:
-            req = self._requests.get(event.request_id)
+            req = self.engine.requests.get(event.request_id)
             old_epoch = req is not None and req.state == "lookup_pending" and req.epoch != event.epoch
         cast(Chaos, self.chaos).delivered(delivery, old_epoch)
         return _at(event, now)
 
     # ---- steps -------------------------------------------------------------------------------
     def _pay_sync_lookups(self, now: float, key_counts: tuple[int, ...]) -> float:
-        """Send the tick's sync lookups to the lookup service; when the last one answers."""
+        """Send the pass's sync lookups to the lookup service; when the last one answers."""
         ready = now
         submit = self.lookups.submit
         for keys in key_counts:
@@ -493,38 +486,62 @@ class Simulator:
         return ready
 
     def _start_step(self, start: float, plan: StepPlan) -> None:
-        """The step runs from ``start`` for the cost of its batch."""
+        """The step runs for the cost of its batch, once the step before it has ended (an
+        empty step costs nothing)."""
         # Each entry is a chunk of n new tokens on top of b cached ones (a decode: n = 1):
         # n*b + n(n+1)/2 attention pairs, b + n KV tokens read or written.
-        if plan.totals is not None:  # a light plan (the fast path on): its totals, given
-            tokens, count, twice_pairs, cached = plan.totals
-            end = start + self._cost.totals_ms(tokens, count, twice_pairs * 0.5, cached + tokens)
-            self._steps_in_flight += 1
-            self._push(end, plan)
-            return
         entries = plan.entries
-        tokens = cached = twice_pairs = 0
-        for entry in entries:
-            n = entry.num_tokens
-            b = entry.computed_before
-            tokens += n
-            cached += b
-            twice_pairs += n * (b + b + n + 1)
-        end = start + self._cost.totals_ms(tokens, len(entries), twice_pairs * 0.5, cached + tokens)
+        start = max(start, self._last_step_end)
+        if entries:
+            tokens = cached = twice_pairs = 0
+            for entry in entries:
+                n = entry.num_tokens
+                b = entry.computed_before
+                tokens += n
+                cached += b
+                twice_pairs += n * (b + b + n + 1)
+            end = start + self._cost.totals_ms(tokens, len(entries), twice_pairs * 0.5, cached + tokens)
+        else:
+            end = start
+        self._last_step_end = end
         self._steps_in_flight += 1
         self._push(end, plan)  # becomes the step's StepOutput when it pops
+
+    def _flush(self, now: float, job_id: int) -> None:
+        """A preemption flushed a store in flight: its ranks report it now (its link time
+        left is not charged to the step)."""
+        self._flushed.add(job_id)
+        for rank in range(self._ranks):
+            entry = self._rank_jobs.pop((job_id, rank), None)
+            if entry is not None:
+                self._push(now, TransferReport(now, job_id, rank, entry[1]))
+
+    def _delivered_reports(self, reports: Iterable[TransferReport]) -> None:
+        """Reports handed to the engine: a load's entries are kept until its last rank's."""
+        for report in reports:
+            seen = self._load_reports.get(report.job_id)
+            if seen is not None and len(seen) >= self._ranks and report.job_id not in self._followers:
+                self._load_reports.pop(report.job_id, None)
+                self._load_jobs.pop(report.job_id, None)
 
     # ---- transfers -------------------------------------------------------------------------
     def _start_transfer(self, now: float, command: StartLoad | StartStore | StartPrefetch) -> None:
         """Every rank moves its share of each tier's blocks over its own link to that tier
         (a prefetch reads from its source tiers); its report comes when all its parts have
-        drained, plus its jitter. Each block fails with its tier's failure rate."""
+        drained, plus its jitter. Each block fails with its tier's failure rate. A join
+        reports with the load it copies from."""
         store = type(command) is StartStore
+        if isinstance(command, StartLoad) and command.after is not None:
+            self._follow(now, command)
+            return
         if isinstance(command, StartPrefetch):
             blocks = [(m.block_hash, m.src_tier) for m in command.moves]
         else:
             blocks = [(m.block_hash, m.tier) for m in command.moves]
         job_id = command.job_id
+        if isinstance(command, StartLoad):
+            self._load_jobs[job_id] = command
+            self._load_reports[job_id] = {}
         counts: dict[str, int] = {}
         for _, tier_name in blocks:
             counts[tier_name] = counts.get(tier_name, 0) + 1
@@ -548,6 +565,31 @@ class Simulator:
                 self._schedule_wake(link)
             self._rank_jobs[tid] = [len(counts), failed, delay]
 
+    def _follow(self, now: float, join: StartLoad) -> None:
+        """A join copies what load ``join.after`` brings: on each rank, once that rank has
+        reported the load (at once if it already has)."""
+        owner = cast(int, join.after)
+        self._followers.setdefault(owner, []).append(join)
+        for rank, failed in sorted(self._load_reports.get(owner, {}).items()):
+            self._report_follower(now, join, rank, failed)
+
+    def _report_follower(self, t: float, join: StartLoad, rank: int, failed: tuple[int, ...]) -> None:
+        mine = {m.block_hash for m in join.moves}
+        self._push_report(t, TransferReport(t, join.job_id, rank, tuple(h for h in failed if h in mine)))
+
+    def _push_report(self, t: float, report: TransferReport) -> None:
+        seen = self._load_reports.get(report.job_id)
+        if seen is not None:
+            seen[report.rank] = report.failed
+            for join in self._followers.get(report.job_id, ()):
+                self._report_follower(t, join, report.rank, report.failed)
+            if len(seen) >= self._ranks:
+                self._followers.pop(report.job_id, None)
+        if self.chaos is None:
+            self._push(t, report)
+        else:
+            self._route_report(t, report)
+
     def _schedule_wake(self, link: Link) -> None:
         """Keep one wake-up pending at the link's next drain (earlier ones become stale)."""
         upcoming = link.next_completion()
@@ -565,15 +607,14 @@ class Simulator:
         del self._link_due[link]
         for done, tid in link.advance(now):
             key = cast(tuple[int, int], tid)  # (job, rank): what _start_transfer started
-            entry = self._rank_jobs[key]
+            entry = self._rank_jobs.get(key)
+            if entry is None:
+                continue  # flushed: reported when its step started
             entry[0] -= 1
             if entry[0] == 0:
                 del self._rank_jobs[key]
                 t = max(now, done + entry[2])
-                if self.chaos is None:
-                    self._push(t, TransferReport(t, key[0], key[1], entry[1]))
-                else:
-                    self._route_report(t, TransferReport(t, key[0], key[1], entry[1]))
+                self._push_report(t, TransferReport(t, key[0], key[1], entry[1]))
         self._schedule_wake(link)
 
     # ---- lookups ---------------------------------------------------------------------------
@@ -619,48 +660,20 @@ def stop_rules(output_lengths: dict[str, int], max_output_tokens: int | None) ->
     return {rid: stop_rule(n, max_output_tokens) for rid, n in output_lengths.items()}
 
 
-def step_finishes(plan: StepPlan, requests: dict[str, Any], stops: dict[str, tuple[int, str]]) -> tuple[
+def step_finishes(plan: StepPlan, engine: Engine, stops: dict[str, tuple[int, str]]) -> tuple[
         tuple[str, str], ...]:
-    """The model's side of a step output: which sampling requests stop, and why."""
+    """The model's side of a step output: which sampling requests stop, and why (a token a
+    preempted request's step still delivers counts, as vLLM appends it)."""
     finished = []
-    if plan.totals is not None:  # a light plan: the sampling requests, in entry order
-        for rid in plan.samplers:
-            req = requests.get(rid)
-            if req is not None and req.state == "running":
-                limit, reason = stops[rid]
-                if req.generated + 1 >= limit:
-                    finished.append((rid, reason))
-        return tuple(finished)
+    output_tokens = engine.output_tokens
     for entry in plan.entries:
         if entry.samples:
             rid = entry.request_id
-            req = requests.get(rid)  # None: it finished and left the engine meanwhile
-            if req is not None and req.state == "running":
+            produced = output_tokens(rid)  # None: it finished (or left) meanwhile
+            if produced is not None:
                 limit, reason = stops[rid]
-                if req.generated + 1 >= limit:
+                if produced + 1 >= limit:
                     finished.append((rid, reason))
-    return tuple(finished)
-
-
-def model_finishes(
-    plan: StepPlan, engine: Engine, output_lengths: dict[str, int], max_output_tokens: int | None
-) -> tuple[tuple[str, str], ...]:
-    """The model's side of a step output: which sampling requests stop, and why. A
-    request stops at its workload output length, or at the length limit if lower."""
-    finished = []
-    requests = engine.requests
-    for entry in plan.entries:
-        if not entry.samples:
-            continue
-        req = requests[entry.request_id]
-        if req.state != "running":
-            continue
-        produced = req.generated + 1
-        target = output_lengths[entry.request_id]
-        if max_output_tokens is not None and max_output_tokens < target and produced >= max_output_tokens:
-            finished.append((entry.request_id, "length"))
-        elif produced >= target:
-            finished.append((entry.request_id, "stopped"))
     return tuple(finished)
 
 

@@ -1,16 +1,28 @@
-"""The device block pool: reference-counted blocks with prefix caching by block hash.
+"""The device block pool: vLLM 0.33's ``BlockPool`` for one full-attention KV cache group.
 
-A block is held by references: the request whose block table holds it, and every
-in-flight transfer job that reads or writes it. It returns to the free queue only when
-the last reference goes, which is how invariant 2 (never free a block under a transfer)
-holds whatever a policy decides. A free block keeps its hash and can still be hit by
-prefix caching until it is reallocated.
-
-The free queue is ordered as vLLM's ``BlockPool.free_blocks`` orders it (v1
+A block's reference count is the number of requests whose block tables hold it (vLLM's
+``ref_cnt``). A block whose count drops to 0 goes back to the free queue, keeping its hash,
+so it can still be hit by prefix caching until it is handed out again; being handed out
+evicts its hash. The free queue is ordered as ``BlockPool.free_blocks`` orders it (v1
 ``block_pool.py``): a request gives its blocks back tail first; a freed block with no hash
-goes to the front of the queue (reused first, it holds nothing worth keeping), a freed
-block with a hash to the back (reused last: LRU among cached blocks). So a request's
-prefix stays cached longest, and its partial last block is recycled at once.
+goes to the front of the queue (reused first: it holds nothing worth keeping), a freed block
+with a hash to the back (reused last: LRU among cached blocks). A hit takes a cached block
+out of the free queue (``touch``).
+
+The prefix cache maps a block hash to every block cached under it, oldest first
+(``BlockHashToBlockMap``): vLLM does not de-duplicate (block tables are append-only), so two
+requests that computed the same prompt block each keep their copy cached, and a hit takes
+the oldest still cached. A request's full blocks are cached when the step that computes them
+is scheduled (``KVCacheManager.allocate_slots`` → ``cache_blocks``), not when it ends; a load
+caches its blocks when it lands.
+
+Transfers hold no reference here (vLLM's connector cannot hold one either). The safety of a
+block under a transfer comes from the lifecycle: a loading request keeps its blocks until
+its load reports; a finished request whose stores still read its blocks is held
+(``request_finished`` answers True) until they report; a preempted request's stores are
+flushed before the next step writes anything. The connector core adds one hold of its own
+(``hold``/``unhold``): the blocks of a transfer it gave up at a deadline stay out of the free
+queue until the late report comes or the job is reclaimed.
 
 Blocks past the prompt have no hash in the workload; ``derived_block_hash`` names them
 (output blocks, and prompt blocks a trace gave no hash for): a chained hash of the
@@ -56,13 +68,9 @@ class DeviceBlockPool:
         self.capacity = capacity
         self.refs = [0] * capacity
         self.hashes = [NO_HASH] * capacity
-        self.cached: dict[BlockHash, int] = {}
+        # hash -> the blocks cached under it, oldest first (a dict used as an ordered set).
+        self.cached: dict[BlockHash, dict[int, None]] = {}
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(capacity))
-        self.freed_total = 0  # blocks that went back to the free queue, ever
-        # Hashes someone is watching (the scheduler: a blocked head's blocks): ``watch_hit``
-        # turns True when one of them enters or leaves the prefix cache.
-        self.watch: frozenset[BlockHash] | None = None
-        self.watch_hit = False
 
     @property
     def free(self) -> int:
@@ -72,57 +80,54 @@ class DeviceBlockPool:
     def used(self) -> int:
         return self.capacity - len(self._free)
 
-    def cached_prefix(self, hashes: Sequence[BlockHash]) -> int:
-        """Number of leading hashes whose blocks are on the device and valid."""
-        count = 0
+    def block_of(self, block_hash: BlockHash) -> int | None:
+        """The block a hit on ``block_hash`` takes (the oldest cached copy), if any."""
+        blocks = self.cached.get(block_hash)
+        return next(iter(blocks)) if blocks else None
+
+    def cached_prefix(self, hashes: Sequence[BlockHash]) -> list[int]:
+        """The blocks of the longest run of leading hashes cached on the device
+        (``find_longest_cache_hit``: a miss ends it, the hashes are chained)."""
+        out = []
         cached = self.cached
         for h in hashes:
-            if h not in cached:
+            blocks = cached.get(h)
+            if not blocks:
                 break
-            count += 1
-        return count
+            out.append(next(iter(blocks)))
+        return out
 
-    def block_of(self, block_hash: BlockHash) -> int | None:
-        return self.cached.get(block_hash)
+    def evictable(self, blocks: Iterable[int]) -> int:
+        """How many of ``blocks`` sit in the free queue (a hit takes them out of it)."""
+        refs = self.refs
+        return sum(1 for b in blocks if refs[b] == 0)
 
-    def acquire_cached(self, block_hash: BlockHash) -> int:
-        block = self.cached[block_hash]
-        if self.refs[block] == 0:
-            del self._free[block]
-        self.refs[block] += 1
-        return block
+    def touch(self, blocks: Iterable[int]) -> None:
+        """A hit takes a reference on cached blocks (out of the free queue if unreferenced)."""
+        refs = self.refs
+        for block in blocks:
+            if refs[block] == 0:
+                del self._free[block]
+            refs[block] += 1
 
     def allocate(self, count: int) -> list[int]:
+        """``get_new_blocks``: the first ``count`` blocks of the free queue; a cached one
+        loses its hash (evicted from the prefix cache)."""
         if count > len(self._free):
             raise OutOfBlocks(f"need {count} blocks, {len(self._free)} free")
         blocks = []
         for _ in range(count):
             block, _ = self._free.popitem(last=False)
-            old = self.hashes[block]
-            if old != NO_HASH:
-                # Reusing a cached block evicts its hash from the prefix cache.
-                if self.cached.get(old) == block:
-                    del self.cached[old]
-                    if self.watch is not None and old in self.watch:
-                        self.watch_hit = True
-                self.hashes[block] = NO_HASH
+            self._evict(block)
             self.refs[block] = 1
             blocks.append(block)
         return blocks
 
-    def retain(self, blocks: Iterable[int]) -> None:
-        """Add a reference (a transfer job that reads or writes these blocks)."""
-        refs = self.refs
-        for block in blocks:
-            if refs[block] <= 0:
-                raise AssertionError(f"retain of unreferenced device block {block}")
-            refs[block] += 1
-
     def release(self, blocks: Iterable[int]) -> list[int]:
-        """Drop a reference; returns the blocks that became free, in the order given.
-        Give a request's blocks tail first (``reversed(block_table)``): vLLM's eviction
-        order. Freed blocks without a hash go to the front of the free queue (in that
-        order), the others to the back."""
+        """``free_blocks``: drop a reference on each of ``blocks``, given in eviction order
+        (a request's blocks tail first). Returns the blocks that became free, in that order.
+        Freed blocks without a hash go to the front of the free queue (in that order), the
+        others to the back."""
         freed = []
         unhashed = []
         refs = self.refs
@@ -141,26 +146,42 @@ class DeviceBlockPool:
         for block in reversed(unhashed):
             free[block] = None
             free.move_to_end(block, last=False)
-        self.freed_total += len(freed)
         return freed
 
-    def register(self, block: int, block_hash: BlockHash) -> bool:
-        """Publish a computed or loaded block in the prefix cache (first one wins)."""
-        if block_hash in self.cached:
-            return False
-        self.cached[block_hash] = block
-        self.hashes[block] = block_hash
-        if self.watch is not None and block_hash in self.watch:
-            self.watch_hit = True
-        return True
+    def hold(self, blocks: Iterable[int]) -> None:
+        """An extra reference (the connector core's quarantine of a job it gave up)."""
+        refs = self.refs
+        for block in blocks:
+            if refs[block] <= 0:
+                raise AssertionError(f"hold of unreferenced device block {block}")
+            refs[block] += 1
 
-    def forget(self, block: int) -> None:
-        """Withdraw a block whose content is not what its hash says (a failed load)."""
+    def cache(self, block: int, block_hash: BlockHash) -> None:
+        """Publish a full block in the prefix cache under ``block_hash`` (a duplicate of a
+        hash already cached is kept too, behind it)."""
         old = self.hashes[block]
-        if old != NO_HASH and self.cached.get(old) == block:
-            del self.cached[old]
-            if self.watch is not None and old in self.watch:
-                self.watch_hit = True
+        if old == block_hash:
+            return
+        if old != NO_HASH:
+            self._evict(block)
+        self.hashes[block] = block_hash
+        self.cached.setdefault(block_hash, {})[block] = None
+
+    def forget(self, blocks: Iterable[int]) -> None:
+        """``evict_blocks``: withdraw blocks from the prefix cache (their content is not
+        what their hash says); they stay allocated."""
+        for block in blocks:
+            self._evict(block)
+
+    def _evict(self, block: int) -> None:
+        old = self.hashes[block]
+        if old == NO_HASH:
+            return
+        copies = self.cached.get(old)
+        if copies is not None:
+            copies.pop(block, None)
+            if not copies:
+                del self.cached[old]
         self.hashes[block] = NO_HASH
 
     def check_accounting(self) -> None:
@@ -173,3 +194,7 @@ class DeviceBlockPool:
             raise AssertionError(
                 f"device: used {used} + free {len(self._free)} != capacity {self.capacity}"
             )
+        for block_hash, blocks in self.cached.items():
+            for block in blocks:
+                if self.hashes[block] != block_hash:
+                    raise AssertionError(f"device block {block} cached under {block_hash} holds {self.hashes[block]}")

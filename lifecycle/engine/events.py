@@ -67,13 +67,17 @@ class TransferReport:
 
 @attrs.frozen(slots=True)
 class StepOutput:
-    """The model ran step ``step_id``: every entry that completed its known tokens
-    sampled one token; ``finished`` names requests that stopped, with the reason."""
+    """The model ran step ``step_id`` (the oldest step in flight): every entry that
+    completed its known tokens sampled one token; ``finished`` names requests whose token
+    was their last, with the reason; ``reports`` are the workers' transfer reports that came
+    with this output (vLLM's ``kv_connector_output``), applied after the tokens, as vLLM
+    applies them."""
 
     type: ClassVar[str] = "step_output"
     t: float
     step_id: int
     finished: tuple[tuple[str, str], ...] = ()
+    reports: tuple[tuple[int, int, tuple[BlockHash, ...]], ...] = ()
 
 
 InputEvent = Arrival | Abort | Tick | LookupAnswer | TransferReport | StepOutput
@@ -91,13 +95,14 @@ def input_to_record(event: InputEvent) -> dict[str, Any]:
         return {"kind": "input", "type": "tick", "t": event.t}
     if kind is StepOutput:
         step = cast(StepOutput, event)
-        return {"kind": "input", "type": "step_output", "t": step.t, "step_id": step.step_id,
-                "finished": [list(pair) for pair in step.finished]}
-    record: dict[str, Any] = {"kind": "input", "type": event.type}
+        record = {"kind": "input", "type": "step_output", "t": step.t, "step_id": step.step_id,
+                  "finished": [list(pair) for pair in step.finished]}
+        if step.reports:
+            record["reports"] = [[job, rank, list(failed)] for job, rank, failed in step.reports]
+        return record
+    record = {"kind": "input", "type": event.type}
     record.update(attrs.asdict(event, recurse=False))
-    if isinstance(event, StepOutput):
-        record["finished"] = [list(pair) for pair in event.finished]
-    elif isinstance(event, Arrival) and event.max_tokens is None:
+    if isinstance(event, Arrival) and event.max_tokens is None:
         del record["max_tokens"]  # traces written before the field stay byte-identical
     return record
 
@@ -121,7 +126,9 @@ def input_from_record(record: dict[str, Any]) -> InputEvent:
                 raise BadEvent(field.name, f"missing in {kind} event")
             continue
         value = record[field.name]
-        if field.name == "finished" and cls is StepOutput:
+        if field.name == "reports" and cls is StepOutput:
+            value = _reports(value)
+        elif field.name == "finished" and cls is StepOutput:
             if not isinstance(value, list) or not all(
                 isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
                 for p in value
@@ -135,6 +142,23 @@ def input_from_record(record: dict[str, Any]) -> InputEvent:
         values[field.name] = value
     _check_types(values)
     return cls(**values)  # type: ignore[no-any-return]
+
+
+def _reports(value: Any) -> tuple[tuple[int, int, tuple[BlockHash, ...]], ...]:
+    """A step output's ``reports``: [[job, rank, [failed hashes]], ...]."""
+    if not isinstance(value, list):
+        raise BadEvent("reports", f"expected a list, got {type(value).__name__}")
+    out = []
+    for item in value:
+        if (not isinstance(item, list) or len(item) != 3 or not all(_is_int(x) for x in item[:2])
+                or not isinstance(item[2], list) or not all(_is_int(h) for h in item[2])):
+            raise BadEvent("reports", "expected a list of [job, rank, [failed block hashes]]")
+        out.append((item[0], item[1], tuple(item[2])))
+    return tuple(out)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_types(values: dict[str, Any]) -> None:
@@ -182,6 +206,9 @@ class StartLoad:
     job_id: int
     request_id: str
     moves: tuple[BlockMove, ...]
+    # A join: copy (device to device, each move's ``slot`` the source block) what job
+    # ``after`` loads, once it has landed; None: read the tier.
+    after: int | None = None
 
 
 @attrs.frozen(slots=True)
@@ -232,21 +259,17 @@ class Scheduled(NamedTuple):
 
 @attrs.frozen(slots=True)
 class StepPlan:
+    """One scheduler pass's step (it may schedule nothing: its output comes all the same)."""
+
     step_id: int
     entries: tuple[Scheduled, ...]
-    sync_lookups: int  # lookups paid on the scheduler's critical path this tick
+    sync_lookups: int  # lookups paid on the scheduler's critical path this pass
     # Blocks each of those lookups asked about, in the order made (a lookup service that
     # charges per key, as the simulator's does, needs them).
     sync_lookup_keys: tuple[int, ...] = ()
-    # The light plan of a driver that turned the engine's fast path on
-    # (``EngineState.fast_limits``: the simulator): ``entries`` is left empty and only what
-    # the step's cost and its output need is given: ``totals`` (tokens, entries, the sum
-    # over entries of n x (2 x computed_before + n + 1), the sum of computed_before) and
-    # ``samplers``, the requests that sample a token, in entry order, but for the members of
-    # the decode cohort (``state.DecodeCohort``), none of which stops in the step.
-    # None: an ordinary plan, ``entries`` complete.
-    totals: tuple[int, int, int, int] | None = None
-    samplers: tuple[str, ...] = ()
+    # Store jobs of requests preempted in this pass: the workers finish them before the
+    # step writes anything (vLLM frees a preempted request's blocks at once).
+    flush: tuple[int, ...] = ()
 
     @property
     def prefill_tokens(self) -> int:

@@ -1,677 +1,561 @@
-"""The scheduler tick: token budget, running requests first, then admission, preemption.
+"""kvlife's scheduler: vLLM 0.33's v1 ``Scheduler``, for one full-attention KV cache group.
 
-``Scheduler.tick`` decides as vLLM's v1 ``Scheduler.schedule`` does (vLLM 0.33,
-``v1/core/sched/scheduler.py``; ``kvlife.lifecycle.drivers.vllm.differential`` checks it
-step by step). First it extends the running requests (chunked prefill, then one token per
-decode step), preempting the most recently admitted request when device blocks run out.
-Then, unless it preempted, it admits, while the budget lasts and fewer than
-``max_running`` requests run (requests in ``loading`` do not count, as vLLM's
-``max_num_seqs`` does not count ``WAITING_FOR_REMOTE_KVS``):
+``schedule`` and ``update_from_output`` decide as vLLM's do (``v1/core/sched/scheduler.py``;
+FCFS, chunked prefill, prefix caching, no speculative decoding), and this scheduler calls
+the connector core (``connector.ConnectorCore``) only where vLLM calls its connector, with
+the same calls. It owns its block pool (``blocks.DeviceBlockPool``), as nano-vllm's
+scheduler owns its block manager and vLLM's its ``KVCacheManager``.
 
-1. requests whose loads all landed, in the order their loads started (vLLM drains its
-   queue of waiting requests that hold KV blocks first);
-2. waiting requests in queue order. Each is looked up in the tiers (sync on this path, or
-   async through ``lookup_pending``; a request with no full block to hit skips the
-   lookup), the admission policy is asked, and it either starts a load (``loading``,
-   through ``Transfers.start_load``) or is scheduled for compute (``running``). A
-   request whose async lookup is pending is skipped in place. An async answer is consumed
-   by the admission it is used for: if the request is not admitted, the next time it is
-   considered a new lookup goes out (vLLM asks ``get_num_new_matched_tokens`` again each
-   pass), unless the ``lookup_reuse`` policy keeps answers.
+``schedule`` (one pass, one step; a pass that schedules nothing is a step too, whose output
+comes like any other):
 
-An admission needs free device blocks for its whole known sequence, not just its first
-chunk (vLLM's ``scheduler_reserve_full_isl``); a load must also leave free the blocks the
-prefills in flight still need (vLLM's ``_inflight_prefill_reserved_blocks``). A request
-that does not fit stops admission (FIFO: no overtaking).
+1. Running requests first, in order, each for all its known tokens not yet computed, within
+   the token budget (chunked prefill; a decode is one token). Under async scheduling a
+   request whose step in flight already samples its last token (``max_tokens``) is skipped.
+   When blocks run out, the most recently admitted running request is preempted (its blocks
+   freed, or, while a step in flight still writes them under async scheduling with a
+   connector, not: then the request waits), until the request fits or preempted itself.
+2. Then, unless something was preempted, waiting requests while the budget lasts and fewer
+   than ``max_running`` run: first those that hold KV blocks (landed loads), then the
+   waiting queue, in order. A request whose load has not landed, whose async lookup is
+   pending, whose prefetch is waited for, or whom the admission policy defers is skipped in
+   place (``get_num_new_matched_tokens`` answered ``None``). A new request takes its device
+   prefix hit and the connector's external hit; it is admitted only if free blocks hold its
+   whole known sequence (``scheduler_reserve_full_isl``), and a load must in addition leave
+   the blocks the prefills in flight still need (``_inflight_prefill_reserved_blocks``).
+   A request that does not fit stops admission (no overtaking).
+3. ``build_connector_meta``; then the scheduled tokens count as computed, and under async
+   scheduling each request that samples gets an output placeholder.
 
-The result is one ``StepPlan`` command for the driver to run; stores of the blocks the
-step computes start with it (``Transfers.maybe_store``). Like nano-vllm's scheduler owns
-its block manager, this one works on the state's block pool directly; it receives the
-state, the shared ``Lifecycle`` primitives and the ``Transfers`` part it starts loads and
-stores with.
+Blocks are cached when the step that computes them is scheduled (``allocate_slots``), a
+load's when it lands. ``update_from_output`` takes the oldest step's output: sampled tokens,
+stops (``request_finished``; a held request keeps its blocks), the workers' transfer results
+(``finished_recving``: a landed load is promoted by the next pass; failed blocks cut the
+request's computed tokens; ``finished_sending``: a held request's blocks are freed), then
+``take_events``.
+
+kvlife adds one liveness rule vLLM lacks (vllm#57841): a request whose known tokens can
+never fit the device fails, at arrival, at admission or while it runs, instead of parking
+the queue.
 """
 
 from __future__ import annotations
 
-import math
+from collections import deque
+from collections.abc import Sequence
 
-from kvlife.lifecycle.engine.events import (
-    BlockMove,
-    Scheduled,
-    StepPlan,
-)
-from kvlife.lifecycle.engine.lifecycle import Lifecycle
-from kvlife.lifecycle.engine.request import Request
-from kvlife.lifecycle.engine.state import DecodeCohort, EngineState
-from kvlife.lifecycle.engine.transfers import Transfers
-from kvlife.policies.base import LoadView
-from kvlife.policies.registry import BUILTIN
+from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.engine import records
+from kvlife.lifecycle.engine.blocks import DeviceBlockPool
+from kvlife.lifecycle.engine.connector import ConnectorMeta
+from kvlife.lifecycle.engine.connector_api import ConnectorAPI
+from kvlife.lifecycle.engine.events import FreeBlocks, Scheduled, StepPlan
+from kvlife.lifecycle.engine.request import FINISHED_STATUS, SchedRequest, Status
+from kvlife.lifecycle.engine.vllm_shapes import CachedRequestData, KVConnectorOutput, NewRequestData, SchedulerOutput
 
-# One request's share of the step being built: (request, tokens, samples a token).
-Entry = tuple[Request, int, bool]
+# One scheduled request of a step in flight: (request, tokens, samples a token).
+Entry = tuple[SchedRequest, int, bool]
 
 
-def _schedule(req: Request, n: int) -> Entry:
-    """Schedule ``n`` more tokens of ``req`` in this step; the last one samples."""
-    samples = req.computed + n >= req.known_tokens
-    req.computed += n
-    if samples:
-        req.placeholders += 1
-    return (req, n, samples)
-
-
-def _nothing_to_schedule(req: Request, want: int) -> bool:
-    """``req`` (running) gets no tokens this step: it wants none (``want``: its known tokens
-    not yet computed), or, with async scheduling, a step in flight already samples its
-    last token (vLLM schedules no step past max_tokens)."""
-    return want <= 0 or bool(req.placeholders and req.max_tokens is not None
-                             and req.computed + 2 - req.placeholders >= req.prompt_tokens + req.max_tokens)
-
-
-def _outgrown(req: Request, need: int, capacity: int) -> str:
-    return (f"needs {len(req.block_table) + need} blocks for {req.computed} computed tokens and the chunk, "
-            f"the device has {capacity}")
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 class Scheduler:
-    def __init__(self, state: EngineState, lifecycle: Lifecycle, transfers: Transfers) -> None:
-        self.state = state
-        self.lifecycle = lifecycle
-        self.transfers = transfers
-        # Every policy of the stack is a built-in one, whose admission hook answers from the
-        # request and load it is given alone (not the time, not the queue lengths).
-        builtin = tuple(BUILTIN.values())
-        self._pure_admission = all(type(p) in builtin for p in lifecycle.policies.policies)
-        self._blocked_head: Request | None = None  # _admit's last pass stopped at a blocked head
-        self._blocked_loads: tuple[tuple[int, str], ...] = ()  # (hash, tier) it would have loaded
-        self.fast_steps = 0  # steps planned for a decode cohort
+    def __init__(self, config: EngineConfig, connector: ConnectorAPI) -> None:
+        self.config = config
+        self.connector = connector
+        self.core = connector.core  # for its trace records and commands (the scheduler's frees)
+        self.pool = DeviceBlockPool(config.device_blocks)
+        self.block_tokens = config.block_tokens
+        # vLLM calls a connector only when one is configured: with no tier, none is; kvlife's
+        # lifecycle (the request states) is the connector core's all the same.
+        self.connected = bool(connector.core.state.tiers)
+        self.async_scheduling = config.async_scheduling
+        # With async scheduling a step in flight may still write a freed request's blocks,
+        # and a connector's load into a reused block is not ordered against that write:
+        # blocks go back only once the steps that wrote them produced output (vLLM's
+        # defer_block_free, for a KV-consumer connector).
+        self.defer_block_free = self.async_scheduling and self.connected
+        self.requests: dict[str, SchedRequest] = {}
+        self.waiting: deque[SchedRequest] = deque()
+        self.kv_holding: deque[SchedRequest] = deque()  # waiting requests that hold KV blocks
+        self.running: list[SchedRequest] = []
+        self.finished_recving: set[str] = set()
+        self.failed_recving: set[str] = set()
+        self.preempted_ids: set[str] = set()  # since the last pass (the next SchedulerOutput's)
+        self.finished_ids: set[str] = set()  # likewise
+        self._resumed: set[str] = set()  # admitted this pass after a preemption
+        self.inflight_prefills: dict[SchedRequest, None] = {}
+        self.sched_step_seq = 0
+        self.processed_step_seq = 0
+        self.deferred_frees: deque[tuple[int, list[int]]] = deque()
+        self.steps: dict[int, tuple[list[Entry], int]] = {}  # step id -> (entries, tokens), until its output
+        self.next_step_id = 0
+        self.results = 0  # transfer results applied (finished_recving / finished_sending)
 
-    def tick(self) -> None:
-        """Build one step: extend the running requests, then admit (see the module docstring)."""
-        state = self.state
-        config = state.config
-        state.stats.ticks += 1
-        # Deadlines first, so what they release is admitted in this very tick.
-        if state.lookup_timers and state.lookup_timers[0][0] <= state.now:
-            self.lifecycle.expire_lookups()
-        if config.transfer_deadline_ms is not None:
-            self.transfers.expire_jobs(config.transfer_deadline_ms)
-        if state.jobs or state.prefetches:
-            self.transfers.reclaim_jobs(config.reclaim_deadline_ms)
-        budget = config.max_batched_tokens
-        running = state.running
-        if state.fast_limits is not None and running and not state.steps:
-            cohort = state.cohort
-            if cohort is None:
-                cohort = state.cohort = DecodeCohort(outsiders=list(running))
-            if self._cohort_tick(cohort, budget):
-                return
-        state.drop_cohort()
-        bt = config.block_tokens
-        pool = state.pool
-        entries: list[Entry] = []
-        preempted = False
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            known = req.prompt_tokens + req.generated + req.placeholders  # req.known_tokens, inlined
-            want = known - req.computed
-            if _nothing_to_schedule(req, want):
-                i += 1
-                continue
-            n = min(want, budget)
-            need = -(-(req.computed + n) // bt) - len(req.block_table)  # state.blocks_for, inlined
-            if need > 0:
-                if need > pool.free:
-                    if len(req.block_table) + need > pool.capacity:
-                        # It outgrew the whole device: preempting anything (itself included,
-                        # while its own stores or step are in flight) could never make room.
-                        self.lifecycle.finish(req, "failed", "error", _outgrown(req, need, pool.capacity))
-                        break
-                    stuck = False
-                    while need > pool.free:
-                        victim = running[-1]
-                        if state.defer_frees and state.last_step_with(victim) is not None:
-                            stuck = True  # its blocks cannot be given back yet: wait for the step
-                            break
-                        self._preempt(victim)
-                        preempted = True
-                        if victim is req:
-                            break
-                    if stuck or req.state != "running":
-                        break
-                req.block_table.extend(pool.allocate(need))
-            # _schedule(req, n), inlined (the hot loop: every running request, every step)
-            computed = req.computed + n
-            req.computed = computed
-            samples = computed >= known
-            if samples:
-                req.placeholders += 1
-            entries.append((req, n, samples))
-            budget -= n
-            i += 1
-        sync_keys: list[int] = []
-        if not preempted and (state.waiting or state.holding):
-            budget = self._admit(budget, entries, sync_keys)
-        self._emit_plan(entries, sync_keys)
-        if state.sent:
-            self.transfers.release_sent()
-
-    # ---- the decode fast path --------------------------------------------------------------
-    def _cohort_tick(self, cohort: DecodeCohort, budget: int) -> bool:
-        """``tick`` with the decode cohort (``state.DecodeCohort``): the same step, records
-        and commands, but the members' share of the step is one token each, added up
-        without looking at them; the specials (the other running requests) are planned as
-        the ordinary loop plans them, in ``running`` order. False, with no request touched,
-        when the step would not schedule every special's whole chunk or would need more
-        free device blocks than there are (budget and preemption then depend on ``running``
-        order: the ordinary tick plans it)."""
-        state = self.state
-        members = cohort.members
-        step = cohort.step
-        outsiders = [req for req in cohort.outsiders if req.state == "running"]
-        expiring = cohort.expiry.pop(step, None)
-        if expiring is not None:
-            for req in expiring:
-                cohort.settle(req)
-                del members[req]
-                cohort.before -= req.computed
-                outsiders.append(req)
-        specials: list[Request] = []
-        room = self._decode_room
-        for req in outsiders:
-            k = room(req)
-            if k > 0:  # it decodes for k steps from this one: a member till then
-                members[req] = (step, req.computed, req.generated)
-                cohort.expiry.setdefault(step + k, []).append(req)
-                cohort.before += req.computed
-            else:
-                specials.append(req)
-        running = state.running
-        if len(specials) > 1:
-            specials.sort(key=running.index)
-        cohort.outsiders = specials
-        left = budget - len(members)
-        bt = state.config.block_tokens
-        pool = state.pool
-        free = pool.free
-        chunks: list[tuple[Request, int, int]] = []
-        for req in specials:
-            want = req.prompt_tokens + req.generated + req.placeholders - req.computed
-            if _nothing_to_schedule(req, want):
-                continue
-            need = -(-(req.computed + want) // bt) - len(req.block_table)
-            if need > 0:
-                free -= need
-            chunks.append((req, want, need))
-            left -= want
-        if left < 0 or free < 0:
-            return False
-        entries: list[Entry] = []
-        for req, n, need in chunks:
-            if need > 0:
-                req.block_table.extend(pool.allocate(need))
-            entries.append(_schedule(req, n))
-        sync_keys: list[int] = []
-        if state.waiting or state.holding:
-            admitted = len(running)
-            self._cohort_admit(cohort, left, entries, sync_keys)
-            specials.extend(running[admitted:])  # outsiders from the next step on
-        if self._emit_plan(entries, sync_keys, cohort):
-            cohort.step = step + 1
-            self.fast_steps += 1
-        if state.sent:
-            self.transfers.release_sent()
-        return True
-
-    def _cohort_admit(self, cohort: DecodeCohort, budget: int, entries: list[Entry], sync_keys: list[int]) -> None:
-        """``_admit`` for a cohort's step, skipped while its last pass would repeat."""
-        state = self.state
-        if self.admission_quiet(cohort):
+    # ---- requests in and out ---------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_tokens: int, block_hashes: Sequence[int],
+                    max_tokens: int | None = None, resumable: bool = False) -> None:
+        """vLLM's ``add_request``: queue it, and tell the connector (``on_new_request``)."""
+        core = self.core
+        if request_id in self.requests or request_id in core.state.requests or request_id in core.state.retired:
+            core.lifecycle.warn("duplicate_arrival", req=request_id)
             return
-        cohort.quiet_head = None
-        pool = state.pool
-        pool.watch = None
-        commands = len(state.commands)
-        admitted = len(entries)
-        self._blocked_head = None
-        self._admit(budget, entries, sync_keys)
-        head = self._blocked_head
-        if (self._pure_admission and head is not None and len(entries) == admitted
-                and not sync_keys and len(state.commands) == commands and not state.holding
-                and not state.prefetch_waits and not state.prefetches and not state.sent):
-            # The head was blocked (short of device blocks) and nothing else happened: the
-            # same pass gives the same answer, and the same decisions (the built-in
-            # policies' admission hooks answer from the request and the load they are given
-            # only), until something it read changes (``admission_quiet``): skip it till then.
-            wake = state.next_wakeup()
-            cohort.quiet_head = head
-            cohort.quiet_until = math.inf if wake is None else wake
-            cohort.quiet_mark = (head.epoch, head.lookup, state.transfer_version, pool.freed_total)
-            cohort.quiet_loads = self._blocked_loads
-            cohort.quiet_removals = tuple((tier, tier.removals) for tier in state.tiers.values())
-            pool.watch = frozenset(state.hit_candidates(head))
-            pool.watch_hit = False
+        bt = self.block_tokens
+        req = SchedRequest(request_id, prompt_tokens, max_tokens, tuple(block_hashes[: prompt_tokens // bt]), bt,
+                           resumable)
+        if _cdiv(prompt_tokens + 1, bt) > self.pool.capacity:
+            # kvlife's liveness rule: a prompt that can never fit fails at its arrival.
+            self.connector.on_new_request(req, early=False)
+            req.finish_note = f"prompt needs more than the {self.pool.capacity} device blocks"
+            self._finish(req, "error")
+            return
+        self.requests[request_id] = req
+        self.waiting.append(req)
+        self.connector.on_new_request(req)
 
-    def admission_quiet(self, cohort: DecodeCohort) -> bool:
-        """Would an admission pass now find ``cohort.quiet_head`` at the head of the queue,
-        blocked as before, and do nothing else? Yes while none of what that pass read has
-        changed: the head (its epoch, its lookup answer, still current for the tiers'
-        version), no device block freed (``free`` only went down; the blocks the prefills
-        in flight reserve went down with it), none of the head's blocks in or out of the
-        device cache, each block it would load still in its tier (blocks join the tiers
-        only when a transfer reports, which changes the version), no load landed or
-        prefetch running, no deadline reached."""
-        head = cohort.quiet_head
-        if head is None:
+    def finish_requests(self, request_id: str, reason: str = "aborted") -> bool:
+        """vLLM's ``finish_requests`` (an abort): False if it is unknown or finished."""
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
             return False
-        state = self.state
-        waiting = state.waiting
-        pool = state.pool
-        if (not waiting or waiting[0] is not head or state.holding or state.sent or state.prefetch_waits
-                or state.prefetches or state.now >= cohort.quiet_until or pool.watch_hit):
-            return False
-        epoch, lookup, version, freed = cohort.quiet_mark
-        if (head.state != "waiting" or head.epoch != epoch or head.lookup is not lookup
-                or state.transfer_version != version or pool.freed_total != freed
-                or state.sync_lookup_version.get(head.request_id) != version):
-            return False
-        tiers = state.tiers
-        if all(tier.removals == count for tier, count in cohort.quiet_removals):
-            return True  # nothing left any tier since
-        if not all(tiers[tier].contains(block) for block, tier in cohort.quiet_loads):
-            return False
-        cohort.quiet_removals = tuple((tier, tier.removals) for tier, _ in cohort.quiet_removals)
-        return True
-
-    def _decode_room(self, req: Request) -> int:
-        """How many more steps ``req`` (running) would just decode, this tick's included
-        (0 if it would not, or has no stop rule): ``_cohort_tick``'s test of a member."""
-        state = self.state
-        limits = state.fast_limits
-        c = req.computed
-        stop = limits.get(req.request_id) if limits is not None else None
-        if (stop is None or req.placeholders or req.confirmed != c or c < req.prompt_tokens
-                or req.prompt_tokens + req.generated != c + 1 or req.first_token_ms is None):
-            return 0
-        bt = state.config.block_tokens
-        # Steps j = 0, 1, ... end at c + j + 1 tokens: it stops at the output where
-        # generated + 1 reaches its stop; it fills a block when c + j + 1 is a multiple
-        # of bt (and allocates one past its table); it registers or stores a block
-        # when c + j + 1 reaches the block after the last registered or stored one.
-        k = min(stop[0] - req.generated - 1, (c // bt + 1) * bt - c - 1, len(req.block_table) * bt - c,
-                (req.registered_blocks + 1) * bt - c - 1)
-        if state.tiers:
-            k = min(k, (req.stored_blocks + 1) * bt - c - 1)
-        return k
-
-    def _emit_plan(self, entries: list[Entry], sync_keys: list[int], cohort: DecodeCohort | None = None) -> bool:
-        """Plan the step of ``entries`` and of ``cohort``'s members (one token each, counted
-        in the totals and the record only; ``state.steps`` holds the entries), record it and
-        start the stores it calls for. False if there is nothing to plan."""
-        state = self.state
-        sync_lookups = len(sync_keys)
-        state.stats.sync_lookups += sync_lookups
-        members = 0 if cohort is None else len(cohort.members)
-        if not entries and not sync_lookups and not members:
-            return False
-        step_id = state.next_step_id
-        state.next_step_id += 1
-        state.stats.steps += 1
-        bt = state.config.block_tokens
-        scheduled = []
-        light = state.fast_limits is not None  # the simulator: totals and samplers, not entries
-        samplers = []
-        tokens = cached = twice_pairs = 0
-        prefill = 0
-        prompt_chunks = []  # (request, computed before, tokens) of steps that compute prompt tokens
-        fills = []  # the same for the other steps that fill a block (generated tokens)
-        to_store = []
-        recorder = state.recorder
-        recording = recorder is not None  # (the record's lists are built only for it)
-        for req, n, samples in entries:
-            end = req.computed
-            before = end - n
-            if before < req.prompt_tokens:
-                if recording:
-                    prompt_chunks.append([req.request_id, before, n])
-                if end >= (len(req.hashes) + 1) * bt:
-                    state.ensure_hashes(req, end // bt)  # a recompute past the prompt's blocks
-            elif end % bt < n:  # the chunk reaches a block boundary: it fills a block
-                if recording:
-                    fills.append([req.request_id, before, n])
-                if end >= (len(req.hashes) + 1) * bt:
-                    state.ensure_hashes(req, end // bt)  # the block it fills gets its hash
-            if light:
-                tokens += n
-                cached += before
-                twice_pairs += n * (before + before + n + 1)
-                if samples:
-                    samplers.append(req.request_id)
-            else:
-                scheduled.append(Scheduled(req.request_id, n, before, samples, tuple(req.block_table), req.hashes))
-            if n > 1:
-                prefill += n
-            if end >= (req.stored_blocks + 1) * bt:
-                to_store.append(req)
-        step_entries = [(req, req.epoch, n, samples) for req, n, samples in entries]
-        if cohort is not None:
-            # The members' share: one token each on top of their computed tokens
-            # (``cohort.before`` in all); none of them samples its last token here.
-            before = cohort.before
-            tokens += members
-            cached += before
-            twice_pairs += 2 * before + 2 * members
-            cohort.planned = step_entries
-            cohort.before = before + members
-        state.steps[step_id] = step_entries
-        if recorder is not None:
-            record = {
-                "kind": "step",
-                "t": state.now,
-                "step": step_id,
-                "requests": len(step_entries) + members,
-                "prefill_tokens": prefill,
-                "sync_lookups": sync_lookups,
-                "prompt": prompt_chunks,
-            }
-            if fills:
-                record["fills"] = fills
-            recorder(record)
-        if light:
-            state.commands.append(StepPlan(step_id, (), sync_lookups, tuple(sync_keys),
-                                           (tokens, len(step_entries) + members, twice_pairs, cached), tuple(samplers)))
+        if req.status == Status.RUNNING:
+            self.running.remove(req)
         else:
-            state.commands.append(StepPlan(step_id, tuple(scheduled), sync_lookups, tuple(sync_keys)))
-        maybe_store = self.transfers.maybe_store
-        for req in to_store:
-            maybe_store(req)
+            self._unqueue(req)
+        delay = req.status == Status.WAITING_FOR_REMOTE_KVS and request_id not in self.finished_recving
+        self.finished_recving.discard(request_id)
+        self.failed_recving.discard(request_id)
+        self._free_request(req, reason, delay=delay)
         return True
 
-    # ---- admission ------------------------------------------------------------------------
-    def _admit(self, budget: int, entries: list[Entry], sync_keys: list[int]) -> int:
-        """Take landed loads into ``running``, then admit waiting requests in queue order,
-        while budget and ``max_running`` allow. Returns the budget left; each sync lookup
-        paid appends its number of blocks to ``sync_keys``."""
-        state = self.state
-        lifecycle = self.lifecycle
-        max_running = state.config.max_running
-        max_lookups = state.config.max_async_lookups
-        running = state.running
-        if state.holding:
-            budget, blocked = self._take_landed(budget, entries)
-            if blocked:
-                return budget
-        waiting = state.waiting
-        versions = state.sync_lookup_version
+    def _finish(self, req: SchedRequest, reason: str) -> bool:
+        """The request is finished (``reason``): the connector hears (``request_finished``)
+        and says whether it holds the blocks."""
+        req.finished = True
+        req.status = FINISHED_STATUS[reason]
+        self.finished_ids.add(req.request_id)
+        hold, _ = self.connector.request_finished(req, req.blocks)
+        return hold
+
+    def _unqueue(self, req: SchedRequest) -> None:
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req in self.kv_holding:
+            self.kv_holding.remove(req)
+
+    def _free_request(self, req: SchedRequest, reason: str, delay: bool = False, why: str | None = None) -> None:
+        """vLLM's ``_free_request``: the connector learns of the finish (``request_finished``)
+        and may hold the blocks; a loading request's are kept until its load reports."""
+        self.inflight_prefills.pop(req, None)
+        req.finish_note = why
+        hold = self._finish(req, reason)
+        if delay:
+            req.free_on_recving = True
+        elif hold:
+            req.free_on_sending = True
+        else:
+            self._free_blocks(req)
+
+    def _free_blocks(self, req: SchedRequest) -> None:
+        self._free_request_blocks(req)
+        self.requests.pop(req.request_id, None)
+
+    def _can_free(self, req: SchedRequest) -> bool:
+        return not self.defer_block_free or req.last_sched_seq <= self.processed_step_seq
+
+    def _free_request_blocks(self, req: SchedRequest) -> None:
+        """Give the request's blocks back, tail first, or, while a step in flight may still
+        write them, once it has produced output."""
+        blocks, req.blocks = req.blocks, []
+        req.num_cached_blocks = 0
+        if not blocks:
+            return
+        if self._can_free(req):
+            self._release(reversed(blocks))
+        else:
+            self.deferred_frees.append((self.sched_step_seq, blocks))
+
+    def release_held(self, blocks: Sequence[int]) -> None:
+        """The connector core lets go of blocks it held (a quarantined job ended)."""
+        self._release(blocks)
+
+    def _release(self, blocks: Sequence[int] | reversed[int]) -> None:
+        freed = self.pool.release(blocks)
+        if freed:
+            core = self.core
+            core.lifecycle.record(records.free(core.state.now, freed))
+            core.state.commands.append(FreeBlocks(tuple(freed)))
+
+    # ---- the pass --------------------------------------------------------------------------------
+    def schedule(self) -> tuple[StepPlan, ConnectorMeta]:
+        """One pass of vLLM's ``schedule()`` (see the module docstring)."""
+        pool = self.pool
+        bt = self.block_tokens
+        budget = self.config.max_batched_tokens
+        running = self.running
+        scheduled: list[Entry] = []
+        new_blocks: dict[str, tuple[tuple[int, ...], bool]] = {}
+        preempted = False
         index = 0
-        while index < len(waiting) and budget > 0 and len(running) < max_running:
-            req = waiting[index]
-            if req.state == "lookup_pending":
-                index += 1  # vLLM: (None, False) from the connector: skipped in place
+        while index < len(running) and budget > 0:
+            req = running[index]
+            if (req.num_output_placeholders > 0 and req.max_tokens is not None
+                    and req.num_computed_tokens + 2 - req.num_output_placeholders
+                    >= req.prompt_tokens + req.max_tokens):
+                index += 1  # async: a step in flight already samples its last token
                 continue
-            if req.request_id in state.prefetch_waits and self.transfers.prefetch_gate(req) == "deferred":
+            n = min(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, budget)
+            if n <= 0:
                 index += 1
                 continue
-            if self._never_fits(req):
-                continue  # failed: a head that can never fit must not park the queue (vllm#57841)
-            candidates = state.hit_candidates(req)
-            lookup = req.lookup
-            if lookup is not None and not req.lookup_async \
-                    and versions.get(req.request_id) != state.transfer_version:
-                lookup = None  # a sync answer is re-done once the tiers may have changed
-            reuse = "consume"
-            if lookup is None:
-                if not state.tiers or not candidates:
-                    # Nothing to look up (no full block): answered at once, at no cost
-                    # (vLLM's Mooncake connector returns (0, False) without a lookup).
-                    req.lookup = ()
-                    req.lookup_async = False
-                    versions[req.request_id] = state.transfer_version
-                elif lifecycle.ask(req, "lookup_mode") == "async":
-                    reason = "async lookup submitted"
-                    if req.lookup_uses:
-                        reason = (f"async lookup submitted again: the answer of t={req.lookup_answered_ms:g} "
-                                  f"was consumed by the admission it was used for")
-                    lifecycle.submit_lookup(req, reason)
-                    index += 1
-                    continue
-                else:
-                    req.lookup = state.sync_lookup(candidates)
-                    req.lookup_async = False
-                    versions[req.request_id] = state.transfer_version
-                    sync_keys.append(len(candidates))
-            elif req.lookup_async:
-                reuse = lifecycle.ask(req, "lookup_reuse")
-                if req.lookup_uses:
-                    self._record_reuse(req, candidates)
-                req.lookup_uses += 1
-            outcome = self._try_admit(req, budget, entries, candidates)
-            if outcome == "running" or outcome == "loading":
-                del waiting[index]
-                versions.pop(req.request_id, None)
-                if outcome == "running":
-                    budget -= entries[-1][1]
+            need = _cdiv(req.num_computed_tokens + n, bt)
+            if need > pool.capacity:
+                # It outgrew the whole device: preempting anything could never make room.
+                running.pop(index)
+                self._free_request(req, "error", why=f"needs {need} blocks for {req.num_computed_tokens} computed "
+                                                     f"tokens and the chunk, the device has {pool.capacity}")
                 continue
-            if req.lookup_async and reuse == "consume":
-                if req.async_lookups < max_lookups:
-                    req.lookup = None  # consumed: the next consideration looks up again
-                elif req.async_lookups == max_lookups:
-                    # Liveness: a request deferred on every answer would look up for ever
-                    # (vllm#49829: 1.27M lookup() calls for one request). Past the bound its
-                    # last answer is kept, as keep-lookup-answers would.
-                    req.async_lookups += 1
-                    self.lifecycle.warn("lookup_limit", req=req.request_id, lookups=max_lookups)
-            if outcome == "blocked":
-                if index == 0 and not req.lookup_async:
-                    self._blocked_head = req  # (for _cohort_admit: the pass changed nothing)
-                break  # FIFO: no overtaking when memory is short
-            index += 1  # deferred by the admission policy
+            fits = True
+            while need - len(req.blocks) > pool.free:
+                victim = running[-1]
+                if not self._can_free(victim):
+                    fits = False  # its blocks are still written by a step in flight
+                    break
+                running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if not fits or req.status != Status.RUNNING:
+                break
+            added = pool.allocate(max(0, need - len(req.blocks)))
+            req.blocks.extend(added)
+            self._cache_blocks(req, min(req.num_computed_tokens + n, req.num_tokens))
+            if added:
+                new_blocks[req.request_id] = (tuple(added), False)
+            scheduled.append((req, n, req.num_computed_tokens + n >= req.num_tokens))
+            budget -= n
+            index += 1
+        if not preempted:
+            budget = self._admit(budget, scheduled, new_blocks)
+        return self._emit(scheduled, new_blocks)
+
+    def _admit(self, budget: int, scheduled: list[Entry], new_blocks: dict[str, tuple[tuple[int, ...], bool]]) -> int:
+        """The waiting half of the pass (vLLM's second loop); returns the budget left."""
+        connector = self.connector
+        pool = self.pool
+        bt = self.block_tokens
+        skipped_waiting: deque[SchedRequest] = deque()
+        skipped_holding: deque[SchedRequest] = deque()
+
+        def skip(queue: deque[SchedRequest]) -> None:
+            req = queue.popleft()
+            if req.num_computed_tokens > 0 or req.status == Status.WAITING_FOR_REMOTE_KVS:
+                skipped_holding.appendleft(req)
+            else:
+                skipped_waiting.appendleft(req)
+
+        max_running = self.config.max_running
+        while budget > 0:
+            queue = self.kv_holding if self.kv_holding else self.waiting
+            if not queue or len(self.running) >= max_running:
+                break
+            req = queue[0]
+            rid = req.request_id
+            if req.status == Status.WAITING_FOR_REMOTE_KVS:
+                if rid not in self.finished_recving:
+                    skip(queue)
+                    continue
+                self._landed(req)
+                req.status = Status.PREEMPTED if req.num_preemptions else Status.WAITING
+            if req.num_stale_output_tokens:
+                skip(queue)  # its in-flight output (preempted under async scheduling) comes first
+                continue
+            if _cdiv(req.num_tokens + 1, bt) > pool.capacity:
+                queue.popleft()
+                self._free_request(req, "error", why=f"needs {_cdiv(req.num_tokens + 1, bt)} blocks for its "
+                                                     f"{req.num_tokens} known tokens and the next, the device has "
+                                                     f"{pool.capacity}")
+                continue
+            local: list[int] = []
+            external = 0
+            load_async = False
+            if req.num_computed_tokens == 0:
+                limit = (req.num_tokens - 1) // bt
+                local = pool.cached_prefix(req.block_hashes[:limit])
+                if self.connected:
+                    answer, load_async = connector.get_num_new_matched_tokens(req, len(local) * bt)
+                    if answer is None:
+                        skip(queue)
+                        continue
+                    external = answer
+                computed = len(local) * bt + external
+            else:
+                computed = req.num_computed_tokens
+            n = 0 if load_async else min(req.num_tokens - computed, budget)
+            reserved = self._reserved() if load_async else 0
+            if not self._allocate(req, n, local, external, load_async, reserved):
+                break
+            if self.connected:
+                connector.update_state_after_alloc(req, req.blocks, external)
+            if load_async:
+                req.status = Status.WAITING_FOR_REMOTE_KVS
+                req.num_computed_tokens = computed
+                self.inflight_prefills[req] = None
+                skip(queue)
+                continue
+            queue.popleft()
+            self.running.append(req)
+            if req.status == Status.PREEMPTED:
+                self._resumed.add(rid)
+            req.status = Status.RUNNING
+            req.num_computed_tokens = computed
+            new_blocks[rid] = (tuple(req.blocks), True)
+            scheduled.append((req, n, computed + n >= req.num_tokens))
+            budget -= n
+            if computed + n < req.num_tokens:
+                self.inflight_prefills[req] = None
+        if skipped_holding:
+            self.kv_holding.extendleft(skipped_holding)
+        if skipped_waiting:
+            self.waiting.extendleft(skipped_waiting)
         return budget
 
-    def _never_fits(self, req: Request) -> bool:
-        """Fail ``req`` if its known tokens and the next need more blocks than the whole
-        device (its generated tokens grew it past the device before a preemption)."""
-        state = self.state
-        need = state.blocks_for(req.known_tokens + 1)
-        if need <= state.pool.capacity:
+    def _allocate(self, req: SchedRequest, n: int, local: list[int], external: int, delay_cache: bool,
+                  reserved: int) -> bool:
+        """``KVCacheManager.allocate_slots`` for a waiting request: False (nothing taken)
+        unless free blocks hold its whole known sequence and, past ``reserved``, its first
+        chunk; then its device hit is taken, blocks allocated, and what it computes cached."""
+        pool = self.pool
+        bt = self.block_tokens
+        total = req.num_computed_tokens + len(local) * bt + external
+        held = len(req.blocks)
+        hits_taken = pool.evictable(local)
+        if held:  # it holds blocks already (a landed load): no new hit
+            full_need = max(_cdiv(req.num_tokens, bt) - held, 0)
+            need = max(_cdiv(total + n, bt) - held, 0)
+        else:
+            full_need = max(_cdiv(req.num_tokens, bt) - len(local), 0) + hits_taken
+            need = max(_cdiv(total + n, bt) - len(local), 0) + hits_taken
+        if full_need > pool.free or need > pool.free - reserved:
             return False
-        self.lifecycle.finish(req, "failed", "error", f"needs {need} blocks for its {req.known_tokens} known "
-                              f"tokens and the next, the device has {state.pool.capacity}")
+        if local:
+            pool.touch(local)
+            req.blocks.extend(local)
+            req.num_cached_blocks = len(req.blocks)
+        if external:
+            req.blocks.extend(pool.allocate(max(0, _cdiv(total, bt) - len(req.blocks))))
+        more = _cdiv(total + n, bt) - len(req.blocks)
+        if more > 0:
+            req.blocks.extend(pool.allocate(more))
+        if not delay_cache:
+            self._cache_blocks(req, min(total + n, req.num_tokens))
         return True
 
-    def _record_reuse(self, req: Request, candidates: tuple[int, ...]) -> None:
-        """A kept async answer is used again: trace its age and what left the tiers since."""
-        state = self.state
-        lookup = req.lookup or ()
-        gone = sum(1 for h, tier in zip(candidates, lookup, strict=False)
-                   if tier in state.tiers and not state.tiers[tier].contains(h))
-        self.lifecycle.record({"kind": "lookup_reuse", "t": state.now, "req": req.request_id,
-                               "answered": req.lookup_answered_ms, "age_ms": state.now - req.lookup_answered_ms,
-                               "uses": req.lookup_uses + 1, "blocks": len(lookup), "evicted": gone})
-
-    def _take_landed(self, budget: int, entries: list[Entry]) -> tuple[int, bool]:
-        """Requests whose loads all landed go to ``running`` with their first chunk, in the
-        order their loads started; still-loading ones are skipped. True when admission
-        must stop (budget, ``max_running`` or the device is short)."""
-        state = self.state
-        pool = state.pool
-        holding = state.holding
-        running = state.running
-        max_running = state.config.max_running
-        bt = state.config.block_tokens
-        i = 0
-        while i < len(holding):
-            if budget <= 0 or len(running) >= max_running:
-                return budget, True
-            req = holding[i]
-            if req.load_jobs:
-                i += 1
-                continue
-            known = req.known_tokens
-            if -(-known // bt) - len(req.block_table) > pool.free:
-                req.landed_seen = True
-                return budget, True  # its whole sequence must fit (scheduler_reserve_full_isl)
-            n = min(known - req.computed, budget)
-            need = -(-(req.computed + n) // bt) - len(req.block_table)
-            if need > 0:
-                req.block_table.extend(pool.allocate(need))
-            del holding[i]
-            self.lifecycle.move(req, "load_done", "every rank reported the load; taken back by the scheduler")
-            running.append(req)
-            entries.append(_schedule(req, n))
-            budget -= n
-        return budget, False
-
     def _reserved(self) -> int:
-        """Blocks the prefills in flight still need to reach their whole known sequence
+        """Blocks the prefills in flight still need for their whole known sequence
         (vLLM's ``_inflight_prefill_reserved_blocks``): an async load must leave them free."""
-        bt = self.state.config.block_tokens
-        reserved = 0
-        for req in self.state.running:
-            if req.computed < req.admitted_tokens:
-                reserved += max(0, -(-req.admitted_tokens // bt) - len(req.block_table))
-        for req in self.state.holding:
-            reserved += max(0, -(-req.admitted_tokens // bt) - len(req.block_table))
-        return reserved
+        bt = self.block_tokens
+        return sum(max(0, _cdiv(r.num_tokens, bt) - len(r.blocks)) for r in self.inflight_prefills)
 
-    def _try_admit(self, req: Request, budget: int, entries: list[Entry], candidates: tuple[int, ...]) -> str:
-        """Admit ``req`` into ``loading`` or ``running``; or "deferred" (policy), or
-        "blocked" (not enough free device blocks: admission stops here)."""
-        state = self.state
-        pool = state.pool
-        in_flight_loads = state.in_flight_loads
-        bt = state.config.block_tokens
-        device = pool.cached_prefix(candidates)
-        assert req.lookup is not None
-        # Re-validate the lookup: a block may have been evicted since the answer.
-        plan: list[tuple[int, str]] = []  # (hash, "device" | tier) for blocks past the device hit
-        # After a failed load, external hits stop before the first block that failed, so
-        # a bad or unreachable copy is never retried forever.
-        external_end = min(len(req.lookup), len(candidates), req.external_hit_limit)
-        on_device = pool.cached  # (pool.block_of, inlined: every block of the head, every pass)
-        tiers = state.tiers
-        lookup = req.lookup
-        for i in range(device, external_end):
-            block = candidates[i]
-            if block in on_device:
-                plan.append((block, "device"))
-            elif tiers[lookup[i]].contains(block):
-                plan.append((block, lookup[i]))
+    def _cache_blocks(self, req: SchedRequest, tokens: int) -> None:
+        """Publish the request's full blocks of its first ``tokens`` tokens in the prefix cache."""
+        full = tokens // self.block_tokens
+        if full <= req.num_cached_blocks:
+            return
+        hashes = req.block_hashes
+        cache = self.pool.cache
+        blocks = req.blocks
+        for i in range(req.num_cached_blocks, full):
+            cache(blocks[i], hashes[i])
+        req.num_cached_blocks = full
+
+    def _landed(self, req: SchedRequest) -> None:
+        """vLLM's ``_update_waiting_for_remote_kv``: a load reported; cache what is valid,
+        or, if nothing is, give the blocks back (the request is matched again)."""
+        rid = req.request_id
+        if rid in self.failed_recving:
+            self.failed_recving.discard(rid)
+            if req.num_computed_tokens:
+                self._cache_blocks(req, req.num_computed_tokens)
             else:
-                break
-        to_load = [(h, t) for h, t in plan if t != "device"]
-        in_flight = tuple(
-            (h, in_flight_loads[h][0][2]) for h, _ in to_load if h in in_flight_loads
-        )
-        join = False
-        if to_load:
-            load_view = LoadView(
-                device_hit_blocks=device,
-                external_hit_blocks=len(plan),
-                tiers=tuple(t for _, t in plan),
-                in_flight=in_flight,
-            )
-            choice = self.lifecycle.ask(req, "admission", load_view)
-            if choice == "defer":
-                return "deferred"
-            join = choice == "join"
-        hit_blocks = device + len(plan)
-        hit_hashes = candidates[:hit_blocks]
-        joined = {h for h, _ in in_flight} if join else set()
-        own_loads = [(h, t) for h, t in to_load if h not in joined]
-        known = req.known_tokens
-        # Cached hits that sit in the free queue: taking them uses up free blocks too.
-        refs = pool.refs
-        reclaim = 0
-        for h in hit_hashes:
-            b = on_device.get(h)
-            if b is not None and refs[b] == 0:
-                reclaim += 1
-        # The whole known sequence must fit, not just the first chunk (vLLM's
-        # scheduler_reserve_full_isl): new blocks past the hit, the blocks to load, and
-        # the cached hits it takes out of the free queue.
-        if -(-known // bt) - hit_blocks + len(own_loads) + reclaim > pool.free:
-            self._blocked_loads = tuple(to_load)
-            return "blocked"
-        loads = bool(own_loads or joined)
-        if loads:
-            compute_tokens = 0
-            if len(own_loads) + reclaim > pool.free - self._reserved():
-                self._blocked_loads = tuple(to_load)
-                return "blocked"  # would take blocks the prefills in flight still need
+                self._free_request_blocks(req)
         else:
-            compute_tokens = min(known - hit_blocks * bt, budget)
-        new_blocks = len(own_loads) if loads else state.blocks_for(hit_blocks * bt + compute_tokens) - hit_blocks
-        # Commit: build the block table in prefix order.
-        # Take the cached hits first: allocating could otherwise recycle one of them.
-        table: list[int] = []
-        own_moves: list[BlockMove] = []
-        join_jobs: list[int] = []
-        tier_of = dict(to_load)
-        for h in hit_hashes:
-            if h in joined:
-                job_id, block, _ = in_flight_loads[h][0]
-                pool.retain([block])
-                table.append(block)
-                if job_id not in join_jobs:
-                    join_jobs.append(job_id)
-                state.stats.joined_blocks += 1
-            elif h not in tier_of:
-                table.append(pool.acquire_cached(h))
-            else:
-                table.append(-1)
-        fresh = iter(pool.allocate(len(own_loads)))
-        for i, h in enumerate(hit_hashes):
-            if table[i] == -1:
-                table[i] = next(fresh)
-                own_moves.append(BlockMove(h, table[i], tier_of[h], -1))
-        req.block_table = table
-        req.admitted_tokens = known
-        if req.preemptions == 0 and not req.tier_hit_blocks and not req.device_hit_blocks:
-            # Hit rates describe what the request found when it first came in.
-            req.device_hit_blocks = device
-            for _, t in plan:
-                req.tier_hit_blocks[t] = req.tier_hit_blocks.get(t, 0) + 1
-        if loads:
-            req.load_jobs = list(join_jobs)
-            req.load_failed = []
-            req.hit_tokens_pending = hit_blocks * bt
-            for job_id in join_jobs:
-                state.jobs[job_id].waiters.append((req.request_id, req.epoch))
-            reason = f"loading {len(own_moves)} blocks"
-            if join_jobs:
-                reason += f", joined {len(joined)} in-flight blocks of jobs {join_jobs}"
-            if own_moves:
-                self.transfers.start_load(req, own_moves)
-            self.lifecycle.move(req, "load_started", reason)
-            state.holding.append(req)
-            return "loading"
-        req.computed = req.confirmed = hit_blocks * bt
-        req.registered_blocks = hit_blocks
-        if new_blocks:
-            req.block_table.extend(pool.allocate(new_blocks))
-        self.lifecycle.move(req, "admitted", f"admitted with {hit_blocks} hit blocks on device")
-        state.running.append(req)
-        entries.append(_schedule(req, compute_tokens))
-        return "running"
+            self._cache_blocks(req, req.num_computed_tokens)
+        if req.num_computed_tokens == req.num_tokens:
+            req.num_computed_tokens = req.num_tokens - 1  # the last token is computed again, to sample
+        self.finished_recving.discard(rid)
 
-    def _preempt(self, req: Request) -> None:
-        """Send ``req`` back to the front of the waiting queue (vLLM prepends it), blocks
-        released: it recomputes, or reloads what the tiers still hold."""
-        state = self.state
-        state.running.remove(req)
-        state.drop_cohort()
-        self.lifecycle.release_request_blocks(req)
-        req.computed = req.confirmed = 0
-        req.placeholders = 0
-        req.registered_blocks = 0
-        req.admitted_tokens = 0
-        req.epoch += 1
-        req.lookup = None
-        req.lookup_async = False
-        req.lookup_uses = 0
-        req.preemptions += 1
-        state.stats.preemptions += 1
-        self.lifecycle.move(req, "preempted", f"out of device blocks ({state.pool.free} free)")
-        state.waiting.insert(0, req)
+    def _preempt(self, req: SchedRequest) -> None:
+        """vLLM's ``_preempt_request``: blocks freed, back to the front of the queue; its
+        output still in flight (async scheduling) will be delivered, as stale."""
+        self._free_request_blocks(req)
+        self.inflight_prefills.pop(req, None)
+        req.status = Status.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_stale_output_tokens = req.num_in_flight_tokens
+        req.num_output_placeholders = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.preempted_ids.add(req.request_id)
+
+    def _emit(self, scheduled: list[Entry], new_blocks: dict[str, tuple[tuple[int, ...], bool]]
+              ) -> tuple[StepPlan, ConnectorMeta]:
+        """The scheduler output, ``build_connector_meta``, then ``_update_after_schedule``."""
+        step_id = self.next_step_id
+        self.next_step_id += 1
+        total = 0
+        news: list[NewRequestData] = []
+        cached = CachedRequestData([], [], [], set())
+        tokens: dict[str, int] = {}
+        for req, n, _ in scheduled:
+            rid = req.request_id
+            tokens[rid] = n
+            total += n
+            added = new_blocks.get(rid)
+            if added is not None and added[1]:
+                if rid in self._resumed:
+                    cached.req_ids.append(rid)
+                    cached.num_computed_tokens.append(req.num_computed_tokens)
+                    cached.new_block_ids.append((list(added[0]),))
+                    cached.resumed_req_ids.add(rid)
+                else:
+                    news.append(NewRequestData(rid, req.num_computed_tokens, (list(added[0]),)))
+            else:
+                cached.req_ids.append(rid)
+                cached.num_computed_tokens.append(req.num_computed_tokens)
+                cached.new_block_ids.append((list(added[0]),) if added is not None else None)
+        output = SchedulerOutput(news, cached, tokens, self.preempted_ids, self.finished_ids)
+        meta = self.connector.build_connector_meta(output)
+        self.preempted_ids = set()
+        self.finished_ids = set()
+        self._resumed = set()
+        if self.defer_block_free and total > 0:
+            self.sched_step_seq += 1
+        entries = []
+        placeholders = self.async_scheduling
+        for req, n, samples in scheduled:
+            before = req.num_computed_tokens
+            req.num_computed_tokens = before + n
+            req.num_in_flight_tokens += n
+            if self.defer_block_free:
+                req.last_sched_seq = self.sched_step_seq
+            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
+            if not req.is_prefill_chunk:
+                self.inflight_prefills.pop(req, None)
+                if placeholders:
+                    req.num_output_placeholders += 1
+            entries.append(Scheduled(req.request_id, n, before, samples, tuple(req.blocks), req.block_hashes))
+        self.steps[step_id] = (scheduled, total)
+        return StepPlan(step_id, tuple(entries), len(meta.sync_lookup_keys), meta.sync_lookup_keys, meta.flush), meta
+
+    # ---- the step's output -----------------------------------------------------------------------
+    def update_from_output(self, step_id: int, stops: dict[str, str], output: KVConnectorOutput | None) -> bool:
+        """vLLM's ``update_from_output`` for the oldest step in flight (``stops``: requests
+        whose sampled token was their last, and why; ``output``: the workers' connector
+        output of the step, None if it carried none): sampled tokens appended, stopped
+        requests finished (``request_finished``), failed loads cut (or failed), the
+        connector told (``update_connector_output``), landed loads marked for the next pass
+        and held blocks freed, then ``take_events``. False if ``step_id`` is not in flight."""
+        step = self.steps.pop(step_id, None)
+        if step is None:
+            return False
+        scheduled, total = step
+        if self.defer_block_free and total > 0:
+            self.processed_step_seq += 1
+            while self.deferred_frees and self.deferred_frees[0][0] <= self.processed_step_seq:
+                self._release(reversed(self.deferred_frees.popleft()[1]))
+        failed_loads: list[str] = []
+        if output is not None and output.invalid_block_ids and self.connected:
+            failed_loads = self._invalid_blocks(output.invalid_block_ids)
+        for req, n, samples in scheduled:
+            req.num_in_flight_tokens -= n
+            stale = req.num_stale_output_tokens > 0
+            if stale:
+                req.num_stale_output_tokens -= n
+            if req.finished:
+                continue  # aborted while the step ran
+            if not samples:
+                continue
+            req.output_tokens += 1
+            if not stale and req.num_output_placeholders > 0:
+                req.num_output_placeholders -= 1
+                if req.status == Status.RUNNING:
+                    self._cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens)
+            reason = stops.get(req.request_id)
+            if reason is not None:
+                if req.status == Status.RUNNING:
+                    self.running.remove(req)
+                else:
+                    self._unqueue(req)  # preempted, its stale token was its last
+                self._free_request(req, reason)
+        for rid in failed_loads:
+            req = self.requests.get(rid)
+            if req is not None and not req.finished:
+                self.finish_requests(rid, "error")
+        if output is not None:
+            self._transfers_finished(output)
+        self.connector.take_events()
+        return True
+
+    def _invalid_blocks(self, invalid: set[int]) -> list[str]:
+        """vLLM's ``_handle_invalid_blocks`` for async loads: a loading request's computed
+        tokens are cut at its first invalid block. Returns the requests to fail (under
+        kv_load_failure_policy "fail"), in queue order."""
+        bt = self.block_tokens
+        affected = []
+        for req in self.kv_holding:
+            if req.status != Status.WAITING_FOR_REMOTE_KVS:
+                continue
+            blocks = _cdiv(req.num_computed_tokens, bt)
+            for index, block in enumerate(req.blocks[:blocks]):
+                if block in invalid:
+                    req.num_computed_tokens = index * bt
+                    affected.append(req.request_id)
+                    break
+        if self.config.kv_load_failure_policy == "fail":
+            return affected
+        self.failed_recving.update(affected)
+        return []
+
+    def _transfers_finished(self, output: KVConnectorOutput) -> None:
+        """vLLM's ``_update_from_kv_xfer_finished``: the connector hears first, then a landed
+        load is promoted by the next pass (or a finished request's blocks are freed), and a
+        held request's blocks are freed."""
+        self.connector.update_connector_output(output)
+        recving = sorted(output.finished_recving or ())
+        sending = sorted(output.finished_sending or ())
+        self.results += len(recving) + len(sending)
+        for rid in recving:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if req.status == Status.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving.add(rid)
+            elif req.finished:
+                self._free_blocks(req)
+        for rid in sending:
+            req = self.requests.get(rid)
+            if req is not None and req.finished:
+                self._free_blocks(req)
+
+    # ---- what drivers and checks read -----------------------------------------------------------
+    def waiting_for_remote_kvs(self) -> int:
+        """Requests in vLLM's ``WAITING_FOR_REMOTE_KVS`` (their loads not yet taken back)."""
+        return sum(1 for r in self.requests.values() if r.status == Status.WAITING_FOR_REMOTE_KVS)
+
+    def output_tokens(self, request_id: str) -> int | None:
+        """Tokens the request has output so far (None: it left the scheduler)."""
+        req = self.requests.get(request_id)
+        return None if req is None else req.output_tokens
+
+    def check_accounting(self) -> None:
+        """Invariant 8 on the device, and every block a live request holds is referenced."""
+        self.pool.check_accounting()
+        refs = self.pool.refs
+        for req in self.requests.values():
+            for block in req.blocks:
+                if refs[block] <= 0:
+                    raise AssertionError(f"request {req.request_id} holds device block {block} with no reference")

@@ -45,9 +45,6 @@ def _register_engine(which: Any) -> None:
                         help="first N requests of the workload (default: all)")
     parser.add_argument("--tracing", choices=("off", "on", "both"), default="both",
                         help="part 2 with tracing off, on (the trace to a temporary file), or both, off first")
-    parser.add_argument("--stepwise", action="store_true",
-                        help="part 2 with the engine's decode fast path off (step by step, the same results), "
-                             "for comparison")
     skip = parser.add_mutually_exclusive_group()
     skip.add_argument("--skip-trace", action="store_true", help="skip part 2 (the whole-workload simulation)")
     skip.add_argument("--skip-transitions", action="store_true", help="skip part 1 (the transition bench)")
@@ -63,7 +60,7 @@ def handle_engine(args: argparse.Namespace) -> int:
         args.requests, args.repeats, args.reference_requests, bars=progress_bar)
     modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.tracing]
     runs = [] if args.skip_trace else [
-        bench_trace(args.workload, args.limit, bars=progress_bar, tracing=tracing, fast=not args.stepwise)
+        bench_trace(args.workload, args.limit, bars=progress_bar, tracing=tracing)
         for tracing in modes]
     if args.json:
         # ``simulation``: the traced run (the one part 2 always made), else the untraced one.
@@ -200,8 +197,6 @@ def _register_soak(which: Any) -> None:
                         help="keep every finished request in the engine (the old behaviour), for comparison")
     parser.add_argument("--trace", action="store_true",
                         help="write each run's trace (to a temporary file, removed after): tracing on")
-    parser.add_argument("--stepwise", action="store_true",
-                        help="the engine's decode fast path off (step by step, the same results), for comparison")
     add_json_flag(parser, "the runs")
     parser.set_defaults(func=handle_soak)
 
@@ -210,7 +205,7 @@ def handle_soak(args: argparse.Namespace) -> int:
     from kvlife.lifecycle.cli.bench_soak import SoakError, bench_soak, format_report
 
     try:
-        report = bench_soak(args.sizes, args.time_scale, args.keep_requests, args.trace, not args.stepwise)
+        report = bench_soak(args.sizes, args.time_scale, args.keep_requests, args.trace)
     except SoakError as exc:
         print(f"kvlife bench soak: {exc}", file=sys.stderr)
         return 1

@@ -22,11 +22,13 @@ import attrs
 
 from kvlife.lifecycle.drivers.vllm.recording import _job_blocks
 from kvlife.lifecycle.drivers.vllm.worker import OffloadingSimulatedWorker, SimulatedWorker
+from kvlife.lifecycle.drivers.vllm_order import StepObs
 
-# OPT-125m's shape (facebook/opt-125m config.json): only the scheduler reads it.
+# OPT-125m's shape (facebook/opt-125m config.json), positions raised to 16,384 so scaled
+# trace slices fit: only the scheduler reads it.
 OPT_CONFIG = {
     "architectures": ["OPTForCausalLM"], "model_type": "opt", "hidden_size": 768, "num_hidden_layers": 12,
-    "num_attention_heads": 12, "ffn_dim": 3072, "vocab_size": 50272, "max_position_embeddings": 2048,
+    "num_attention_heads": 12, "ffn_dim": 3072, "vocab_size": 50272, "max_position_embeddings": 16384,
     "word_embed_proj_dim": 768, "do_layer_norm_before": True, "torch_dtype": "float16",
 }
 
@@ -60,6 +62,7 @@ class SchedulerSpec:
     # one layer, FlashAttention's layout (2, num_blocks, block_size, heads, head_size).
     num_kv_heads: int = 1
     head_size: int = 1
+    max_model_len: int = 2048
 
 
 def build_config(model_dir: Path, spec: SchedulerSpec) -> tuple[Any, Any]:
@@ -69,9 +72,9 @@ def build_config(model_dir: Path, spec: SchedulerSpec) -> tuple[Any, Any]:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
     model = ModelConfig(model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,
-                        max_model_len=2048, dtype="float16", seed=0)
+                        max_model_len=spec.max_model_len, dtype="float16", seed=0)
     sched = SchedulerConfig(max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
-                            max_model_len=2048, enable_chunked_prefill=True, is_encoder_decoder=False,
+                            max_model_len=spec.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
                             async_scheduling=spec.async_scheduling)
     cache = CacheConfig(block_size=spec.block_size, enable_prefix_caching=True)
     failure: Any = spec.kv_load_failure_policy or "fail"  # vLLM's default
@@ -114,22 +117,6 @@ def make_request(request_id: str, prompt: Sequence[int], max_tokens: int, block_
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return Request(request_id=request_id, prompt_token_ids=list(prompt), sampling_params=params,
                    pooling_params=None, block_hasher=get_request_block_hasher(block_size, sha256))
-
-
-@attrs.define
-class StepObs:
-    """What one scheduler step decided, in the terms the differential test compares."""
-
-    step: int
-    scheduled: dict[str, tuple[int, int]]  # request -> (computed before, tokens)
-    external_hits: dict[str, int]  # request -> tokens loaded from the tier (admitted this step)
-    loads_started: int
-    waiting_remote: int  # requests waiting for their KV to land
-    preempted: tuple[str, ...]
-
-    def key(self) -> tuple[Any, ...]:
-        return (sorted(self.scheduled.items()), sorted(self.external_hits.items()), self.loads_started,
-                self.waiting_remote, self.preempted)
 
 
 ForwardFn = Callable[[Any], None]  # (scheduler output) -> None: the step's compute writes its KV

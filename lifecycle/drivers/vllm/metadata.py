@@ -12,7 +12,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 @dataclass
 class KVLifeJob:
-    """One load or store job: device blocks <-> tier slots, block by block."""
+    """One load or store job: device blocks <-> tier slots, block by block. A join
+    (``after``) copies device blocks (``slots`` are the source blocks) once job ``after``,
+    a load of the same blocks, has landed on this worker."""
 
     req_id: str
     kind: str  # "load" | "store"
@@ -20,6 +22,7 @@ class KVLifeJob:
     block_hashes: list[int]
     device_blocks: list[int]
     slots: list[int]
+    after: int | None = None
 
 
 @dataclass
@@ -30,8 +33,8 @@ class KVLifeMetadata(KVConnectorMetadata):
     jobs_to_flush: set[int] = field(default_factory=set)
     # Requests whose blocks vLLM holds until they appear in finished_sending.
     hold_finished: list[str] = field(default_factory=list)
-    # Store jobs the scheduler side gave up on (``store_timeout_steps``): a worker that has
-    # not finished one reports it failed, so its request's held blocks are released.
+    # Jobs the scheduler side gave up on (a deadline): a worker that has not finished one
+    # reports it failed, so its request's held blocks are released.
     jobs_to_abandon: set[int] = field(default_factory=set)
 
 

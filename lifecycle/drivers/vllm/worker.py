@@ -14,125 +14,65 @@ Two workers speak the same protocol (``KVLifeMetadata`` in, ``KVLifeWorkerMetada
 - ``SimulatedWorker``: no bytes; each job completes after a scripted number of steps, so
   tests drive vLLM's real scheduler on a CPU-only machine. Several simulated workers
   report separately, as tensor-parallel ranks do, and vLLM's ``KVOutputAggregator``
-  combines them (``finished_recving`` only when every worker reported the request).
+  combines them (``finished_recving`` only when every worker reported the request). It is
+  the vLLM-order driver's ``SimulatedRank``, behind vLLM's metadata and output classes.
+
+Both keep their books with ``kvlife.lifecycle.engine.worker_book.WorkerBook`` (which
+requests they may report finished), as kvlife's engine does for the ranks its drivers play.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from vllm.v1.outputs import KVConnectorOutput
 
 from kvlife.lifecycle.drivers.vllm.metadata import KVLifeJob, KVLifeMetadata, KVLifeWorkerMetadata
+from kvlife.lifecycle.drivers.vllm_order import DelayFn, FailFn, RankJob, SimulatedRank
+from kvlife.lifecycle.engine.worker_book import WorkerBook
 from kvlife.transfer.host_pool import HostPool
 from kvlife.transfer.layout import BlockGeometry, ModelShape
 
-# (job id, kind, request id) -> steps until the job reports (0: in this step's output;
-# None: never, a transfer that hangs).
-DelayFn = Callable[[int, str, str], int | None]
-# (rank, job) -> the block hashes of the job that fail on that rank (empty: none).
-FailFn = Callable[[int, KVLifeJob], Sequence[int]]
 
-
-class _JobBook:
-    """Which requests a worker may report: loads per request, held finished requests."""
-
-    def __init__(self) -> None:
-        self.loads_of: dict[str, set[int]] = {}
-        self.stores_of: dict[str, set[int]] = {}
-        self.holds: set[str] = set()
-
-    def add(self, job_id: int, job: KVLifeJob) -> None:
-        book = self.loads_of if job.kind == "load" else self.stores_of
-        book.setdefault(job.req_id, set()).add(job_id)
-
-    def done(self, job_id: int, job: KVLifeJob, recving: set[str]) -> None:
-        book = self.loads_of if job.kind == "load" else self.stores_of
-        jobs = book.get(job.req_id)
-        if jobs is None:
-            return
-        jobs.discard(job_id)
-        if not jobs:
-            del book[job.req_id]
-            if job.kind == "load":
-                recving.add(job.req_id)
-
-    def sent(self) -> set[str]:
-        out = {rid for rid in self.holds if rid not in self.stores_of}
-        self.holds -= out
-        return out
-
-
-def _failed_devices(job: KVLifeJob, failed: tuple[int, ...]) -> set[int]:
-    """vLLM's invalid_block_ids for a load: the device blocks of its failed hashes."""
-    bad = set(failed)
-    return {d for h, d in zip(job.block_hashes, job.device_blocks, strict=True) if h in bad}
+def rank_jobs(meta: KVLifeMetadata) -> list[RankJob]:
+    """A step's jobs as a worker takes them."""
+    return [RankJob(job_id, job.kind, job.req_id, tuple(job.block_hashes), tuple(job.device_blocks), job.after)
+            for job_id, job in sorted({**meta.load_jobs, **meta.store_jobs}.items())]
 
 
 class SimulatedWorker:
-    """One simulated rank: jobs complete after scripted delays (in steps), and ``fail``
-    scripts which blocks of a job fail. A load's failed blocks come back twice, as vLLM's
-    runner sends them: device blocks in ``invalid_block_ids`` and hashes in the rank's
-    report, in the same output as the request's ``finished_recving``. A delay of None is a
-    transfer that never ends; a store the scheduler side abandons
+    """One simulated rank inside vLLM (``vllm_order.SimulatedRank``: jobs complete after
+    scripted delays, ``fail`` scripts which blocks fail). A load's failed blocks come back
+    twice, as vLLM's runner sends them: device blocks in ``invalid_block_ids`` and hashes in
+    the rank's report, in the same output as the request's ``finished_recving``. A delay of
+    None is a transfer that never ends; a job the scheduler side abandons
     (``KVLifeMetadata.jobs_to_abandon``) is then reported failed, every block."""
 
     def __init__(self, rank: int = 0, load_delay: int | DelayFn | None = 1,
                  store_delay: int | DelayFn | None = 0, fail: FailFn | None = None) -> None:
         self.rank = rank
-        self._load_delay = load_delay
-        self._store_delay = store_delay
-        self.fail = fail
-        self.step = 0
-        self._due: dict[int, tuple[int | None, KVLifeJob]] = {}  # job -> (due step or never, job)
-        self._book = _JobBook()
-
-    def _delay(self, job_id: int, job: KVLifeJob) -> int | None:
-        delay = self._load_delay if job.kind == "load" else self._store_delay
-        return delay(job_id, job.kind, job.req_id) if callable(delay) else delay
+        self.sim = SimulatedRank(rank, load_delay, store_delay, fail)
 
     def run_step(self, meta: Any, out: Any = None) -> KVConnectorOutput:
         """Execute one step's metadata; return this rank's connector output for the step
         (``out``, the scheduler output, is not needed: no bytes move)."""
-        self.step += 1
-        abandoned: set[int] = set()
         if isinstance(meta, KVLifeMetadata):
-            for job_id, job in sorted({**meta.load_jobs, **meta.store_jobs}.items()):
-                delay = self._delay(job_id, job)
-                self._due[job_id] = (None if delay is None else self.step + delay, job)
-                self._book.add(job_id, job)
-            for job_id in meta.jobs_to_flush:
-                if job_id in self._due:
-                    self._due[job_id] = (self.step, self._due[job_id][1])
-            abandoned = {j for j in meta.jobs_to_abandon if j in self._due}
-            for job_id in abandoned:
-                self._due[job_id] = (self.step, self._due[job_id][1])
-            self._book.holds.update(meta.hold_finished)
-        reports: list[tuple[int, int, tuple[int, ...]]] = []
-        recving: set[str] = set()
-        invalid: set[int] = set()
-        for job_id in sorted(j for j, (due, _) in self._due.items() if due is not None and due <= self.step):
-            _, job = self._due.pop(job_id)
-            if job_id in abandoned:
-                failed = tuple(job.block_hashes)
-            else:
-                failed = tuple(self.fail(self.rank, job)) if self.fail is not None else ()
-            reports.append((job_id, self.rank, failed))
-            if job.kind == "load":
-                invalid |= _failed_devices(job, failed)
-            self._book.done(job_id, job, recving)
+            reports = self.sim.run_step(rank_jobs(meta), sorted(meta.jobs_to_flush), sorted(meta.jobs_to_abandon),
+                                        meta.hold_finished)
+        else:
+            reports = self.sim.run_step(())
+        recving, sending, invalid = self.sim.book.take()
         return KVConnectorOutput(
             finished_recving=recving or None,
-            finished_sending=self._book.sent() or None,
+            finished_sending=sending or None,
             kv_connector_worker_meta=KVLifeWorkerMetadata(reports) if reports else None,
             invalid_block_ids=invalid,
         )
 
     @property
     def busy(self) -> bool:
-        return bool(self._due)
+        return self.sim.busy
 
 
 def _host_geometry(block_bytes: int, block_tokens: int) -> BlockGeometry:
@@ -171,10 +111,9 @@ class HostPoolWorker:
         # (job, job spec, event, failed hashes); reported once the event is done.
         self._inflight: list[tuple[int, KVLifeJob, Any, tuple[int, ...]]] = []
         self._reports: list[tuple[int, int, tuple[int, ...]]] = []
-        self._recving: set[str] = set()
-        self._invalid: set[int] = set()
-        self._book = _JobBook()
+        self._book = WorkerBook()
         self.copy_errors = 0
+        self._invalid: set[int] = set()
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         block_bytes = 0
@@ -216,7 +155,9 @@ class HostPoolWorker:
             return
         slots = [job.slots[i] for i in keep]
         devices = [job.device_blocks[i] for i in keep]
-        if job.kind == "load":
+        if job.after is not None:  # a join: the device blocks the load it follows filled
+            self._scatter(devices, self._gather(slots))
+        elif job.kind == "load":
             rows = torch.empty((len(slots), self.pool.block_bytes), dtype=torch.uint8)
             self.pool.read_many(slots, rows)
             self._scatter(devices, rows.to(self.layers[0][0].device, non_blocking=True))
@@ -224,8 +165,8 @@ class HostPoolWorker:
             self.pool.write_many(slots, self._gather(devices).cpu())
 
     def _run(self, job_id: int, job: KVLifeJob) -> None:
-        self._book.add(job_id, job)
-        failed = tuple(self.fail(self.rank, job)) if self.fail is not None else ()
+        self._book.add(job_id, job.kind, job.req_id, job.block_hashes, job.device_blocks)
+        failed = tuple(self.fail(self.rank, job_id, job.kind, job.block_hashes)) if self.fail is not None else ()
         bad = set(failed)
         keep = [i for i, h in enumerate(job.block_hashes) if h not in bad]
         stream = torch.cuda.stream(self._side) if self._cuda else None
@@ -250,7 +191,7 @@ class HostPoolWorker:
     def flush(self, meta: KVLifeMetadata) -> None:
         """Before the forward pass: end the stores of preempted requests (their blocks are
         reused by this step) and learn which finished requests are held."""
-        self._book.holds.update(meta.hold_finished)
+        self._book.hold(meta.hold_finished)
         for job_id in sorted(meta.jobs_to_flush):
             self._poll(wait=True, only=job_id)
 
@@ -270,7 +211,7 @@ class HostPoolWorker:
     def _abandon(self, jobs: set[int]) -> None:
         """Stores the scheduler side gave up on: report the ones still copying as failed.
         Their copies stay queued on the side stream, ahead of every later copy, so a host
-        slot handed out again is written after them."""
+        slot handed out again is written after them. (It gives up on no load.)"""
         keep = []
         for job_id, job, event, failed in self._inflight:
             if job_id in jobs and job.kind == "store":
@@ -281,9 +222,7 @@ class HostPoolWorker:
 
     def _report(self, job_id: int, job: KVLifeJob, failed: tuple[int, ...]) -> None:
         self._reports.append((job_id, self.rank, failed))
-        if job.kind == "load":
-            self._invalid |= _failed_devices(job, failed)
-        self._book.done(job_id, job, self._recving)
+        self._book.done(job_id, failed)
 
     def _poll(self, wait: bool = False, only: int | None = None) -> None:
         keep = []
@@ -303,8 +242,9 @@ class HostPoolWorker:
         """(finished_sending, finished_recving, worker metadata) since the last call."""
         self._poll()
         reports, self._reports = self._reports, []
-        recving, self._recving = self._recving, set()
-        return self._book.sent(), recving, KVLifeWorkerMetadata(reports) if reports else None
+        recving, sending, invalid = self._book.take()
+        self._invalid |= invalid
+        return sending, recving, KVLifeWorkerMetadata(reports) if reports else None
 
     @property
     def busy(self) -> bool:
