@@ -44,8 +44,8 @@ from kvlife.policies.stack import PolicyStack
 # (job id, kind, request id) -> steps until the job reports (0: in this step's output;
 # None: never, a transfer that hangs).
 DelayFn = Callable[[int, str, str], int | None]
-# (rank, job id, kind, block hashes) -> the block hashes of the job that fail on that rank.
-FailFn = Callable[[int, int, str, Sequence[int]], Sequence[int]]
+# (rank, kind, request id, block hashes) -> the block hashes of the job that fail on that rank.
+FailFn = Callable[[int, str, str, Sequence[int]], Sequence[int]]
 
 
 @attrs.frozen
@@ -115,7 +115,7 @@ class SimulatedRank:
                     source = set(self._done.get(job.after, ()))
                     failed = tuple(h for h in job.block_hashes if h in source)
                 else:
-                    failed = tuple(self.fail(self.rank, job_id, job.kind, job.block_hashes)) \
+                    failed = tuple(self.fail(self.rank, job.kind, job.request_id, job.block_hashes)) \
                         if self.fail is not None else ()
                 reports.append((job_id, self.rank, failed))
                 self.book.done(job_id, failed)

@@ -39,7 +39,15 @@ import attrs
 
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine import records
-from kvlife.lifecycle.engine.events import BlockMove, Command, DiscardLookup, SubmitLookup, TransferReport
+from kvlife.lifecycle.engine.events import (
+    BlockMove,
+    Command,
+    DiscardLookup,
+    LookupAnswer,
+    SubmitLookup,
+    TransferReport,
+    input_to_record,
+)
 from kvlife.lifecycle.engine.jobs import Transfers
 from kvlife.lifecycle.engine.lifecycle import DeviceInfo, Lifecycle
 from kvlife.lifecycle.engine.request import Request
@@ -100,8 +108,10 @@ class ConnectorCore:
         retire: Retire | None = None,
         device: DeviceInfo | None = None,
         deadline_kinds: tuple[str, ...] = ("load", "store"),
+        observing: bool = False,
     ) -> None:
         self.state = CoreState(config, tiers, recorder, reference, retire)
+        self.state.observing = observing
         self.lifecycle = Lifecycle(self.state, policies, device)
         self.transfers = Transfers(self.state, self.lifecycle)
         # The jobs ``engine.transfer_deadline_ms`` gives up on (inside vLLM: stores only, a
@@ -290,6 +300,13 @@ class ConnectorCore:
             return
         first = req.local_tokens // bt
         count = num_external_tokens // bt
+        if state.observing and count > 0:
+            # Another connector's load: its job comes with the step's metadata (``observe_jobs``).
+            req.load_jobs, req.load_failed, req.landed = [], [], False
+            req.computed = req.confirmed = req.local_tokens
+            req.pending_hit_tokens = (first + count) * bt
+            lifecycle.move(req, Trigger.LOAD_STARTED, f"loading {num_external_tokens} tokens")
+            return
         if req.preemptions == 0 and not req.tier_hit_blocks and not req.device_hit_blocks:
             # Hit rates describe what the request found when it first came in.
             req.device_hit_blocks = first
@@ -415,9 +432,11 @@ class ConnectorCore:
                              "every rank reported its stores; finished_sending came with a step output")
 
     # ---- vLLM: request_finished ------------------------------------------------------------------
-    def request_finished(self, request_id: str, reason: str, why: str | None = None) -> bool:
+    def request_finished(self, request_id: str, reason: str, why: str | None = None,
+                         held: bool | None = None) -> bool:
         """vLLM finished the request (``reason``: stopped, length, aborted, error). True: the
-        scheduler must keep its blocks until ``finished_sending`` (a store still reads them)."""
+        scheduler must keep its blocks until ``finished_sending`` (a store still reads them).
+        ``held``: what another connector answered (recording it): nothing is decided."""
         state = self.state
         req = state.requests.get(request_id)
         if req is None or req.state == FINISHED:
@@ -430,19 +449,21 @@ class ConnectorCore:
         state.prefetch_waits.pop(request_id, None)
         if reason in ("stopped", "length"):
             self._confirm_finishing_step(req)
-            self.transfers.maybe_store(req)  # its last blocks too, before it lets them go
-        hold = req.store_jobs > 0
+            if held is None:
+                self.transfers.maybe_store(req)  # its last blocks too, before it lets them go
+        hold = req.store_jobs > 0 if held is None else held
         if reason == "aborted":
             self._finish(req, Trigger.ABORTED, "aborted", why or "client aborted", hold)
         elif reason == "error":
             self._finish(req, Trigger.FAILED, "error", why or "vLLM finished it with an error", hold)
-        elif hold and lifecycle.ask(req, "hold_at_finish", req.store_jobs):
+        elif hold and (held is not None or lifecycle.ask(req, "hold_at_finish", req.store_jobs)):
             req.finish_reason = reason
             req.finish_ms = state.now
             self._hold(req)
             req.epoch += 1
             lifecycle.move(req, Trigger.SEND_STARTED,
-                           f"finished ({reason}); {req.store_jobs} stores still read its blocks")
+                           f"finished ({reason}); {req.store_jobs} stores still read its blocks" if held is None
+                           else f"finished ({reason}); the connector holds its blocks")
         else:
             # (A store still in flight keeps the blocks held all the same: block safety is
             # the engine's, whatever the policy says.)
@@ -497,7 +518,7 @@ class ConnectorCore:
             if req.state != RUNNING:
                 continue
             self._confirm(req, before, n, samples)
-            if min(req.confirmed // bt, len(req.block_table)) > req.stored_blocks:
+            if min(req.confirmed // bt, len(req.block_table)) > req.stored_blocks and not state.observing:
                 maybe_store(req)
 
     def _confirm(self, req: Request, before: int, n: int, samples: bool) -> None:
@@ -580,6 +601,38 @@ class ConnectorCore:
                                 f"lookup deadline: no answer {now - req.lookup_submitted_ms:g} ms after it was "
                                 f"submitted at t={req.lookup_submitted_ms:g} (deadline "
                                 f"{state.config.lookup_deadline_ms:g} ms): treated as a miss; its answer is stale now")
+
+    # ---- recording another connector --------------------------------------------------------------
+    def observe_answer(self, request_id: str, num_computed_tokens: int, answer: int | None, load_async: bool,
+                       tier: str, deferred: bool = False) -> None:
+        """Another connector answered ``get_num_new_matched_tokens``: ``None`` (it cannot
+        answer yet: a lookup goes out, unless it says it defers), or its external hit, which
+        answers a pending lookup."""
+        state = self.state
+        req = state.requests[request_id]
+        req.local_tokens = num_computed_tokens
+        if answer is None:
+            if req.state == WAITING and not deferred:
+                self._submit_lookup(req, "the connector cannot answer yet")
+            return
+        bt = state.config.block_tokens
+        blocks = answer // bt
+        if req.state == LOOKUP_PENDING:
+            if state.recorder is not None:
+                state.recorder(input_to_record(LookupAnswer(state.now, request_id, req.epoch, (tier,) * blocks)))
+            self.on_lookup_answer(request_id, req.epoch, (tier,) * blocks)
+        if load_async and blocks:
+            candidates = state.hit_candidates(req)
+            first = num_computed_tokens // bt
+            req.plan = tuple((h, tier) for h in candidates[first:first + blocks])
+
+    def observe_jobs(self, jobs: Sequence[tuple[int, str, str, tuple[BlockMove, ...]]]) -> None:
+        """Another connector's jobs of a step: (job id, kind, request, moves), each done once
+        every rank reported it (their reports come to ``update_connector_output``)."""
+        for job_id, kind, rid, moves in jobs:
+            req = self.state.requests.get(rid)
+            if req is not None:
+                self.transfers.observe_job(req, job_id, kind, moves)
 
     # ---- retention ---------------------------------------------------------------------------
     def retire_finished(self) -> None:

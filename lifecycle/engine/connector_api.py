@@ -22,10 +22,20 @@ What it adds to the core is what a connector learns only from the order of vLLM'
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from kvlife.lifecycle.engine.connector import ConnectorCore, ConnectorMeta, StepInfo
-from kvlife.lifecycle.engine.events import DiscardLookup, LookupAnswer, SubmitLookup, TransferReport, input_to_record
+from kvlife.lifecycle.engine.events import (
+    Abort,
+    Arrival,
+    DiscardLookup,
+    LookupAnswer,
+    StepOutput,
+    SubmitLookup,
+    Tick,
+    TransferReport,
+    input_to_record,
+)
 
 # vLLM's RequestStatus names of a finished request -> the core's finish reason.
 FINISH_REASONS = {
@@ -50,7 +60,8 @@ class LookupClient(Protocol):
 
 class ConnectorAPI:
     def __init__(self, core: ConnectorCore, clock: Callable[[], float],
-                 hash_of: Callable[[Any], int] | None = None, lookups: LookupClient | None = None) -> None:
+                 hash_of: Callable[[Any], int] | None = None, lookups: LookupClient | None = None,
+                 record_inputs: bool = False) -> None:
         self.core = core
         self.clock = clock  # the driver's time, ms
         self.hash_of = hash_of  # a scheduler's block hash -> kvlife's (None: already an int)
@@ -59,6 +70,31 @@ class ConnectorAPI:
         self.builds = 0  # build_connector_meta calls (a step each)
         self._in_pass = False
         self._requests: dict[str, Any] = {}  # the scheduler's request objects, by id
+        # ``record_inputs``: no engine records this driver's inputs (inside vLLM): they are
+        # written to the core's trace from the calls (a pass begins: a tick; a step output
+        # ends with take_events: the step output, with the stops and reports it brought,
+        # before what it caused, as an engine trace has it).
+        self._inputs = record_inputs and core.state.recorder is not None
+        self._sink = core.state.recorder
+        self._output: list[dict[str, Any]] | None = None  # records of the step output under way
+        self._stops: list[tuple[str, str]] = []
+        self._reports: list[tuple[int, int, tuple[int, ...]]] = []
+        if self._inputs:
+            core.state.recorder = self._record
+
+    def _record(self, record: dict[str, Any]) -> None:
+        if self._output is not None:
+            self._output.append(record)
+        elif self._sink is not None:
+            self._sink(record)
+
+    def _input(self, event: Any) -> None:
+        if self._inputs and self._sink is not None:
+            self._sink(input_to_record(event))
+
+    def _begin_output(self) -> None:
+        if self._inputs and self._output is None:
+            self._output = []
 
     @property
     def pass_index(self) -> int:
@@ -75,6 +111,7 @@ class ConnectorAPI:
         self.passes += 1
         core = self.core
         now = self.clock()
+        self._input(Tick(now))
         core.tick(now)
         if self.lookups is not None:
             recorder = core.state.recorder
@@ -118,8 +155,11 @@ class ConnectorAPI:
         self._requests[rid] = request
         core = self.core
         core.state.now = max(core.state.now, self.clock())
-        core.on_new_request(rid, request.num_prompt_tokens, self._hashes(request),
-                            getattr(request, "max_tokens", None), bool(getattr(request, "resumable", False)), early)
+        hashes = self._hashes(request)
+        max_tokens = getattr(request, "max_tokens", None)
+        resumable = bool(getattr(request, "resumable", False))
+        self._input(Arrival(core.state.now, rid, request.num_prompt_tokens, hashes, resumable, max_tokens))
+        core.on_new_request(rid, request.num_prompt_tokens, hashes, max_tokens, resumable, early)
         self._route()
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -164,30 +204,58 @@ class ConnectorAPI:
         whose blocks the scheduler gives back now (``finished_sending``)."""
         core = self.core
         meta = connector_output.kv_connector_worker_meta
-        reports = getattr(meta, "reports", None) or ()
+        reports = [(int(job), int(rank), tuple(failed)) for job, rank, failed in getattr(meta, "reports", None) or ()]
+        self._begin_output()
+        self._reports.extend(reports)
         t = core.state.now
-        core.update_connector_output([TransferReport(t, int(job), int(rank), tuple(failed))
-                                      for job, rank, failed in reports],
+        core.update_connector_output([TransferReport(t, *report) for report in reports],
                                      sorted(connector_output.finished_sending or ()))
         self._route()
 
-    def request_finished(self, request: Any, block_ids: Sequence[int] = ()) -> tuple[bool, dict[str, Any] | None]:
-        """True: the scheduler must hold the request's blocks until ``finished_sending``."""
+    def request_finished(self, request: Any, block_ids: Sequence[int] = (),
+                         held: bool | None = None) -> tuple[bool, dict[str, Any] | None]:
+        """True: the scheduler must hold the request's blocks until ``finished_sending``
+        (``held``: another connector's answer, when recording it)."""
         rid = request.request_id
         self._refresh(rid)
         self._requests.pop(rid, None)
         reason = FINISH_REASONS.get(request.status.name, "error")
-        hold = self.core.request_finished(rid, reason, getattr(request, "finish_note", None))
+        if reason == "aborted":
+            self._input(Abort(self.core.state.now, rid))
+        else:
+            self._begin_output()
+            if self._inputs:
+                self._stops.append((rid, reason))
+        hold = self.core.request_finished(rid, reason, getattr(request, "finish_note", None), held)
         self._route()
         return hold, None
+
+    def observe_matched(self, request: Any, num_computed_tokens: int, answer: tuple[int | None, bool], tier: str,
+                        deferred: bool = False) -> None:
+        """Another connector answered ``get_num_new_matched_tokens`` (recording it)."""
+        self._pass()
+        rid = request.request_id
+        if rid not in self.core.state.requests:
+            self.on_new_request(request, early=False)
+        self._refresh(rid)
+        self.core.observe_answer(rid, num_computed_tokens, answer[0], answer[1], tier, deferred)
+        self.core.state.commands.clear()  # (its lookups are its own)
 
     def take_events(self) -> tuple[()]:
         """The end of a step's output: the core confirms the oldest step's tokens (the
         blocks they fill named as the scheduler's requests now name them)."""
         steps = self.core.state.steps
+        step_id = steps[0][0] if steps else self.builds - 1
         if steps:
             for entry in steps[0][1]:
                 self._refresh(entry[0].request_id)
+        self._begin_output()
         self.core.take_events()
         self._route()
+        if self._output is not None:
+            buffered, self._output = self._output, None
+            self._input(StepOutput(self.core.state.now, step_id, tuple(self._stops), tuple(self._reports)))
+            for record in buffered:
+                cast(Callable[[dict[str, Any]], None], self._sink)(record)
+            self._stops, self._reports = [], []
         return ()

@@ -127,6 +127,24 @@ class Transfers:
                                      moves_record(moves)))
             state.out_stores.append(job)
 
+    def observe_job(self, req: Request, job_id: int, kind: str, moves: Sequence[BlockMove]) -> None:
+        """Another connector started ``job_id`` for ``req`` (recording it): its ranks' reports
+        are aggregated as any job's; no tier index mirrors its storage."""
+        state = self.state
+        job = Job(job_id, kind, req.request_id, req.epoch, tuple(moves), state.now)
+        state.jobs[job_id] = job
+        state.ranks.open(job_id)
+        if kind == "load":
+            req.load_jobs.append(job_id)
+            state.stats.loads += 1
+            state.stats.blocks_loaded += len(moves)
+        else:
+            req.store_jobs += 1
+            state.stats.stores += 1
+            state.stats.blocks_stored += len(moves)
+        self.lifecycle.record(records.job(state.now, job_id, kind, req.request_id,
+                                          count_tiers(m.tier for m in moves), moves_record(moves)))
+
     def flush_stores(self, req: Request) -> None:
         """``req`` was preempted and the scheduler freed its blocks: its stores in flight
         are flushed (the workers finish them before the next step writes anything)."""
@@ -158,9 +176,27 @@ class Transfers:
             return
         job = state.jobs.pop(event.job_id)
         self.lifecycle.record(records.job_done(state.now, job.job_id, job.kind, len(outcome.failed), job.timed_out))
+        if outcome.failed:
+            self._failed(job, outcome.failed)
         self.release_job(job, outcome.failed)
         if not job.timed_out:
             self.job_outcome(job, outcome.failed)
+
+    def _failed(self, job: Job, failed: Sequence[int]) -> None:
+        """A job some block of which failed: counted, and a warning naming the blocks."""
+        state = self.state
+        bad = set(failed)
+        blocks = [m.block_hash for m in job.moves if m.block_hash in bad]
+        if job.kind == "load":
+            state.stats.failed_loads += 1
+            policy = state.config.kv_load_failure_policy
+            note = (f"kv_load_failure_policy {policy!r}: "
+                    + ("the request recomputes from its first failed block" if policy == "recompute"
+                       else "the request fails"))
+        else:
+            state.stats.failed_stores += 1
+            note = "the failed blocks are not kept in the tier; the request's blocks are released as usual"
+        self.lifecycle.warn(f"{job.kind}_failed", job=job.job_id, req=job.request_id, blocks=blocks, note=note)
 
     def on_late_report(self, event: TransferReport) -> None:
         """A report for a job reclaimed at its deadline: recorded as late, ignored."""
@@ -195,7 +231,9 @@ class Transfers:
         state = self.state
         tiers = state.tiers
         bad = set(failed)
-        if job.kind == "load":
+        if state.observing:
+            pass  # another connector's storage: no index mirrors it
+        elif job.kind == "load":
             if job.after is None:
                 for move in job.moves:
                     tier = tiers[move.tier]
@@ -263,7 +301,7 @@ class Transfers:
         failed = len(req.load_failed)
         what = f"{failed} blocks failed to load" if cause is None else f"{failed} blocks not loaded ({cause})"
         configured = state.config.kv_load_failure_policy
-        action = lifecycle.ask(req, "on_load_failure", failed)
+        action = configured if state.observing else lifecycle.ask(req, "on_load_failure", failed)
         if action != configured:
             lifecycle.warn("decision_refused", req=req.request_id, point="on_load_failure", value=action,
                            carried_out=configured,

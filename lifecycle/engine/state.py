@@ -84,6 +84,8 @@ class Stats:
     stores: int = 0
     blocks_stored: int = 0
     failed_blocks: int = 0
+    failed_loads: int = 0  # load jobs some block of which failed
+    failed_stores: int = 0  # store jobs likewise
     preemptions: int = 0
     deferrals: dict[str, int] = attrs.Factory(dict)
     warnings: dict[str, int] = attrs.Factory(dict)
@@ -113,7 +115,7 @@ class CoreState:
         "transfer_version", "lookup_timers", "reclaimed", "stats", "commands", "next_job_id", "next_seq",
         "out_loads", "out_stores", "out_prefetches", "out_flush", "out_abandon", "out_holds", "sync_keys",
         "retire", "retired", "retiring", "held_blocks", "invalid_blocks",
-        "held", "moves",
+        "held", "moves", "observing",
     )
 
     def __init__(
@@ -177,6 +179,9 @@ class CoreState:
         # order they finished (``Request.hold``).
         self.held: dict[str, Request] = {}
         self.moves = 0  # transitions made (a driver tells an idle pass from one that changed something)
+        # Recording another connector (``ConnectorCore.observe_*``): its answers and jobs are
+        # observed, not decided; no policy is asked, no tier index mirrors its storage.
+        self.observing = False
 
         # Retention (see ``connector.ConnectorCore.retire_finished``).
         self.retire = retire

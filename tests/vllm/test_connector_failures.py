@@ -5,7 +5,7 @@ A load that fails on a worker reaches vLLM as ``invalid_block_ids`` (its
 recomputes from the first failed block, with "fail" it ends with an error) and kvlife as
 the rank's report naming the failed blocks. A store has no failure channel in vLLM: the
 connector keeps the failed blocks out of its tier and releases the request as usual; a
-store that never ends is given up on after ``store_timeout_steps``.
+store that never ends is given up on after ``store_timeout_ms``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from vllm_scenarios import (  # noqa: E402
 )
 
 from kvlife.lifecycle.drivers.vllm.harness import VllmDriver, build_scheduler  # noqa: E402
-from kvlife.lifecycle.drivers.vllm.metadata import KVLifeJob  # noqa: E402
 from kvlife.lifecycle.drivers.vllm.worker import SimulatedWorker  # noqa: E402
 from kvlife.lifecycle.traces.validate import validate  # noqa: E402
 
@@ -47,9 +46,9 @@ R1 = PREFIX + [200, 201]  # 66 tokens: hits the four prefix blocks
 def fail_load_block(index: int, rank: int = 0, rid: str = "r1") -> Any:
     """A worker failure script: block ``index`` of ``rid``'s load fails on ``rank``."""
 
-    def fail(worker_rank: int, job: KVLifeJob) -> list[int]:
-        if job.kind == "load" and job.req_id == rid and worker_rank == rank:
-            return [job.block_hashes[index]]
+    def fail(worker_rank: int, kind: str, req_id: str, hashes: list[int]) -> list[int]:
+        if kind == "load" and req_id == rid and worker_rank == rank:
+            return [hashes[index]]
         return []
 
     return fail
@@ -78,15 +77,15 @@ def test_failed_load_recomputes_from_the_first_failed_block(
     driver.add("r1", R1, 2)
     obs = driver.step()
     assert obs.external_hits == {"r1": 64} and driver.status("r1") == "WAITING_FOR_REMOTE_KVS"
-    failed_hash = inner(driver).sched.requests["r1"].hashes[index]
+    failed_hash = inner(driver).core.state.requests["r1"].hashes[index]
     request = driver.scheduler.requests["r1"]
-    run_until(driver, lambda: inner(driver).sched.stats["failed_loads"] == 1)  # the last report came
+    run_until(driver, lambda: inner(driver).core.state.stats.failed_loads == 1)  # the last report came
     # vLLM cut the computed tokens at the failed block (its _handle_invalid_blocks) ...
     assert request.status.name == "WAITING_FOR_REMOTE_KVS" and request.num_computed_tokens == index * BS
     assert all("r1" not in o.scheduled for o in driver.observations)
     # ... and nothing of the failed load is published: the tier dropped the failed block.
-    assert not inner(driver).sched.tier.contains(failed_hash)
-    assert inner(driver).sched.stats["failed_loads"] == 1
+    assert not inner(driver).core.state.tiers["host"].contains(failed_hash)
+    assert inner(driver).core.state.stats.failed_loads == 1
     obs = driver.step()
     # The request runs again from the first failed block: it recomputes that block and the rest.
     assert obs.scheduled["r1"] == (index * BS, len(R1) - index * BS)
@@ -109,9 +108,9 @@ def test_failed_load_recomputes_from_the_first_failed_block(
     assert steps[:3] == ["load_started", "load_failed", "admitted"] and steps[-1] == "completed"
     restored = [m[0] for j in jobs(recs, "store", "r1") for m in j["moves"]]
     assert failed_hash in restored
-    reports = [r for r in recs
-               if r["kind"] == "input" and r["type"] == "transfer_report" and r["job_id"] == load["job"]]
-    assert [r["failed"] for r in reports] == [[]] * (ranks - 1) + [[failed_hash]]
+    reports = [failed for r in recs if r["kind"] == "input" and r["type"] == "step_output"
+               for job, _, failed in r.get("reports", []) if job == load["job"]]
+    assert reports == [[]] * (ranks - 1) + [[failed_hash]]
 
 
 def test_failed_load_under_fail_policy_ends_the_request_with_an_error(model_dir: Path, tmp_path: Path) -> None:
@@ -140,8 +139,8 @@ def test_failed_load_under_fail_policy_ends_the_request_with_an_error(model_dir:
 
 
 def fail_store_block(index: int, rid: str = "r0") -> Any:
-    def fail(worker_rank: int, job: KVLifeJob) -> list[int]:
-        return [job.block_hashes[index]] if job.kind == "store" and job.req_id == rid else []
+    def fail(worker_rank: int, kind: str, req_id: str, hashes: list[int]) -> list[int]:
+        return [hashes[index]] if kind == "store" and req_id == rid else []
 
     return fail
 
@@ -151,9 +150,9 @@ def test_failed_store_publishes_nothing_and_the_request_still_finishes(model_dir
     driver = VllmDriver(build_scheduler(model_dir, kvlife_spec(trace, stack="")),
                         [SimulatedWorker(0, load_delay=1, store_delay=1, fail=fail_store_block(1))])
     warm_tier(driver)  # r0's store of the four prefix blocks fails on its second block
-    failed_hash = inner(driver).sched.requests["r0"].hashes[1]
-    assert not inner(driver).sched.tier.contains(failed_hash)
-    assert inner(driver).sched.stats["failed_stores"] == 1
+    failed_hash = inner(driver).core.state.requests["r0"].hashes[1]
+    assert not inner(driver).core.state.tiers["host"].contains(failed_hash)
+    assert inner(driver).core.state.stats.failed_stores == 1
     # The next request hits only the block before the failed one, and computes the rest.
     driver.add("r1", R1, 2)
     run_until(driver, lambda: "r1" in driver.observations[-1].scheduled)
@@ -172,7 +171,7 @@ def test_failed_store_publishes_nothing_and_the_request_still_finishes(model_dir
 @pytest.mark.parametrize("timeout", [3, None], ids=["timeout-3", "no-timeout"])
 def test_a_store_that_never_ends(model_dir: Path, tmp_path: Path, timeout: int | None) -> None:
     trace = tmp_path / "store-hangs.jsonl"
-    spec = kvlife_spec(trace, stack="", store_timeout_steps=timeout)
+    spec = kvlife_spec(trace, stack="", store_timeout_ms=timeout)  # the connector's clock: one ms a pass
     driver = VllmDriver(build_scheduler(model_dir, spec), [SimulatedWorker(0, store_delay=None)])
     driver.add("r0", PREFIX + [100, 101, 102], 2)
     run_until(driver, lambda: driver.scheduler.requests["r0"].is_finished())
@@ -198,7 +197,7 @@ def test_a_store_that_never_ends(model_dir: Path, tmp_path: Path, timeout: int |
     finish(driver, trace)
     recs = records(trace)
     store = jobs(recs, "store", "r0")[0]
-    abandoned = next(r for r in recs if r["kind"] == "warning" and r["what"] == "store_abandoned")
+    abandoned = next(r for r in recs if r["kind"] == "warning" and r["what"] == "rank_timeout")
     assert abandoned["job"] == store["job"] and abandoned["ranks"] == [0]
     assert done_of(recs, store["job"])["failed"] == len(store["moves"])
     assert transitions(trace, "r0")[-2:] == ["send_started", "completed"]

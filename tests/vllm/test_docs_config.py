@@ -47,11 +47,12 @@ def test_documented_kv_transfer_config_builds_the_scheduler(
     assert type(connector).__name__ == config["kv_connector"]
     if config["kv_connector"] == "KVLifeConnector":
         assert connector.stack_names == [s.strip() for s in str(extra["stack"]).split(",")]
-        assert connector.lifecycle is not None and connector.lifecycle.tier.capacity == extra["host_blocks"]
-        assert connector.store_timeout_steps == extra.get("store_timeout_steps")
+        assert connector.core.state.tiers["host"].capacity == extra["host_blocks"]
+        timeout = extra.get("store_timeout_ms")
+        assert connector.core.config.transfer_deadline_ms == (None if timeout is None else float(timeout))
     else:
         assert type(connector.inner).__name__ == extra["record"]["inner"]  # type: ignore[index]
-        connector.recorder.close()
+        connector.close()
         assert (tmp_path / extra["record"]["trace"]).exists()  # type: ignore[index]
     if failure is not None:
         assert scheduler.recompute_kv_load_failures == (failure == "recompute")

@@ -30,7 +30,6 @@ from kvlife.lifecycle.drivers.vllm.harness import (  # noqa: E402
     build_scheduler,
     scheduled_chunks,
 )
-from kvlife.lifecycle.drivers.vllm.metadata import KVLifeJob  # noqa: E402
 from kvlife.lifecycle.drivers.vllm.worker import HostPoolWorker  # noqa: E402
 
 HEADS, HEAD_SIZE, NUM_BLOCKS = 2, 4, 10
@@ -85,8 +84,8 @@ def build(model_dir: Path, trace: Path) -> tuple[VllmDriver, Model]:
     return driver, model
 
 
-def fail_third_block(rank: int, job: KVLifeJob) -> list[int]:
-    return [job.block_hashes[2]] if job.kind == "load" else []
+def fail_third_block(rank: int, kind: str, req_id: str, hashes: list[int]) -> list[int]:
+    return [hashes[2]] if kind == "load" else []
 
 
 @pytest.mark.parametrize("failure", [None, "third-block", "copy-error"])
@@ -99,10 +98,10 @@ def test_host_pool_worker_round_trips_real_bytes(model_dir: Path, tmp_path: Path
     run_until(driver, lambda: driver.status("r0") is None)
     r0_blocks = model.blocks_of["r0"][:4]
     # Stored to host: the tier's slot of each prefix block holds that block's bytes.
-    sched = inner(driver).sched
+    core = inner(driver).core
     assert host.pool is not None
-    for i, h in enumerate(sched.requests["r0"].hashes[:4]):
-        stored = host.pool.data[sched.tier.slot_of(h)]
+    for i, h in enumerate(core.state.requests["r0"].hashes[:4]):
+        stored = host.pool.data[core.state.tiers["host"].slot_of(h)]
         assert torch.equal(stored, expected_block(first, i).reshape(-1).view(torch.uint8)), f"block {i}"
     evict(driver)
     model.kv.fill_(POISON)  # nothing runs: whatever a block holds from now on was loaded or computed

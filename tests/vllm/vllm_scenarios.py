@@ -20,14 +20,15 @@ PREFIX = list(range(1, 65))  # four full blocks shared by the requests of the te
 def kvlife_spec(trace: Path, stack: str = "async-lookup", **kw: Any) -> SchedulerSpec:
     """KVLifeConnector under the RecordingConnector, writing ``trace``; the other keywords
     go to ``SchedulerSpec`` (``lookup_delay_steps``, ``ranks`` (recorded), ``worker_ranks``
-    (the connector's), ``store_timeout_steps`` go to the connector's extra config)."""
+    (the connector's), ``store_timeout_ms`` go to the connector's extra config). The
+    connector's clock is its scheduler passes (one ms each): deterministic."""
     extra: dict[str, Any] = {
         "record": {"inner": "kvlife.vllm:KVLifeConnector", "trace": str(trace), "ranks": kw.pop("ranks", 1)},
         "stack": stack, "host_blocks": 64, "lookup_delay_steps": kw.pop("lookup_delay_steps", 1),
-        "ranks": kw.pop("worker_ranks", 1)}
-    timeout = kw.pop("store_timeout_steps", None)
+        "ranks": kw.pop("worker_ranks", 1), "clock": "steps"}
+    timeout = kw.pop("store_timeout_ms", None)
     if timeout is not None:
-        extra["store_timeout_steps"] = timeout
+        extra["store_timeout_ms"] = timeout
     return SchedulerSpec(block_size=BS, num_blocks=kw.pop("num_blocks", 10), connector="RecordingConnector",
                          extra=extra, **kw)
 
@@ -63,7 +64,7 @@ def evict(driver: VllmDriver, filler: str = "filler") -> None:
 
 
 def close(driver: VllmDriver) -> None:
-    driver.scheduler.connector.recorder.close()
+    driver.scheduler.connector.close()
 
 
 def finish(driver: VllmDriver, trace: Path) -> None:

@@ -247,7 +247,7 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
             def now() -> float:
                 return (time.monotonic() - started) * 1000.0  # the driver's clock: read here, never in the core
         lookups = DelayedLookups(int(extra.get("lookup_delay_steps", 1)), core.state.sync_lookup)
-        api = ConnectorAPI(core, now, hash_of=block_hash_int, lookups=lookups)
+        api = ConnectorAPI(core, now, hash_of=block_hash_int, lookups=lookups, record_inputs=True)
         return api
 
     # ---- scheduler side: every call to the API ----------------------------------------------------
@@ -292,6 +292,16 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
         if self.api is not None:
             self.api.take_events()
         return ()
+
+    def kvlife_pending_reason(self, request_id: str) -> str | None:
+        """Why the last match answered None (``RecordingConnector`` records a deferral as no
+        lookup): "lookup", "prefetch" or "defer"; None if it did not."""
+        req = self.core.state.requests.get(request_id)
+        if req is None:
+            return None
+        if req.state == "lookup_pending":
+            return "lookup"
+        return "prefetch" if request_id in self.core.state.prefetch_waits else "defer"
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """The scheduler side's counters since the last call (vLLM adds them to the step's

@@ -166,7 +166,7 @@ class HostPoolWorker:
 
     def _run(self, job_id: int, job: KVLifeJob) -> None:
         self._book.add(job_id, job.kind, job.req_id, job.block_hashes, job.device_blocks)
-        failed = tuple(self.fail(self.rank, job_id, job.kind, job.block_hashes)) if self.fail is not None else ()
+        failed = tuple(self.fail(self.rank, job.kind, job.req_id, job.block_hashes)) if self.fail is not None else ()
         bad = set(failed)
         keep = [i for i, h in enumerate(job.block_hashes) if h not in bad]
         stream = torch.cuda.stream(self._side) if self._cuda else None
