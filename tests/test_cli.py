@@ -159,7 +159,7 @@ def test_version_and_spec_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("kvlife ")
     assert main(["spec", "--format", "table"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "loading         --load_failed--> waiting" in lines and len(lines) == 20
+    assert "loading         --load_failed--> waiting" in lines and len(lines) == 21
     assert "lookup_pending  --lookup_expired--> waiting" in lines
 
 

@@ -116,7 +116,7 @@ def test_seed_that_is_not_an_integer(tmp_path: Path, capsys: pytest.CaptureFixtu
          "FILE:2: field 'engine.tiers': unknown key (tiers are [[tiers]] tables of their own)"),
         ("[engine]\nzzz = 1\n", "FILE:2: field 'engine.zzz': unknown key (known: block_tokens, device_blocks, "
          "max_batched_tokens, max_running, ranks, async_scheduling, transfer_deadline_ms, lookup_latency_ms, "
-         "lookup_deadline_ms, reclaim_deadline_ms, max_async_lookups)"),
+         "lookup_deadline_ms, reclaim_deadline_ms, max_async_lookups, kv_load_failure_policy)"),
     ],
 )
 def test_unknown_keys_are_refused_in_every_section(tmp_path: Path, text: str, expected: str) -> None:

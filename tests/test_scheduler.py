@@ -114,20 +114,23 @@ def test_async_scheduling_counts_placeholders_as_computed() -> None:
 
 
 def test_finish_with_a_store_in_flight_waits_in_sending() -> None:
+    from kvlife.lifecycle.engine.events import FreeBlocks, TransferReport
+
     engine = make_engine(tiers=(TierConfig("host", capacity_blocks=16),))
     engine.handle(Arrival(0.0, "a", 33, (10, 20, 30)))
-    commands = engine.handle(Tick(0.0))
-    plan = plan_of(commands)
-    stores = engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
+    plan = plan_of(engine.handle(Tick(0.0)))
+    assert engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),))) == []
+    # request_finished asked to hold the blocks: a store of its two full blocks is pending.
     assert engine.requests["a"].state == "sending"
-    store_jobs = [c for c in stores if type(c).__name__ == "StartStore"]
-    assert len(store_jobs) == 1 and len(store_jobs[0].moves) == 2
-    from kvlife.lifecycle.engine.events import TransferReport
-
-    engine.handle(TransferReport(2.0, store_jobs[0].job_id, 0))
-    # Stored; the blocks go back with the next scheduler step (vLLM's finished_sending).
-    assert engine.requests["a"].state == "sending"
-    engine.handle(Tick(3.0))
+    # The store goes out with the next step's connector metadata, as vLLM's build_connector_meta.
+    commands = engine.handle(Tick(2.0))
+    store_jobs = [c for c in commands if type(c).__name__ == "StartStore"]
+    assert len(store_jobs) == 1 and [m.block_hash for m in store_jobs[0].moves] == [10, 20]
+    assert engine.handle(TransferReport(3.0, store_jobs[0].job_id, 0)) == []
+    # Stored; the blocks go back with the next step output (vLLM's finished_sending).
+    assert engine.requests["a"].state == "sending" and engine.pool.free < engine.pool.capacity
+    freed = engine.handle(StepOutput(4.0, plan_of(commands).step_id))
+    assert [c for c in freed if isinstance(c, FreeBlocks)]
     assert engine.requests["a"].state == "finished"
     assert engine.tiers["host"].lookup([10, 20, 30]) == 2
     engine.check_invariants()

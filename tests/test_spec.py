@@ -71,6 +71,7 @@ DESIGN_EDGES = {
     ("waiting", "lookup_submitted"): "lookup_pending",
     ("waiting", "load_started"): "loading",
     ("waiting", "admitted"): "running",
+    ("waiting", "completed"): "finished",  # vLLM stops a request whose recompute needs no new step
     ("waiting", "aborted"): "finished",
     ("waiting", "failed"): "finished",
     ("lookup_pending", "lookup_answered"): "waiting",

@@ -78,7 +78,7 @@ def engine_path(sequence: list[tuple[int, str]], requests: int) -> float:
         Request(f"req-{i}", i, 0.0, 1, (), False, 512) for i in range(requests)
     ]
     engine.state_counts["waiting"] = requests
-    move = engine.lifecycle.move
+    move = engine.core.lifecycle.move
     start = time.perf_counter()
     for r, trigger in sequence:
         move(records[r], trigger, "bench")

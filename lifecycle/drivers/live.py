@@ -39,7 +39,8 @@ import torch
 
 from kvlife.lifecycle.config import ConfigError, LiveConfig, RunConfig
 from kvlife.lifecycle.drivers import interrupts
-from kvlife.lifecycle.drivers.simulator import SimResult, cut_record, model_finishes
+from kvlife.lifecycle.drivers.simulator import SimResult, cut_record, step_finishes, stop_rule
+from kvlife.lifecycle.engine import records
 from kvlife.lifecycle.engine.core import Engine, Recorder
 from kvlife.lifecycle.engine.events import (
     Abort,
@@ -112,6 +113,10 @@ class RankWorker(threading.Thread):
         # the copy has landed; every path that ends a job removes it.
         self._moves_of: dict[Any, tuple[Move, ...]] = {}
         self._open: dict[Any, tuple[int, ...]] = {}  # submitted, not yet reported
+        # Joins (a load copying device blocks another load fills): load job -> the joins
+        # waiting for it on this rank; and each load's failed blocks once it reported here.
+        self._joins: dict[Any, list[tuple[Any, tuple[Move, ...]]]] = {}
+        self._loaded: dict[Any, tuple[int, ...]] = {}
 
     def run(self) -> None:
         while not self.stopping.is_set():
@@ -147,12 +152,23 @@ class RankWorker(threading.Thread):
         kind = message[0]
         if kind == "step":
             try:
+                if message[1].flush:
+                    # Stores of requests preempted in this pass: their blocks may be reused by
+                    # this step, so every copy in flight ends first.
+                    self.copies.synchronize()
+                    self._report_completions()
                 self._forward(message[1])
             except Exception as exc:
                 # The step's KV was not (all) written on this rank: a failed step.
                 self.outbox.put(("step_done", message[1].step_id, self.rank, f"{type(exc).__name__}: {exc}"))
                 return
             self.outbox.put(("step_done", message[1].step_id, self.rank, None))
+        elif kind == "join":
+            job_id, after, moves = message[1], message[2], tuple(_move(m) for m in message[3])
+            if after in self._loaded:
+                self._copy_join(job_id, moves, self._loaded[after])
+            else:
+                self._joins.setdefault(after, []).append((job_id, moves))
         elif kind in ("load", "store"):
             job_id, moves = message[1], tuple(_move(m) for m in message[2])
             hashes = tuple(m.block_hash for m in moves)
@@ -229,9 +245,28 @@ class RankWorker(threading.Thread):
             moves = self._moves_of.pop(done.job_id, ())
             if done.kind == "load" and self.verify:
                 self._verify(moves, set(done.failed_hashes))
+            if done.kind == "load":
+                self._loaded[done.job_id] = tuple(done.failed_hashes)
+                for join_id, join_moves in self._joins.pop(done.job_id, ()):
+                    self._copy_join(join_id, join_moves, tuple(done.failed_hashes))
             if self.silent is not None and self.silent(self.rank, done.job_id):
                 continue
             self.outbox.put(("report", done.job_id, self.rank, done.failed_hashes))
+
+    def _copy_join(self, job_id: Any, moves: tuple[Move, ...], source_failed: tuple[int, ...]) -> None:
+        """A join: copy the device blocks the load it follows filled (each move's ``slot``
+        is the source block) into the joiner's own; a block that failed there fails here."""
+        bad = set(source_failed)
+        failed = []
+        for move in moves:
+            if move.block_hash in bad:
+                failed.append(move.block_hash)
+                continue
+            self.kv.block(move.device_block).copy_(self.kv.block(move.slot))
+        if self.verify:
+            self._verify(moves, bad)
+        if self.silent is None or not self.silent(self.rank, job_id):
+            self.outbox.put(("report", job_id, self.rank, tuple(failed)))
 
     def _verify(self, moves: tuple[Move, ...], failed: set[int]) -> None:
         for move in moves:
@@ -347,7 +382,7 @@ class LiveRuntime:
         except BaseException:
             self.shutdown()  # what was opened before the error: files, sockets, the temp dir
             raise
-        self._output_len = {w.request_id: w.output_length for w in workload}
+        self._stops = {w.request_id: stop_rule(w.output_length, config.sim.max_output_tokens) for w in workload}
         # A named disk path is recovered on open: corrupt slots it dropped are warnings now.
         for worker in self.ranks:
             self._drain_tiers(worker)
@@ -445,6 +480,7 @@ class LiveRuntime:
         engine = self.engine
         max_in_flight = 2 if self.config.engine.async_scheduling else 1
         reported = 0  # finished requests last told to the progress callback
+        idle: tuple[int, int, int] | None = None  # the engine's progress after a pass that did nothing
         stall_s = self.live.stall_timeout_s
         last_progress = start
         while True:
@@ -463,16 +499,28 @@ class LiveRuntime:
                 events += 1
                 progressed = True
             handled = self._drain_outbox(now)
-            events += handled + self._deliver_lookups(now)
+            answered = self._deliver_lookups(now)
+            events += handled + answered
             progressed = progressed or handled > 0
+            if answered:
+                idle = None
             computing = False
+            if progressed or handled:
+                idle = None
+            wake = engine.next_wakeup()
             # With async scheduling the next step is planned while one still runs,
-            # so placeholders really are in flight, as in vLLM.
-            if len(self._steps) < max_in_flight and engine.busy():
+            # so placeholders really are in flight, as in vLLM. A pass that did nothing
+            # (an empty step, nothing changed) is not repeated until an input or a
+            # deadline comes: the loop does not spin.
+            if len(self._steps) < max_in_flight and engine.busy() and (
+                    idle is None or engine.progress() != idle or (wake is not None and wake <= now)):
+                before = engine.progress()
                 commands = engine.handle(Tick(max(now, engine.now)))
                 events += 1
                 self._dispatch(commands, now)
                 computing = any(isinstance(c, StepPlan) and c.entries for c in commands)
+                quiet = len(commands) == 1 and not computing and engine.progress() == before
+                idle = engine.progress() if quiet else None
             if self._next_arrival >= len(arrivals) and not engine.busy() and not self._steps:
                 return events
             if progressed or computing or (not engine.busy() and not self._steps):
@@ -496,6 +544,7 @@ class LiveRuntime:
                 if message is not None:
                     handled = self._handle_message(message, (time.monotonic() - start) * 1000.0)
                     events += handled
+                    idle = None
                     if handled:
                         last_progress = time.monotonic()
             if self.progress is not None and engine.state_counts["finished"] != reported:
@@ -612,8 +661,7 @@ class LiveRuntime:
         between two engine calls, and one more in the summary's ``warnings``."""
         self.driver_warnings[what] += 1
         if self.engine.recorder is not None and not self._cut:  # nothing follows the cut
-            self.engine.recorder({"kind": "warning", "t": self.engine.now, "what": what, "origin": "driver",
-                                  "rank": rank, **fields})
+            self.engine.recorder(records.warning(self.engine.now, what, origin="driver", rank=rank, **fields))
 
     # ---- commands out ------------------------------------------------------------------
     def _dispatch(self, commands: list[Any], now: float) -> None:
@@ -627,6 +675,9 @@ class LiveRuntime:
                 else:  # only lookups were paid: nothing for the ranks to compute
                     self._steps[command.step_id] = _Step(command, {w.rank for w in self.ranks})
                     self._complete_step(command.step_id, now)
+            elif isinstance(command, StartLoad) and command.after is not None:
+                for worker in self.ranks:
+                    worker.inbox.put(("join", command.job_id, command.after, command.moves))
             elif isinstance(command, StartLoad):
                 transfers = True
                 for worker in self.ranks:
@@ -732,7 +783,7 @@ class LiveRuntime:
         if step.errors:
             self._fail_step(step, now)
         else:
-            finished = model_finishes(step.plan, self.engine, self._output_len, self.config.sim.max_output_tokens)
+            finished = step_finishes(step.plan, self.engine, self._stops)
         self._dispatch(self.engine.handle(StepOutput(now, step_id, finished)), now)
         return 1
 

@@ -67,6 +67,7 @@ from kvlife.lifecycle.drivers.links import Link
 from kvlife.lifecycle.drivers.lookup_service import LookupService
 from kvlife.lifecycle.drivers.online_check import OnlineCheck
 from kvlife.lifecycle.drivers.physics import Physics, rank_links, resolve
+from kvlife.lifecycle.engine import records
 from kvlife.lifecycle.engine.core import Engine, Recorder
 from kvlife.lifecycle.engine.events import (
     Arrival,
@@ -355,8 +356,8 @@ class Simulator:
         if stranded and engine.recorder is not None:
             # Nothing is left to happen: say in the trace which requests never finished.
             for req in engine.state.unfinished():
-                engine.recorder({"kind": "warning", "t": now, "what": "stranded", "origin": "driver",
-                                 "req": req.request_id, "state": req.state})
+                engine.recorder(records.warning(now, "stranded", origin="driver", req=req.request_id,
+                                                state=req.state))
         if self.check is not None:
             self.check.finish()
         return SimResult(engine, self.workload, now, self._events, stranded,
@@ -684,16 +685,8 @@ def cut_record(
     time, the signal, whether the cut fell between engine calls (``clean``) and the work
     still open (``kvlife validate`` does not hold that work to invariants 3 and 7)."""
     requests = {state: n for state, n in engine.state_counts.items() if n and state != "finished"}
-    return {
-        "kind": "interrupted",
-        "t": engine.now,
-        "signal": interrupts.signal_name(exc),
-        "clean": clean,
-        "requests": requests,
-        "finished": engine.state_counts["finished"],
-        "not_arrived": max(0, workload_size - engine.state.arrived()),
-        "jobs": sum(1 for job in engine.jobs.values() if not job.timed_out),
-        "quarantined_jobs": sum(1 for job in engine.jobs.values() if job.timed_out),
-        "prefetches": len(engine.prefetches),
-        **open_work,
-    }
+    return records.interrupted(
+        engine.now, interrupts.signal_name(exc), clean, requests, engine.state_counts["finished"],
+        max(0, workload_size - engine.state.arrived()),
+        sum(1 for job in engine.jobs.values() if not job.timed_out),
+        sum(1 for job in engine.jobs.values() if job.timed_out), len(engine.prefetches), **open_work)

@@ -32,6 +32,7 @@ from kvlife.lifecycle.engine.events import (
     DiscardLookup,
     LookupAnswer,
     StartLoad,
+    StartPrefetch,
     StartStore,
     StepOutput,
     StepPlan,
@@ -78,7 +79,7 @@ class SimulatedRank:
         self.book = WorkerBook()
 
     def _delay(self, job: RankJob) -> int | None:
-        delay = self._load_delay if job.kind == "load" else self._store_delay
+        delay = self._store_delay if job.kind == "store" else self._load_delay  # a prefetch reads as a load
         return delay(job.job_id, job.kind, job.request_id) if callable(delay) else delay
 
     def run_step(self, jobs: Sequence[RankJob], flush: Sequence[int] = (), abandon: Sequence[int] = (),
@@ -172,6 +173,7 @@ class Item:
     max_tokens: int
     abort_step: int | None = None
     continues: str | None = None  # the request whose prompt and answer this one's prompt begins with
+    block_hashes: tuple[int, ...] | None = None  # kvlife's names of its blocks, if not its tokens'
 
 
 @attrs.define
@@ -207,6 +209,8 @@ def item_hashes(item: Item, items: dict[str, Item], block: int) -> tuple[int, ..
     answer filled, under the engine's derived names (``blocks.derived_block_hash``)."""
     from kvlife.lifecycle.engine.blocks import extend_hashes
 
+    if item.block_hashes is not None:
+        return item.block_hashes
     if item.continues is None:
         return content_hashes(item.prompt, block)
     first = items[item.continues]
@@ -271,6 +275,8 @@ class VllmOrderDriver:
             elif isinstance(c, StartStore):
                 jobs.append(RankJob(c.job_id, "store", c.request_id, tuple(m.block_hash for m in c.moves),
                                     tuple(m.device_block for m in c.moves)))
+            elif isinstance(c, StartPrefetch):
+                jobs.append(RankJob(c.job_id, "prefetch", c.request_id, tuple(m.block_hash for m in c.moves), ()))
         reports = [r for rank in self.ranks for r in rank.run_step(jobs, plan.flush)]
         obs.preempted = tuple(sorted(rid for rid, trigger in self._moves if trigger == "preempted"))
         obs.waiting_remote = engine.scheduler.waiting_for_remote_kvs()

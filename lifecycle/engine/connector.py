@@ -52,7 +52,7 @@ from kvlife.lifecycle.engine.jobs import Transfers
 from kvlife.lifecycle.engine.lifecycle import DeviceInfo, Lifecycle
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.state import CoreState, Job, PrefetchJob, Recorder, Retire, StepEntry
-from kvlife.policies.base import LoadView
+from kvlife.policies.base import Hook, LoadView
 from kvlife.policies.stack import PolicyStack
 from kvlife.specs.lifecycle import RequestState, Trigger
 from kvlife.specs.table import ReferenceRequest
@@ -176,7 +176,7 @@ class ConnectorCore:
             state.reference[request_id] = ReferenceRequest(request_id)
         # No full block to hit: nothing to look up early (or ever, for this prompt).
         if early and state.tiers and state.hit_candidates(req):
-            action = lifecycle.ask(req, "on_arrival")
+            action = lifecycle.ask(req, Hook.ON_ARRIVAL)
             if action in ("lookup", "prefetch"):
                 if action == "prefetch":
                     state.wants_prefetch[request_id] = req.epoch
@@ -220,7 +220,7 @@ class ConnectorCore:
                 req.async_lookups += 1
                 lifecycle.warn("lookup_limit", req=request_id, lookups=state.config.max_async_lookups)
         if lookup is None:
-            if lifecycle.ask(req, "lookup_mode") == "async":
+            if lifecycle.ask(req, Hook.LOOKUP_MODE) == "async":
                 reason = "async lookup submitted"
                 if req.lookup_uses:
                     reason = (f"async lookup submitted again: the answer of t={req.lookup_answered_ms:g} "
@@ -234,7 +234,7 @@ class ConnectorCore:
             state.stats.sync_lookups += 1
             state.sync_keys.append(len(candidates))
         elif req.lookup_async:
-            lifecycle.ask(req, "lookup_reuse")
+            lifecycle.ask(req, Hook.LOOKUP_REUSE)
             if req.lookup_uses:
                 self._record_reuse(req, candidates)
             req.lookup_uses += 1
@@ -245,7 +245,7 @@ class ConnectorCore:
         joinable = tuple((h, in_flight[h][0][2]) for h, _ in plan if h in in_flight)
         view = LoadView(device_hit_blocks=num_computed_tokens // state.config.block_tokens,
                         external_hit_blocks=len(plan), tiers=tuple(t for _, t in plan), in_flight=joinable)
-        choice = lifecycle.ask(req, "admission", view)
+        choice = lifecycle.ask(req, Hook.ADMISSION, view)
         if choice == "defer":
             return None, False
         if choice == "join":
@@ -456,7 +456,7 @@ class ConnectorCore:
             self._finish(req, Trigger.ABORTED, "aborted", why or "client aborted", hold)
         elif reason == "error":
             self._finish(req, Trigger.FAILED, "error", why or "vLLM finished it with an error", hold)
-        elif hold and (held is not None or lifecycle.ask(req, "hold_at_finish", req.store_jobs)):
+        elif hold and (held is not None or lifecycle.ask(req, Hook.HOLD_AT_FINISH, req.store_jobs)):
             req.finish_reason = reason
             req.finish_ms = state.now
             self._hold(req)

@@ -61,7 +61,7 @@ class LookupClient(Protocol):
 class ConnectorAPI:
     def __init__(self, core: ConnectorCore, clock: Callable[[], float],
                  hash_of: Callable[[Any], int] | None = None, lookups: LookupClient | None = None,
-                 record_inputs: bool = False) -> None:
+                 record_inputs: bool = False, refresh_hashes: bool = True) -> None:
         self.core = core
         self.clock = clock  # the driver's time, ms
         self.hash_of = hash_of  # a scheduler's block hash -> kvlife's (None: already an int)
@@ -70,6 +70,9 @@ class ConnectorAPI:
         self.builds = 0  # build_connector_meta calls (a step each)
         self._in_pass = False
         self._requests: dict[str, Any] = {}  # the scheduler's request objects, by id
+        # Read block hashes off the scheduler's requests (vLLM names generated blocks by their
+        # tokens); False: the scheduler derives them as the core does (kvlife's).
+        self.refresh_hashes = refresh_hashes
         # ``record_inputs``: no engine records this driver's inputs (inside vLLM): they are
         # written to the core's trace from the calls (a pass begins: a tick; a step output
         # ends with take_events: the step output, with the stops and reports it brought,
@@ -144,6 +147,8 @@ class ConnectorAPI:
 
     def _refresh(self, request_id: str) -> None:
         """The scheduler's request named more blocks (generated tokens filled them)."""
+        if not self.refresh_hashes:
+            return
         request = self._requests.get(request_id)
         req = self.core.state.requests.get(request_id)
         if request is not None and req is not None and len(request.block_hashes) > len(req.hashes):

@@ -105,7 +105,7 @@ class Engine:
             core.transfers = self.transfers_class(core.state, core.lifecycle)
         # ``lookups``: the connector answers its own async lookups (as inside vLLM) instead
         # of the driver (``LookupAnswer`` inputs).
-        self.connector = ConnectorAPI(core, clock=lambda: core.state.now, lookups=lookups)
+        self.connector = ConnectorAPI(core, clock=lambda: core.state.now, lookups=lookups, refresh_hashes=False)
         self.scheduler = Scheduler(config, self.connector)
         core.lifecycle.device = self.scheduler.pool
         core.transfers.hold_blocks = self.scheduler.pool.hold

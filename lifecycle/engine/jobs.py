@@ -39,7 +39,7 @@ from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.ranks import ReportStatus
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.state import CoreState, Job, PrefetchJob, count_tiers, moves_record
-from kvlife.policies.base import PrefetchView
+from kvlife.policies.base import Hook, PrefetchView
 from kvlife.specs.lifecycle import RequestState, Trigger
 
 # Hold or release device blocks the core keeps out of the free queue (quarantine).
@@ -90,7 +90,7 @@ class Transfers:
         bt = state.config.block_tokens
         if not state.tiers or min(req.confirmed // bt, len(req.block_table)) <= req.stored_blocks:
             return  # no new block confirmed: nothing to ask
-        limit = self.lifecycle.ask(req, "store_limit")
+        limit = self.lifecycle.ask(req, Hook.STORE_LIMIT)
         upto = min(min(limit, req.confirmed) // bt, len(req.block_table))
         if upto <= req.stored_blocks:
             return
@@ -301,7 +301,7 @@ class Transfers:
         failed = len(req.load_failed)
         what = f"{failed} blocks failed to load" if cause is None else f"{failed} blocks not loaded ({cause})"
         configured = state.config.kv_load_failure_policy
-        action = configured if state.observing else lifecycle.ask(req, "on_load_failure", failed)
+        action = configured if state.observing else lifecycle.ask(req, Hook.ON_LOAD_FAILURE, failed)
         if action != configured:
             lifecycle.warn("decision_refused", req=req.request_id, point="on_load_failure", value=action,
                            carried_out=configured,
@@ -426,7 +426,7 @@ class Transfers:
             source_tiers=tuple(m.src_tier for m in moves),
             started_ms=state.now,
         )
-        patience = float(self.lifecycle.ask(req, "prefetch_patience", view))
+        patience = float(self.lifecycle.ask(req, Hook.PREFETCH_PATIENCE, view))
         policy = req.last_decisions["prefetch_patience"][0]
         job = PrefetchJob(job_id, req.request_id, req.epoch, moves, state.now, state.now + patience, policy)
         state.prefetches[job_id] = job

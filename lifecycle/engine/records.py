@@ -36,58 +36,58 @@ class Kind(StrEnum):
 
 
 def transition(t: float, rid: str, source: str, target: str, trigger: str, reason: str) -> Record:
-    return {"kind": "transition", "t": t, "req": rid, "from": source, "to": target, "trigger": trigger,
+    return {"kind": Kind.TRANSITION, "t": t, "req": rid, "from": source, "to": target, "trigger": trigger,
             "reason": reason}
 
 
 def decision(t: float, rid: str, point: str, policy: str, value: Any, reason: str) -> Record:
-    return {"kind": "decision", "t": t, "req": rid, "point": point, "policy": policy, "value": value,
+    return {"kind": Kind.DECISION, "t": t, "req": rid, "point": point, "policy": policy, "value": value,
             "reason": reason}
 
 
 def warning(t: float, what: str, **fields: Any) -> Record:
-    return {"kind": "warning", "t": t, "what": what, **fields}
+    return {"kind": Kind.WARNING, "t": t, "what": what, **fields}
 
 
 def stale_lookup(t: float, rid: str, epoch: int, current_epoch: int | None, state: str | None) -> Record:
-    return {"kind": "stale_lookup", "t": t, "req": rid, "epoch": epoch, "current_epoch": current_epoch,
+    return {"kind": Kind.STALE_LOOKUP, "t": t, "req": rid, "epoch": epoch, "current_epoch": current_epoch,
             "state": state}
 
 
 def lookup_reuse(t: float, rid: str, answered: float, uses: int, blocks: int, evicted: int) -> Record:
-    return {"kind": "lookup_reuse", "t": t, "req": rid, "answered": answered, "age_ms": t - answered,
+    return {"kind": Kind.LOOKUP_REUSE, "t": t, "req": rid, "answered": answered, "age_ms": t - answered,
             "uses": uses, "blocks": blocks, "evicted": evicted}
 
 
 def job(t: float, job_id: int, op: str, rid: str, tiers: dict[str, int], moves: list[list[Any]],
         **extra: Any) -> Record:
-    return {"kind": "job", "t": t, "job": job_id, "op": op, "req": rid, "blocks": len(moves), "tiers": tiers,
+    return {"kind": Kind.JOB, "t": t, "job": job_id, "op": op, "req": rid, "blocks": len(moves), "tiers": tiers,
             "moves": moves, **extra}
 
 
 def job_done(t: float, job_id: int, op: str, failed: int, late: bool, abandoned: bool = False) -> Record:
-    record: Record = {"kind": "job_done", "t": t, "job": job_id, "op": op, "failed": failed, "late": late}
+    record: Record = {"kind": Kind.JOB_DONE, "t": t, "job": job_id, "op": op, "failed": failed, "late": late}
     if abandoned:
         record["abandoned"] = True
     return record
 
 
 def free(t: float, blocks: Sequence[int]) -> Record:
-    return {"kind": "free", "t": t, "blocks": list(blocks)}
+    return {"kind": Kind.FREE, "t": t, "blocks": list(blocks)}
 
 
 def evict(t: float, tier: str, blocks: Iterable[int]) -> Record:
-    return {"kind": "evict", "t": t, "tier": tier, "blocks": list(blocks)}
+    return {"kind": Kind.EVICT, "t": t, "tier": tier, "blocks": list(blocks)}
 
 
 def store_rejected(t: float, rid: str, tier: str, blocks: int) -> Record:
     """``blocks`` a store offered that the tier refused: it is full of copies still being written."""
-    return {"kind": "store_rejected", "t": t, "req": rid, "tier": tier, "blocks": blocks}
+    return {"kind": Kind.STORE_REJECTED, "t": t, "req": rid, "tier": tier, "blocks": blocks}
 
 
 def step(t: float, step_id: int, requests: int, prefill_tokens: int, sync_lookups: int,
          prompt: list[list[Any]], fills: list[list[Any]], flush: Sequence[int] = ()) -> Record:
-    record: Record = {"kind": "step", "t": t, "step": step_id, "requests": requests,
+    record: Record = {"kind": Kind.STEP, "t": t, "step": step_id, "requests": requests,
                       "prefill_tokens": prefill_tokens, "sync_lookups": sync_lookups, "prompt": prompt}
     if fills:
         record["fills"] = fills
@@ -97,9 +97,23 @@ def step(t: float, step_id: int, requests: int, prefill_tokens: int, sync_lookup
 
 
 def reclaim(t: float, job_id: int, op: str, rid: str, ranks: list[int], blocks: int, reason: str) -> Record:
-    return {"kind": "reclaim", "t": t, "job": job_id, "op": op, "req": rid, "ranks": ranks, "blocks": blocks,
+    return {"kind": Kind.RECLAIM, "t": t, "job": job_id, "op": op, "req": rid, "ranks": ranks, "blocks": blocks,
             "reason": reason}
 
 
 def abandon(t: float, job_id: int, op: str, rid: str, reason: str) -> Record:
-    return {"kind": "abandon", "t": t, "job": job_id, "op": op, "req": rid, "reason": reason}
+    return {"kind": Kind.ABANDON, "t": t, "job": job_id, "op": op, "req": rid, "reason": reason}
+
+
+def interrupted(t: float, signal: str, clean: bool, requests: dict[str, int], finished: int, not_arrived: int,
+                jobs: int, quarantined_jobs: int, prefetches: int, **open_work: int) -> Record:
+    """The last record of a run cut short: the engine's time, the signal, whether the cut
+    fell between engine calls (``clean``) and the work still open (``kvlife validate`` does
+    not hold that work to invariants 3 and 7)."""
+    return {"kind": Kind.INTERRUPTED, "t": t, "signal": signal, "clean": clean, "requests": requests,
+            "finished": finished, "not_arrived": not_arrived, "jobs": jobs, "quarantined_jobs": quarantined_jobs,
+            "prefetches": prefetches, **open_work}
+
+
+def header(schema: int, config: dict[str, Any], policies: list[str], seed: int, **extra: Any) -> Record:
+    return {"kind": Kind.HEADER, "schema": schema, "config": config, "policies": policies, "seed": seed, **extra}

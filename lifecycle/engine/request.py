@@ -62,6 +62,7 @@ class SchedRequest:
     num_stale_output_tokens: int = 0  # in-flight tokens of an epoch preempted since
     num_preemptions: int = 0
     blocks: list[int] = attrs.Factory(list)  # its block table
+    table: tuple[int, ...] = ()  # ``blocks`` as a tuple, kept while its length is (a step's plan carries it)
     num_cached_blocks: int = 0  # leading blocks published in the prefix cache
     last_sched_seq: int = 0  # the last non-empty step that scheduled it (defer_block_free)
     is_prefill_chunk: bool = False

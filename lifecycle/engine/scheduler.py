@@ -68,15 +68,14 @@ class Scheduler:
         self.core = connector.core  # for its trace records and commands (the scheduler's frees)
         self.pool = DeviceBlockPool(config.device_blocks)
         self.block_tokens = config.block_tokens
-        # vLLM calls a connector only when one is configured: with no tier, none is; kvlife's
-        # lifecycle (the request states) is the connector core's all the same.
-        self.connected = bool(connector.core.state.tiers)
         self.async_scheduling = config.async_scheduling
         # With async scheduling a step in flight may still write a freed request's blocks,
         # and a connector's load into a reused block is not ordered against that write:
         # blocks go back only once the steps that wrote them produced output (vLLM's
-        # defer_block_free, for a KV-consumer connector).
-        self.defer_block_free = self.async_scheduling and self.connected
+        # defer_block_free, for a KV-consumer connector). kvlife models vLLM with its
+        # connector configured, tiers or none: the connector core keeps every request's
+        # lifecycle, so it is always called.
+        self.defer_block_free = self.async_scheduling
         self.requests: dict[str, SchedRequest] = {}
         self.waiting: deque[SchedRequest] = deque()
         self.kv_holding: deque[SchedRequest] = deque()  # waiting requests that hold KV blocks
@@ -169,6 +168,7 @@ class Scheduler:
         """Give the request's blocks back, tail first, or, while a step in flight may still
         write them, once it has produced output."""
         blocks, req.blocks = req.blocks, []
+        req.table = ()
         req.num_cached_blocks = 0
         if not blocks:
             return
@@ -199,19 +199,24 @@ class Scheduler:
         new_blocks: dict[str, tuple[tuple[int, ...], bool]] = {}
         preempted = False
         index = 0
+        capacity = pool.capacity
         while index < len(running) and budget > 0:
             req = running[index]
-            if (req.num_output_placeholders > 0 and req.max_tokens is not None
-                    and req.num_computed_tokens + 2 - req.num_output_placeholders
-                    >= req.prompt_tokens + req.max_tokens):
+            computed = req.num_computed_tokens
+            placeholders = req.num_output_placeholders
+            if (placeholders > 0 and req.max_tokens is not None
+                    and computed + 2 - placeholders >= req.prompt_tokens + req.max_tokens):
                 index += 1  # async: a step in flight already samples its last token
                 continue
-            n = min(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, budget)
+            known = req.prompt_tokens + req.output_tokens  # (req.num_tokens, inlined: the hot loop)
+            n = known + placeholders - computed
+            if n > budget:
+                n = budget
             if n <= 0:
                 index += 1
                 continue
-            need = _cdiv(req.num_computed_tokens + n, bt)
-            if need > pool.capacity:
+            need = -(-(computed + n) // bt)
+            if need > capacity:
                 # It outgrew the whole device: preempting anything could never make room.
                 running.pop(index)
                 self._free_request(req, "error", why=f"needs {need} blocks for {req.num_computed_tokens} computed "
@@ -230,12 +235,15 @@ class Scheduler:
                     break
             if not fits or req.status != Status.RUNNING:
                 break
-            added = pool.allocate(max(0, need - len(req.blocks)))
-            req.blocks.extend(added)
-            self._cache_blocks(req, min(req.num_computed_tokens + n, req.num_tokens))
-            if added:
+            more = need - len(req.blocks)
+            if more > 0:
+                added = pool.allocate(more)
+                req.blocks.extend(added)
                 new_blocks[req.request_id] = (tuple(added), False)
-            scheduled.append((req, n, req.num_computed_tokens + n >= req.num_tokens))
+            end = computed + n
+            if (end if end < known else known) // bt > req.num_cached_blocks:
+                self._cache_blocks(req, end if end < known else known)
+            scheduled.append((req, n, end >= known))
             budget -= n
             index += 1
         if not preempted:
@@ -285,12 +293,11 @@ class Scheduler:
             if req.num_computed_tokens == 0:
                 limit = (req.num_tokens - 1) // bt
                 local = pool.cached_prefix(req.block_hashes[:limit])
-                if self.connected:
-                    answer, load_async = connector.get_num_new_matched_tokens(req, len(local) * bt)
-                    if answer is None:
-                        skip(queue)
-                        continue
-                    external = answer
+                answer, load_async = connector.get_num_new_matched_tokens(req, len(local) * bt)
+                if answer is None:
+                    skip(queue)
+                    continue
+                external = answer
                 computed = len(local) * bt + external
             else:
                 computed = req.num_computed_tokens
@@ -298,8 +305,7 @@ class Scheduler:
             reserved = self._reserved() if load_async else 0
             if not self._allocate(req, n, local, external, load_async, reserved):
                 break
-            if self.connected:
-                connector.update_state_after_alloc(req, req.blocks, external)
+            connector.update_state_after_alloc(req, req.blocks, external)
             if load_async:
                 req.status = Status.WAITING_FOR_REMOTE_KVS
                 req.num_computed_tokens = computed
@@ -409,45 +415,66 @@ class Scheduler:
         total = 0
         news: list[NewRequestData] = []
         cached = CachedRequestData([], [], [], set())
+        cached_ids = cached.req_ids
+        cached_computed = cached.num_computed_tokens
+        cached_blocks = cached.new_block_ids
         tokens: dict[str, int] = {}
+        resumed = self._resumed
         for req, n, _ in scheduled:
             rid = req.request_id
             tokens[rid] = n
             total += n
             added = new_blocks.get(rid)
-            if added is not None and added[1]:
-                if rid in self._resumed:
-                    cached.req_ids.append(rid)
-                    cached.num_computed_tokens.append(req.num_computed_tokens)
-                    cached.new_block_ids.append((list(added[0]),))
-                    cached.resumed_req_ids.add(rid)
-                else:
-                    news.append(NewRequestData(rid, req.num_computed_tokens, (list(added[0]),)))
+            if added is None:
+                cached_ids.append(rid)
+                cached_computed.append(req.num_computed_tokens)
+                cached_blocks.append(None)
+            elif not added[1]:
+                cached_ids.append(rid)
+                cached_computed.append(req.num_computed_tokens)
+                cached_blocks.append((list(added[0]),))
+            elif rid in resumed:
+                cached_ids.append(rid)
+                cached_computed.append(req.num_computed_tokens)
+                cached_blocks.append((list(added[0]),))
+                cached.resumed_req_ids.add(rid)
             else:
-                cached.req_ids.append(rid)
-                cached.num_computed_tokens.append(req.num_computed_tokens)
-                cached.new_block_ids.append((list(added[0]),) if added is not None else None)
+                news.append(NewRequestData(rid, req.num_computed_tokens, (list(added[0]),)))
         output = SchedulerOutput(news, cached, tokens, self.preempted_ids, self.finished_ids)
         meta = self.connector.build_connector_meta(output)
         self.preempted_ids = set()
         self.finished_ids = set()
         self._resumed = set()
-        if self.defer_block_free and total > 0:
+        defer = self.defer_block_free
+        if defer and total > 0:
             self.sched_step_seq += 1
+        seq = self.sched_step_seq
         entries = []
         placeholders = self.async_scheduling
+        inflight = self.inflight_prefills
+        bt = self.block_tokens
         for req, n, samples in scheduled:
             before = req.num_computed_tokens
-            req.num_computed_tokens = before + n
+            end = before + n
+            req.num_computed_tokens = end
             req.num_in_flight_tokens += n
-            if self.defer_block_free:
-                req.last_sched_seq = self.sched_step_seq
-            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens + req.num_output_placeholders
-            if not req.is_prefill_chunk:
-                self.inflight_prefills.pop(req, None)
+            if defer:
+                req.last_sched_seq = seq
+            known = req.prompt_tokens + req.output_tokens
+            prefill = req.is_prefill_chunk = end < known + req.num_output_placeholders
+            if not prefill:
+                if inflight:
+                    inflight.pop(req, None)
                 if placeholders:
                     req.num_output_placeholders += 1
-            entries.append(Scheduled(req.request_id, n, before, samples, tuple(req.blocks), req.block_hashes))
+            table = req.table
+            blocks = req.blocks
+            if len(table) != len(blocks):
+                table = req.table = tuple(blocks)
+            hashes = req.hashes
+            if len(hashes) < known // bt:
+                hashes = req.block_hashes
+            entries.append(Scheduled(req.request_id, n, before, samples, table, hashes))
         self.steps[step_id] = (scheduled, total)
         return StepPlan(step_id, tuple(entries), len(meta.sync_lookup_keys), meta.sync_lookup_keys, meta.flush), meta
 
@@ -468,7 +495,7 @@ class Scheduler:
             while self.deferred_frees and self.deferred_frees[0][0] <= self.processed_step_seq:
                 self._release(reversed(self.deferred_frees.popleft()[1]))
         failed_loads: list[str] = []
-        if output is not None and output.invalid_block_ids and self.connected:
+        if output is not None and output.invalid_block_ids:
             failed_loads = self._invalid_blocks(output.invalid_block_ids)
         for req, n, samples in scheduled:
             req.num_in_flight_tokens -= n

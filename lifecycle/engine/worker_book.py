@@ -40,10 +40,12 @@ class WorkerBook:
 
     def add(self, job_id: int, kind: str, request_id: str, hashes: Sequence[BlockHash],
             device_blocks: Sequence[int]) -> None:
-        """A job came with a step's metadata."""
-        self.jobs[job_id] = _JobEntry(kind, request_id, tuple(zip(hashes, device_blocks, strict=True)))
-        book = self.loads_of if kind == "load" else self.stores_of
-        book.setdefault(request_id, set()).add(job_id)
+        """A job came with a step's metadata (a prefetch, between tiers, is reported for no
+        request: ``device_blocks`` empty)."""
+        self.jobs[job_id] = _JobEntry(kind, request_id, tuple(zip(hashes, device_blocks, strict=False)))
+        if kind in ("load", "store"):
+            book = self.loads_of if kind == "load" else self.stores_of
+            book.setdefault(request_id, set()).add(job_id)
 
     def hold(self, request_ids: Iterable[str]) -> None:
         """Finished requests whose blocks the scheduler holds until this rank's stores end."""
@@ -57,6 +59,8 @@ class WorkerBook:
         bad = set(failed)
         if entry.kind == "load" and bad:
             self._invalid.update(device for h, device in entry.moves if h in bad)
+        if entry.kind not in ("load", "store"):
+            return
         book = self.loads_of if entry.kind == "load" else self.stores_of
         jobs = book.get(entry.request_id)
         if jobs is None:

@@ -23,6 +23,7 @@ from typing import IO, Any
 import orjson
 import structlog
 
+from kvlife.lifecycle.engine import records
 from kvlife.lifecycle.workloads.bundled import READ_ERRORS, open_binary, read_error_message
 
 SCHEMA_VERSION = 1
@@ -72,8 +73,7 @@ class TraceWriter:
         self.lines = 0
 
     def write_header(self, config: dict[str, Any], policies: list[str], seed: int, **extra: Any) -> None:
-        self.record({"kind": "header", "schema": SCHEMA_VERSION, "config": config,
-                     "policies": policies, "seed": seed, **extra})
+        self.record(records.header(SCHEMA_VERSION, config, policies, seed, **extra))
 
     def record(self, record: dict[str, Any]) -> None:
         out: Any = record

@@ -33,9 +33,10 @@ def register(sub: Any) -> None:
                         help="a workload the simulator takes: a bundled name, a Mooncake JSON-lines file (.gz read "
                              "as gzip) or synthetic (default: mooncake-conversation)")
     source.add_argument("--prefix-sharing", type=int, metavar="SEED",
-                        help="a random prefix-sharing workload drawn with this seed instead")
+                        help="a random prefix-sharing workload drawn with this seed instead (default: --workload)")
     source.add_argument("--family", metavar="NAME",
-                        help="a built-in family of workloads and setups (see docs/vllm.md), over --seeds")
+                        help="a built-in family of workloads and setups (see docs/vllm.md), over --seeds "
+                             "(default: --workload)")
     parser.add_argument("--seeds", default="0", metavar="N,N,...", help="the seeds of --family (default: 0)")
     parser.add_argument("--limit", type=REQUESTS.parse, default=300, metavar="N",
                         help="requests of the workload (default: 300)")

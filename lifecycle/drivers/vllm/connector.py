@@ -60,7 +60,7 @@ from kvlife.lifecycle.drivers.vllm.worker import HostPoolWorker
 from kvlife.lifecycle.drivers.vllm_order import DelayedLookups
 from kvlife.lifecycle.engine.connector import ConnectorCore, ConnectorMeta
 from kvlife.lifecycle.engine.connector_api import ConnectorAPI
-from kvlife.lifecycle.engine.state import Job, Stats
+from kvlife.lifecycle.engine.state import Job, PrefetchJob, Stats
 from kvlife.policies.loading import load_stack
 
 if TYPE_CHECKING:
@@ -107,11 +107,18 @@ def _job_spec(job: Job) -> KVLifeJob:
                      [m.device_block for m in job.moves], [m.slot for m in job.moves], job.after)
 
 
+def _prefetch_spec(job: PrefetchJob) -> KVLifeJob:
+    tier = job.moves[0].src_tier if job.moves else "disk"
+    return KVLifeJob(job.request_id, "prefetch", tier, [m.block_hash for m in job.moves],
+                     [m.dst_slot for m in job.moves], [m.src_slot for m in job.moves])
+
+
 def worker_metadata(meta: ConnectorMeta) -> KVLifeMetadata:
     """The core's step metadata in vLLM's metadata class."""
     return KVLifeMetadata(
         load_jobs={j.job_id: _job_spec(j) for j in meta.loads},
         store_jobs={j.job_id: _job_spec(j) for j in meta.stores},
+        prefetch_jobs={j.job_id: _prefetch_spec(j) for j in meta.prefetches},
         jobs_to_flush=set(meta.flush),
         hold_finished=list(meta.hold_finished),
         jobs_to_abandon=set(meta.abandon),

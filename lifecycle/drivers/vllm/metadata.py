@@ -29,6 +29,9 @@ class KVLifeJob:
 class KVLifeMetadata(KVConnectorMetadata):
     load_jobs: dict[int, KVLifeJob] = field(default_factory=dict)
     store_jobs: dict[int, KVLifeJob] = field(default_factory=dict)
+    # Pulls of lower-tier blocks into the host tier (early prefetch): ``tier`` the source,
+    # ``slots`` the source slots, ``device_blocks`` the host slots they land in.
+    prefetch_jobs: dict[int, KVLifeJob] = field(default_factory=dict)
     # Store jobs whose blocks vLLM freed at a preemption: finish them before this step computes.
     jobs_to_flush: set[int] = field(default_factory=set)
     # Requests whose blocks vLLM holds until they appear in finished_sending.

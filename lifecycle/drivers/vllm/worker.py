@@ -37,8 +37,10 @@ from kvlife.transfer.layout import BlockGeometry, ModelShape
 
 def rank_jobs(meta: KVLifeMetadata) -> list[RankJob]:
     """A step's jobs as a worker takes them."""
-    return [RankJob(job_id, job.kind, job.req_id, tuple(job.block_hashes), tuple(job.device_blocks), job.after)
-            for job_id, job in sorted({**meta.load_jobs, **meta.store_jobs}.items())]
+    jobs = {**meta.load_jobs, **meta.store_jobs, **meta.prefetch_jobs}
+    return [RankJob(job_id, job.kind, job.req_id, tuple(job.block_hashes),
+                    tuple(job.device_blocks) if job.kind != "prefetch" else (), job.after)
+            for job_id, job in sorted(jobs.items())]
 
 
 class SimulatedWorker:
@@ -205,6 +207,11 @@ class HostPoolWorker:
     def save(self, meta: KVLifeMetadata) -> None:
         for job_id, job in sorted(meta.store_jobs.items()):
             self._run(job_id, job)
+        for job_id, job in sorted(meta.prefetch_jobs.items()):
+            # Only a host tier lives here: a pull from a lower tier cannot be made (every
+            # block fails; the request computes what it would have brought).
+            self.copy_errors += 1
+            self._report(job_id, job, tuple(job.block_hashes))
         if meta.jobs_to_abandon:
             self._abandon(meta.jobs_to_abandon)
 
