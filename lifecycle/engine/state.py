@@ -11,11 +11,10 @@ pool, vLLM's request records) is the scheduler's (``scheduler.Scheduler``).
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-
-import math
 
 import attrs
 
