@@ -49,11 +49,10 @@ class AbortingSimulator(Simulator):
     queues (the same one whether or not finished requests are kept); every 301st, an
     abort for a request that finished long ago."""
 
-    def _feed(self, now: float, event: InputEvent) -> None:
-        super()._feed(now, event)
+    def _feed(self, now: float, event: InputEvent, idle: bool = False) -> None:
+        super()._feed(now, event, idle)
         if self._events % 120 == 0:
-            s = self.engine.state
-            victims = [r for r in (*s.holding, *s.running, *s.waiting, *s.sent) if r.state != "finished"]
+            victims = [r for r in self.engine.requests.values() if r.state != "finished"]
             if victims:
                 super()._feed(now, Abort(now, victims[(self._events // 120) % len(victims)].request_id))
         if self._events % 301 == 0:
