@@ -11,12 +11,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 
 from kvlife.lifecycle.cli.main import main
-from kvlife.lifecycle.engine.request import Request
+from kvlife.lifecycle.config import RunConfig
+from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.engine.request import SchedRequest
 from kvlife.lifecycle.engine.scheduler import Scheduler
+from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
 ALWAYS_DEFER = '''
 from kvlife.policies.base import Decision
@@ -82,31 +87,40 @@ def test_a_healthy_run_strands_nothing_and_exits_0(tmp_path: Path, capsys: pytes
     assert _validate_stranded(trace) == []
 
 
-def test_never_releasing_preempted_blocks_is_stranded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+class LeakyPreemption(Scheduler):
+    """The broken scheduler of issue 11: a preempted request keeps its device blocks."""
+
+    def _preempt(self, req: SchedRequest) -> None:
+        req.blocks, req.table, req.num_cached_blocks = [], (), 0  # forgotten, never released
+        super()._preempt(req)
+
+
+class LeakyEngine(Engine):
+    """The engine with ``LeakyPreemption`` for its scheduler (the real code is not edited)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The scheduler Engine built and wired to the connector core, made the leaky variant.
+        self.scheduler.__class__ = LeakyPreemption
+
+
+def test_never_releasing_preempted_blocks_is_stranded(tmp_path: Path) -> None:
     """The broken engine of issue 11: a preempted request keeps its device blocks. The pool
     fills with blocks nobody will free; the queue behind them never runs."""
-
-    def leaky_preempt(self: Scheduler, req: Request) -> None:
-        state = self.state
-        state.running.remove(req)
-        req.block_table = []  # forgets the blocks without releasing them
-        req.computed = req.confirmed = req.placeholders = req.registered_blocks = req.admitted_tokens = 0
-        req.epoch += 1
-        req.lookup = None
-        req.preemptions += 1
-        self.lifecycle.move(req, "preempted", "leaky preemption")
-        state.waiting.insert(0, req)
-
-    monkeypatch.setattr(Scheduler, "_preempt", leaky_preempt)
-    monkeypatch.setattr("kvlife.lifecycle.engine.state.EngineState.check_invariants", lambda self: None)
+    base = RunConfig()
+    config = attrs.evolve(base, engine=attrs.evolve(base.engine, device_blocks=40))
+    workload = synthetic_workload(seed=0, num_requests=60, block_tokens=config.engine.block_tokens,
+                                  arrival_rate_per_s=16.0)
+    # The same run with the real engine preempts, and strands nothing.
+    healthy = run_workload(config, workload)
+    assert healthy.summary["preemptions"] > 0 and healthy.summary["stranded"] == 0 and healthy.exit_code == 0
     trace = tmp_path / "t.jsonl"
-    code = main(["run", "--limit", "200", "--device-blocks", "40", "--time-scale", "4", "--trace", str(trace),
-                 "--json"])
-    summary = json.loads(capsys.readouterr().out)["summary"]
-    assert code == 1
-    assert summary["stranded"] > 0
-    assert _stranded_warnings(trace)
+    outcome = run_workload(config, workload, trace_path=trace, engine_factory=LeakyEngine)
+    assert outcome.exit_code == 1  # what `kvlife run` exits with
+    assert outcome.summary["stranded"] > 0
+    assert any("never finished" in problem for problem in outcome.problems())
+    warned = _stranded_warnings(trace)
+    assert sorted(f"{w['req']}:{w['state']}" for w in warned) == sorted(outcome.summary["stranded_requests"])
     assert _validate_stranded(trace)  # a validate finding, from the trace alone
 
 
@@ -176,7 +190,10 @@ def test_a_preempted_head_that_can_never_fit_again_fails_and_the_queue_moves() -
         t += 1.0
         for plan in plans:
             engine.handle(StepOutput(t, plan.step_id))
-    engine.scheduler._preempt(a["a"])
+    scheduler = engine.scheduler
+    victim = scheduler.requests["a"]
+    scheduler.running.remove(victim)
+    scheduler._preempt(victim)
     engine.handle(Arrival(t, "b", 6, ()))
     for _ in range(20):
         plans = [c for c in engine.handle(Tick(t)) if isinstance(c, StepPlan)]

@@ -195,11 +195,16 @@ def test_async_lookup_round_trip_and_idempotent_submission() -> None:
     engine = Engine(TIERED, load_stack(["async-lookup"]), reference=True)
     engine.handle(Arrival(0.0, "a", 40, (1, 2)))
     commands = engine.handle(Tick(0.0))
-    assert [type(c) for c in commands] == [SubmitLookup]
+    # the lookup goes out; the pass schedules nothing (a is skipped in place)
+    assert [type(c) for c in commands] == [SubmitLookup, StepPlan]
+    assert next(c for c in commands if isinstance(c, StepPlan)).entries == ()
     assert engine.requests["a"].state == "lookup_pending"
     # the scheduler considering it again never submits a second lookup
-    assert engine.handle(Tick(0.5)) == []
-    engine._submit_lookup(engine.requests["a"], "again")
+    commands = engine.handle(Tick(0.5))
+    assert [type(c) for c in commands] == [StepPlan]
+    assert next(c for c in commands if isinstance(c, StepPlan)).entries == ()
+    engine.core._submit_lookup(engine.requests["a"], "again")
+    assert engine.core.take_commands() == []
     assert engine.stats.async_lookups == 1 and engine.stats.duplicate_lookups == 1
     engine.handle(LookupAnswer(1.0, "a", 0, ()))
     assert engine.requests["a"].state == "waiting"
@@ -230,11 +235,13 @@ def test_sync_lookup_is_re_paid_when_considered_again_after_tier_changes() -> No
     engine.handle(Arrival(0.0, "b", 40, (3, 4)))
     plan = next(c for c in engine.handle(Tick(0.0)) if isinstance(c, StepPlan))
     assert plan.sync_lookups == 2 and [e.request_id for e in plan.entries] == ["a"]
-    out = engine.handle(StepOutput(1.0, plan.step_id))
+    engine.handle(StepOutput(1.0, plan.step_id))  # a's prompt blocks confirmed: a store is decided
     # nothing changed in the tiers: b is not looked up again
-    plan = next(c for c in engine.handle(Tick(1.0)) if isinstance(c, StepPlan))
-    assert plan.sync_lookups == 0
-    store = next(c for c in out if type(c).__name__ == "StartStore")
+    commands = engine.handle(Tick(1.0))
+    plan = next(c for c in commands if isinstance(c, StepPlan))
+    assert plan.sync_lookups == 0 and [e.request_id for e in plan.entries] == ["a"]
+    # the store went out with this step's metadata; its report changes the host tier
+    store = next(c for c in commands if type(c).__name__ == "StartStore")
     engine.handle(TransferReport(1.5, store.job_id, 0))
     plan = next(c for c in engine.handle(Tick(2.0)) if isinstance(c, StepPlan))
     assert plan.sync_lookups == 1
@@ -247,14 +254,18 @@ def test_early_prefetch_pulls_disk_hits_into_host_and_waits_for_them() -> None:
     disk.complete_store([h for h, _ in plan.accepted])
     engine.handle(Arrival(0.0, "a", 60, (1, 2, 3)))
     answer = engine.handle(LookupAnswer(1.0, "a", 0, engine.sync_lookup((1, 2, 3))))
-    prefetch = [c for c in answer if isinstance(c, StartPrefetch)]
+    # the pull is started at the answer and goes to the workers with the next step's metadata
+    assert not any(isinstance(c, StartPrefetch) for c in answer)
+    # wait_complete: no patience deadline to wake up for, only the pull's reclaim deadline
+    assert engine.next_wakeup() == 1.0 + engine.config.reclaim_deadline_ms
+    commands = engine.handle(Tick(1.0))
+    prefetch = [c for c in commands if isinstance(c, StartPrefetch)]
     assert len(prefetch) == 1
     assert [(m.block_hash, m.src_tier, m.dst_tier) for m in prefetch[0].moves] == [
         (1, "disk", "host"), (2, "disk", "host"), (3, "disk", "host")]
-    # wait_complete: no patience deadline to wake up for, only the pull's reclaim deadline
-    assert engine.next_wakeup() == 1.0 + engine.config.reclaim_deadline_ms
     # the scheduler defers it while the pull is in flight (fallback patience: wait)
-    assert not any(isinstance(c, StepPlan | StartLoad) for c in engine.handle(Tick(1.0)))
+    plan = next(c for c in commands if isinstance(c, StepPlan))
+    assert plan.entries == () and not any(isinstance(c, StartLoad) for c in commands)
     assert engine.requests["a"].state == "waiting"
     engine.handle(TransferReport(5.0, prefetch[0].job_id, 0, failed=(3,)))
     assert engine.tiers["host"].lookup([1, 2, 3]) == 2
