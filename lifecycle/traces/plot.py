@@ -186,11 +186,17 @@ def _run_label(path: Path, header: Mapping[str, Any], others: Sequence[Path]) ->
 
 def plot(traces: str | Path | Sequence[str | Path], out: str | Path, *, allow_code: bool = False,
          stack: Sequence[str] | None = None) -> None:
+    """``trace_figure`` written to ``out`` (its format checked first)."""
+    fmt = image_format(out)
+    save(trace_figure(traces, allow_code=allow_code, stack=stack), out, fmt)
+
+
+def trace_figure(traces: str | Path | Sequence[str | Path], *, allow_code: bool = False,
+                 stack: Sequence[str] | None = None) -> Figure:
     """Requests waiting and running over time, the TTFT CDF and the prefix hit rate per tier
     of each trace, overlaid (one colour per trace). ``allow_code``/``stack``: how the replay
     behind the TTFT and hit-rate panels may load policies
     (``kvlife.lifecycle.traces.replay.replay``)."""
-    fmt = image_format(out)
     from kvlife.lifecycle.traces.replay import replay
 
     paths = [Path(traces)] if isinstance(traces, (str, Path)) else [Path(t) for t in traces]
@@ -234,8 +240,7 @@ def plot(traces: str | Path | Sequence[str | Path], out: str | Path, *, allow_co
             ax.text(0.5, 0.5, "trace does not replay exactly: TTFT and hit rates unavailable",
                     ha="center", va="center", wrap=True)
             ax.set_axis_off()
-        save(fig, out, fmt)
-        return
+        return fig
     ax_ttft.set_xscale("log")
     ax_ttft.set_xlabel("TTFT (ms)")
     ax_ttft.set_ylabel("share of requests")
@@ -243,7 +248,7 @@ def plot(traces: str | Path | Sequence[str | Path], out: str | Path, *, allow_co
     plain_axes(ax_ttft, y=False)
     outside_legend(ax_ttft)
     _hit_bars(ax_hits, tiers, rates)
-    save(fig, out, fmt)
+    return fig
 
 
 def _hit_bars(ax: Any, tiers: Sequence[str], rates: Sequence[tuple[str, Mapping[str, float]]]) -> None:
