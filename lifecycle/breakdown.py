@@ -44,6 +44,8 @@ import attrs
 
 from kvlife.policies.base import HOOKS
 
+__all__ = ["COLUMNS", "HOOKS", "PHASES", "SOURCES", "PhaseClock", "RequestRow", "row_of"]
+
 if TYPE_CHECKING:
     from kvlife.lifecycle.engine.request import Request
 
@@ -141,6 +143,7 @@ class RequestRow:
     e2e_ms: float | None
     phases: tuple[float, ...]  # PHASES order
     preemptions: int
+    async_lookups: int  # async lookups it submitted (each answer is consumed by one admission, as vLLM does)
     sources: tuple[int, ...]  # SOURCES order
     answers: tuple[str, ...]  # HOOKS order
 
@@ -159,6 +162,7 @@ class RequestRow:
         }
         row.update({f"{p}_ms": v for p, v in zip(PHASES, self.phases, strict=True)})
         row["preemptions"] = self.preemptions
+        row["async_lookups"] = self.async_lookups
         row.update({f"tokens_{s}": v for s, v in zip(SOURCES, self.sources, strict=True)})
         row.update(zip(HOOKS, self.answers, strict=True))
         return row
@@ -166,7 +170,7 @@ class RequestRow:
 
 COLUMNS: tuple[str, ...] = (
     "request", "arrival_ms", "finish_reason", "prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms", "e2e_ms",
-    *(f"{p}_ms" for p in PHASES), "preemptions", *(f"tokens_{s}" for s in SOURCES), *HOOKS,
+    *(f"{p}_ms" for p in PHASES), "preemptions", "async_lookups", *(f"tokens_{s}" for s in SOURCES), *HOOKS,
 )
 
 
@@ -191,7 +195,7 @@ def row_of(req: Request, clock: PhaseClock, end_ms: float | None = None) -> Requ
     answers = tuple(f"{decided[h][0]}:{decided[h][1]}" if h in decided else "" for h in HOOKS)
     return RequestRow(req.request_id, req.seq, req.arrival_ms, req.finish_reason or "", req.prompt_tokens,
                       req.generated, ttft, tpot, e2e, tuple(phases[p] for p in PHASES), req.preemptions,
-                      tuple(sources[s] for s in SOURCES), answers)
+                      req.async_lookups, tuple(sources[s] for s in SOURCES), answers)
 
 
 def in_arrival_order(rows: Iterable[RequestRow]) -> list[RequestRow]:
@@ -260,5 +264,6 @@ def describe(row: RequestRow) -> str:
     decided = ", ".join(f"{h} {a}" for h, a in zip(HOOKS, row.answers, strict=True)
                         if a and h in ("admission", "lookup_mode", "on_arrival"))
     pre = f", {row.preemptions} preemptions" if row.preemptions else ""
+    pre += f", {row.async_lookups} async lookups" if row.async_lookups else ""
     return (f"{row.request}: {e2e} (TTFT {ttft} ms, {row.output_tokens:,} output tokens{pre}) = {parts or '0'} ms; "
             f"prompt {row.prompt_tokens:,} tokens: {found}" + (f"; {decided}" if decided else ""))

@@ -143,10 +143,10 @@ _ROWS: tuple[tuple[str, Any], ...] = (
     ("TPOT p50 / p99 (ms)", lambda r: f"{_ms(r['tpot_p50_ms'])} / {_ms(r['tpot_p99_ms'])}"),
     ("E2E p50 / p99 (ms)", lambda r: f"{_ms(r['e2e_p50_ms'])} / {_ms(r['e2e_p99_ms'])}"),
     ("goodput (requests)", _goodput),
-    ("mean queue / load / prefill (ms)", lambda r: " / ".join(
-        _ms(r["phase_mean_ms"][p]) for p in ("queue", "load", "prefill"))),
-    ("p99 queue / load / prefill (ms)", lambda r: " / ".join(
-        _ms(r["phase_p99_ms"][p]) for p in ("queue", "load", "prefill"))),
+    ("mean queue / lookup / load / prefill (ms)", lambda r: " / ".join(
+        _ms(r["phase_mean_ms"][p]) for p in ("queue", "lookup", "load", "prefill"))),
+    ("p99 queue / lookup / load / prefill (ms)", lambda r: " / ".join(
+        _ms(r["phase_p99_ms"][p]) for p in ("queue", "lookup", "load", "prefill"))),
     ("admission answers (requests)", lambda r: _answers(r, "admission")),
     ("joined blocks", lambda r: f"{r['joined_blocks']:,}"),
     ("lookup mode (requests)", lambda r: _answers(r, "lookup_mode")),

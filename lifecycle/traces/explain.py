@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvlife.lifecycle.breakdown import PHASES, SOURCES, PhaseClock, RequestRow, describe, row_of, slowest
+from kvlife.lifecycle.breakdown import HOOKS, PHASES, SOURCES, PhaseClock, RequestRow, describe, row_of, slowest
 from kvlife.lifecycle.traces.export import Timeline, read_timeline
 from kvlife.lifecycle.traces.trace import TraceError, iter_lines, parse_record
 
@@ -148,11 +148,11 @@ def slowest_table(rows: Sequence[RequestRow], n: int, by: str = "e2e") -> list[l
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:,.1f}"
 
-    header = ["request", "e2e ms", "ttft ms", *(f"{p} ms" for p in PHASES), "preempt", "prompt",
+    header = ["request", "e2e ms", "ttft ms", *(f"{p} ms" for p in PHASES), "preempt", "lookups", "prompt",
               *SOURCES, "admission"]
     table = [header]
     for row in slowest(rows, n, by):
         table.append([row.request, ms(row.e2e_ms), ms(row.ttft_ms), *(ms(v) for v in row.phases),
-                      str(row.preemptions), f"{row.prompt_tokens:,}", *(f"{v:,}" for v in row.sources),
-                      row.answers[4] or "-"])
+                      str(row.preemptions), str(row.async_lookups), f"{row.prompt_tokens:,}",
+                      *(f"{v:,}" for v in row.sources), row.answers[HOOKS.index("admission")] or "-"])
     return table
