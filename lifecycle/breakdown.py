@@ -44,8 +44,6 @@ import attrs
 
 from kvlife.policies.base import HOOKS
 
-__all__ = ["COLUMNS", "HOOKS", "PHASES", "SOURCES", "PhaseClock", "RequestRow", "row_of"]
-
 if TYPE_CHECKING:
     from kvlife.lifecycle.engine.request import Request
 

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvlife.lifecycle.breakdown import HOOKS, PHASES, SOURCES, PhaseClock, RequestRow, describe, row_of, slowest
+from kvlife.lifecycle.breakdown import PHASES, SOURCES, PhaseClock, RequestRow, describe, row_of, slowest
 from kvlife.lifecycle.traces.export import Timeline, read_timeline
 from kvlife.lifecycle.traces.trace import TraceError, iter_lines, parse_record
+from kvlife.policies.base import HOOKS
 
 
 def _ms(value: float) -> str:

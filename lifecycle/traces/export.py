@@ -264,8 +264,9 @@ def otlp_traces(trace: str | Path, *, allow_code: bool = False, stack: Any = Non
     ``OTLP_EPOCH_NS`` (2024-01-01T00:00:00Z: a simulated run has no wall clock).
     ``allow_code``/``stack``: the replay the per-request figures come from
     (``explain.trace_rows``)."""
-    from kvlife.lifecycle.breakdown import HOOKS, PHASES, SOURCES  # (HOOKS: kvlife.policies.base's)
+    from kvlife.lifecycle.breakdown import PHASES, SOURCES
     from kvlife.lifecycle.traces.explain import trace_rows
+    from kvlife.policies.base import HOOKS
 
     timeline = read_timeline(trace)
     rows = {row.request: row for row in trace_rows(trace, allow_code=allow_code, stack=stack)}
