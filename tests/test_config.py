@@ -256,7 +256,8 @@ def test_every_number_field_is_found() -> None:
         "engine.transfer_deadline_ms", "live.redis_breaker_backoff_s",
         "live.redis_timeout_s", "live.stall_timeout_s", "sim.arrival_cv", "sim.attention_efficiency",
         "sim.gpu_memory_utilization", "sim.lookup_per_key_ms", "sim.mbu", "sim.mfu", "sim.rank_jitter_ms",
-        "sim.request_rate", "sim.step_overhead_ms", "sim.time_scale", "tiers.bandwidth_gbps", "tiers.failure_rate", "tiers.latency_ms"]
+        "sim.request_rate", "sim.step_overhead_ms", "sim.time_scale", "tiers.bandwidth_gbps", "tiers.failure_rate",
+        "tiers.latency_ms"]
 
 
 @pytest.mark.parametrize("field", NUMBER_FIELDS)
