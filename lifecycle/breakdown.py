@@ -229,8 +229,8 @@ def slowest(rows: Iterable[RequestRow], n: int, by: str = "e2e") -> list[Request
 def _cell(value: Any) -> Any:
     if value is None:
         return ""
-    if isinstance(value, float):
-        return repr(round(value, 6)) if math.isfinite(value) else ""
+    if isinstance(value, float):  # the shortest text that reads back as the same float
+        return repr(value) if math.isfinite(value) else ""
     return value
 
 
