@@ -82,9 +82,10 @@ def handle(args: argparse.Namespace) -> int:
             print(f"kvlife compare: overloaded: {row['stack']}: TTFT of the last arrival decile is {growth}; "
                   "its latencies grow with the length of the run", file=sys.stderr)
     if args.plot is not None:
-        from kvlife.lifecycle.traces.plot import plot_cdfs
+        from kvlife.lifecycle.traces.plot import plot_cdfs, stack_names
 
-        plot_cdfs({row["stack"]: rows_of for row, rows_of in zip(rows, per_request, strict=True)}, args.plot,
+        # Lines labelled by the policies' own names, not by the specs that loaded them.
+        plot_cdfs({stack_names(s): rows_of for s, rows_of in zip(stacks, per_request, strict=True)}, args.plot,
                   title=f"{name}, {len(workload)} requests, time scale {scale:g}")
     if args.json:
         output.emit("compare", workload={"name": name, "requests": len(workload)}, seed=config.sim.seed,
