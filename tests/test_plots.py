@@ -189,3 +189,27 @@ def test_readable_numbers() -> None:
 
     assert [readable(v) for v in (12500.0, 2000.0, 250.0, 12.5, 0.26, 0.0)] == \
         ["12,500", "2,000", "250", "12.5", "0.26", "0"]
+
+
+def test_miss_ratio_curve_plot_fits_a_long_name(tmp_path: Path) -> None:
+    import gzip
+
+    from kvlife.lifecycle.fidelity import mrc
+    from kvlife.lifecycle.traces.plot import fit
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
+
+    # The bundled trace's first 300 lines under a 60-character file name (the title).
+    path = tmp_path / f"{LONG}.jsonl"
+    with gzip.open(resolve_workload("mooncake-conversation"), "rt") as source:
+        path.write_text("".join(line for _, line in zip(range(300), source, strict=False)))
+    prompts = mrc.read_trace(path, 300)
+    curve = mrc.miss_ratio_curve(prompts, [10, 100, 1000])
+    fig = mrc.curve_figure(curve, marked=[100])
+    try:
+        fit(fig)
+        _inside(fig)
+        assert LONG in fig.axes[0].get_title()
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
