@@ -23,10 +23,11 @@ def register(sub: Any) -> None:
                     "http://localhost:4318/v1/traces")
     parser.add_argument("trace", help="JSON-lines trace")
     fmt = parser.add_mutually_exclusive_group(required=True)
-    fmt.add_argument("--perfetto", metavar="OUT.json", help="write Chrome trace JSON here (opens in ui.perfetto.dev)")
+    fmt.add_argument("--perfetto", metavar="OUT.json",
+                     help="write Chrome trace JSON here (opens in ui.perfetto.dev; no default: give this or --otlp)")
     fmt.add_argument("--otlp", metavar="OUT.json",
                      help="write OpenTelemetry spans here, OTLP/JSON (the per-request figures come from an exact "
-                          "replay of the trace)")
+                          "replay of the trace; no default: give this or --perfetto)")
     add_stack_flag(parser, help_text="--otlp: replay under this stack instead of the header's; " + STACK_HELP,
                    default_text="the header's stack, built-in policies only unless --allow-code")
     parser.add_argument("--allow-code", action="store_true",
