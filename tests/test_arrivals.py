@@ -116,3 +116,19 @@ def test_arrival_flags_refuse_nonsense(capsys: pytest.CaptureFixture[str]) -> No
         assert code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+def test_config_files_set_the_rate_once(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    both = tmp_path / "both.toml"
+    both.write_text("[sim]\nrequest_rate = 2.0\ntime_scale = 3.0\n")
+    assert main(["run", "--config", str(both), "--limit", "3"]) == 2
+    assert capsys.readouterr().err == (f"kvlife: error: {both}:2: field 'sim.request_rate': sim.time_scale sets the "
+                                       "arrival rate too: give one\n")
+    # A flag wins over the file's key: --time-scale over sim.request_rate.
+    assert main(["run", "--config", str(both), "--limit", "3", "--time-scale", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["time_scale"] == 2
+    stray = tmp_path / "cv.toml"
+    stray.write_text("[sim]\narrival_cv = 2.0\n")
+    assert main(["run", "--config", str(stray), "--limit", "3"]) == 2
+    assert "field 'sim.arrival_cv': sets the CV of gamma arrivals, but arrivals are 'recorded'" in \
+        capsys.readouterr().err

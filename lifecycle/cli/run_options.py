@@ -284,26 +284,28 @@ def time_scale(args: argparse.Namespace, config: RunConfig, default: float) -> t
     it, else the command's default. The config records the value when it has the field.
 
     With a request rate (--request-rate, or sim.request_rate of the config file; not with a
-    time scale too), recorded and spread arrivals get the scale that makes their mean rate
-    that (the workload's own rate is read first: ``recorded_rate``); poisson and gamma
-    arrivals are drawn at the rate given, else at the workload's own rate times the scale
-    (recorded in sim.request_rate)."""
+    time scale too, and a flag wins over the file's key), recorded and spread arrivals get
+    the scale that makes their mean rate that (the workload's own rate is read first:
+    ``recorded_rate``); poisson and gamma arrivals are drawn at the rate given, else at the
+    workload's own rate times the scale (recorded in sim.request_rate)."""
     from kvlife.lifecycle.workloads.arrivals import DRAWN
 
     scale = args.time_scale
     rate = getattr(args, "request_rate", None)
     configured = getattr(config.sim, "time_scale", None)
     file_scale = bool(args.config) and _file_sets(args.config, "time_scale")
-    if rate is None and args.config and _file_sets(args.config, "request_rate"):
-        rate = config.sim.request_rate
-        if scale is not None or file_scale:
-            where = "--time-scale" if scale is not None else "sim.time_scale"
-            raise UsageError(f"{where} and sim.request_rate ({args.config}) both set the arrival rate: give one")
-    elif rate is not None and (scale is not None or file_scale):
-        where = "--time-scale" if scale is not None else f"sim.time_scale ({args.config})"
-        raise UsageError(f"--request-rate and {where} both set the arrival rate: give one")
-    if scale is None and file_scale and configured is not None:
-        scale = float(configured)
+    file_rate = bool(args.config) and _file_sets(args.config, "request_rate")
+    if rate is not None and scale is not None:
+        raise UsageError("--request-rate and --time-scale both set the arrival rate: give one")
+    if file_scale and file_rate and rate is None and scale is None:
+        raise ConfigError("sim.request_rate", "sim.time_scale sets the arrival rate too: give one",
+                          args.config, field_line(args.config, "sim.request_rate"))
+    # A flag wins over the file's key for the same thing (the rate and the scale are one thing).
+    if rate is None and scale is None:
+        if file_rate:
+            rate = config.sim.request_rate
+        elif file_scale and configured is not None:
+            scale = float(configured)
     drawn = config.sim.arrivals in DRAWN
     if rate is not None and not drawn:
         own = recorded_rate(args, config)
