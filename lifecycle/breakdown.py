@@ -113,6 +113,15 @@ class PhaseClock:
                 "prefill": prefill, "decode": decode, "hold": spent.get("hold", 0.0)}
 
 
+def answers_of(req: Request) -> dict[str, tuple[str, Any]]:
+    """hook -> (policy, answer) that stood for ``req`` at the end (for ``admission``: the
+    answer that admitted it). The one place the rows and the summary's ``decisions`` learn
+    what the policies answered: the engine keeps each request's last answer per hook
+    (``Request.last_decisions``); an engine that kept every answer that took effect would be
+    read here."""
+    return {hook: (policy, value) for hook, (policy, value, _) in req.last_decisions.items()}
+
+
 def prompt_sources(req: Request) -> dict[str, int]:
     """Prompt tokens by source (``SOURCES``) of one request, from what its first admission
     found; they add up to its prompt tokens."""
@@ -189,7 +198,7 @@ def row_of(req: Request, clock: PhaseClock, end_ms: float | None = None) -> Requ
     ttft, tpot, e2e = latencies(req)
     phases = clock.take(req.request_id, req.first_token_ms, end_ms)
     sources = prompt_sources(req)
-    decided = req.last_decisions
+    decided = answers_of(req)
     answers = tuple(f"{decided[h][0]}:{decided[h][1]}" if h in decided else "" for h in HOOKS)
     return RequestRow(req.request_id, req.seq, req.arrival_ms, req.finish_reason or "", req.prompt_tokens,
                       req.generated, ttft, tpot, e2e, tuple(phases[p] for p in PHASES), req.preemptions,

@@ -23,7 +23,15 @@ from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvlife.lifecycle.breakdown import SOURCES, PhaseClock, RequestRow, phase_totals, prompt_sources, row_of
+from kvlife.lifecycle.breakdown import (
+    SOURCES,
+    PhaseClock,
+    RequestRow,
+    answers_of,
+    phase_totals,
+    prompt_sources,
+    row_of,
+)
 from kvlife.policies.base import HOOK_VALUES, HOOKS
 
 if TYPE_CHECKING:
@@ -112,7 +120,7 @@ class RequestTotals:
         for name, n in prompt_sources(req).items():
             sources[name] += n
         answers = self.answers
-        for hook, (policy, value, _) in req.last_decisions.items():
+        for hook, (policy, value) in answers_of(req).items():
             by_value = answers.setdefault(hook, {}).setdefault(policy, {})
             key = str(value) if hook in _CHOICE_HOOKS else "answered"
             by_value[key] = by_value.get(key, 0) + 1
