@@ -513,7 +513,11 @@ def with_tier(engine: EngineConfig, name: str, field: str, value: Any) -> Engine
 
 
 COMPLETIONS = ("step_boundary", "exact")
-ARRIVALS = ("recorded", "spread")  # sim.arrivals: kvlife.lifecycle.workloads.arrivals
+ARRIVALS = ("recorded", "spread", "poisson", "gamma")  # sim.arrivals: kvlife.lifecycle.workloads.arrivals
+REQUEST_RATE_MAX = Limit(1e6, "requests/s: a million a second, over a thousand times what one GPU serves")
+REQUEST_RATE_MIN = Limit(1e-3, "requests/s: one request every 17 minutes; slower pushes arrivals past the "
+                               "clock's range")
+ARRIVAL_CV_MAX = Limit(100.0, "a gamma shape of 1e-4: nearly every request in one burst")
 
 
 @attrs.frozen
@@ -557,9 +561,18 @@ class SimConfig:
     # Arrival rate multiplier applied when a workload is read (--time-scale).
     time_scale: float = attrs.field(
         default=1.0, validator=_number(0.0, strict=True, minimum=TIME_SCALE_MIN, maximum=TIME_SCALE_MAX))
-    # How recorded arrival times are replayed: "recorded", or "spread": requests sharing a
-    # timestamp arrive evenly up to the next one (``kvlife.lifecycle.workloads.arrivals``).
+    # How arrival times are made (``kvlife.lifecycle.workloads.arrivals``): "recorded", or
+    # "spread": requests sharing a timestamp arrive evenly up to the next one; "poisson" and
+    # "gamma": the recorded order with gaps drawn (from sim.seed) at the mean rate, gamma's
+    # gaps with the coefficient of variation ``arrival_cv`` (default 1: Poisson).
     arrivals: str = attrs.field(default="recorded", validator=_choice(*ARRIVALS))
+    arrival_cv: float | None = attrs.field(
+        default=None, validator=_optional(_number(0.0, strict=True, maximum=ARRIVAL_CV_MAX)))
+    # The mean arrival rate, requests/s (--request-rate), instead of a time scale: recorded
+    # or spread arrivals are scaled to it, poisson and gamma arrivals drawn at it.
+    request_rate: float | None = attrs.field(
+        default=None, validator=_optional(_number(0.0, strict=True, minimum=REQUEST_RATE_MIN,
+                                                  maximum=REQUEST_RATE_MAX)))
     # An adversarial driver (``kvlife.lifecycle.drivers.chaos``): rank reports, lookup answers
     # and step outputs delayed, duplicated, reordered and dropped within the protocol's rules,
     # from this seed (None: a plain run). Needs engine.transfer_deadline_ms (``chaos_problem``).

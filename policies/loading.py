@@ -48,8 +48,13 @@ def load_policy(spec: str) -> object:
         installed = entry_point_policies()
         if spec in installed:
             return load_policy(installed[spec])
-        known = ", ".join(sorted(BUILTIN) + sorted(installed))
-        raise PolicyError(f"unknown policy {spec!r} (built-ins: {known}; or pkg.mod:Class, file.py:Class)")
+        names = sorted(BUILTIN) + sorted(installed)
+        close = difflib.get_close_matches(spec, names, n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        if Path(f"{spec}.py").is_file():
+            hint += f"; {spec}.py is a file: name a class in it, {spec}.py:Class"
+        raise PolicyError(f"unknown policy {spec!r} (built-ins: {', '.join(names)}; "
+                          f"or pkg.mod:Class, file.py:Class){hint}")
     module_part, _, class_name = spec.rpartition(":")
     module = _import_policy_module(spec, module_part)
     try:
@@ -135,7 +140,15 @@ def _import_policy_module(spec: str, module_part: str) -> Any:
     except PolicyError:
         raise
     except USER_CODE_ERRORS as exc:  # import errors of user code: report, never traceback
-        raise PolicyError(f"policy {spec!r}: importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_part.partition(".")[0]:
+            # ``my_policies:Class`` for a file my_policies.py: a module path, not a file path.
+            as_file = module_part.replace(".", "/") + ".py"
+            found = " (that file exists)" if Path(as_file).is_file() else ""
+            hint = (f"; to load a file, name it with its .py: {as_file}:{spec.rpartition(':')[2]}{found}, "
+                    "or put its folder on PYTHONPATH")
+        raise PolicyError(f"policy {spec!r}: importing {module_part!r} failed: {type(exc).__name__}: {exc}"
+                          f"{hint}") from exc
 
 
 def load_stack(specs: Sequence[str]) -> PolicyStack:

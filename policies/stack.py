@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,12 +44,23 @@ class PolicyStack:
             except (Exception, SystemExit) as exc:  # a user's hook (or its value's __eq__) can raise anything
                 raise PolicyError(
                     f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
+                    f"{_where(exc)}"
                 ) from exc
             return Answer(name, decision.value, decision.reason)
         fallback = FALLBACKS.get(hook)
         if fallback is not None:
             return fallback
         raise PolicyError(f"no policy in the stack answered {hook}")
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at FILE:LINE in FUNCTION; --traceback shows the whole traceback)``: the innermost
+    frame of the policy's code that raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {last.filename}:{last.lineno} in {last.name}; --traceback shows the whole traceback)"
 
 
 def _origin(fn: Callable[..., Any]) -> str:

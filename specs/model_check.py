@@ -45,10 +45,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+import hypothesis
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    get_state_machine_test,
     initialize,
     rule,
     run_state_machine_as_test,
@@ -1341,10 +1343,12 @@ def run_check(
     sharing: bool | None = None,
     derandomize: bool = True,
     shrink: bool = True,
+    seed: int | None = None,
 ) -> CheckResult:
     """Model-check a stack; returns the (shrunk) counterexample instead of raising. Its
     built-in policies are first checked against their documented properties
-    (``kvlife.specs.policy_contracts``)."""
+    (``kvlife.specs.policy_contracts``). ``seed``: Hypothesis draws from this seed (over
+    ``derandomize``), so the same seed finds and shrinks the same counterexample again."""
     from kvlife.specs.policy_contracts import contract_problems
 
     problems = contract_problems(_build_stack(stack))
@@ -1352,8 +1356,11 @@ def run_check(
         return CheckResult(False, None, (), None, f"policy contract: {problems[0]}")
     machine = make_machine(stack, engine_factory=engine_factory, engine_config=engine_config, sharing=sharing)
     try:
-        run_state_machine_as_test(machine, settings=check_settings(
-            examples, steps, derandomize=derandomize, shrink=shrink))
+        chosen = check_settings(examples, steps, derandomize=derandomize, shrink=shrink)
+        if seed is None:
+            run_state_machine_as_test(machine, settings=chosen)
+        else:
+            hypothesis.seed(seed)(get_state_machine_test(machine, settings=chosen))()
     except InvariantViolation as exc:
         return CheckResult(False, exc.violation, tuple(getattr(exc, "events", ())), _reproduce_line(exc))
     except Exception as exc:  # a driver-level bug: still a counterexample, never a traceback

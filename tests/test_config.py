@@ -248,15 +248,16 @@ NUMBER_FIELDS = sorted(field for field, rule in _rules().items() if rule.kind ==
 
 
 def test_every_number_field_is_found() -> None:
-    """The 18 float fields of the config (the issue found NaN accepted in 12 of the 13 it had;
+    """The 20 float fields of the config (the issue found NaN accepted in 12 of the 13 it had;
     the live runtime's Redis timeout, breaker back-off and stall timeout came later, the
-    lookup and reclaim deadlines later still)."""
+    lookup and reclaim deadlines later still, then gamma arrivals' CV and the request rate)."""
     assert NUMBER_FIELDS == [
         "engine.lookup_deadline_ms", "engine.lookup_latency_ms", "engine.reclaim_deadline_ms",
         "engine.transfer_deadline_ms", "live.redis_breaker_backoff_s",
-        "live.redis_timeout_s", "live.stall_timeout_s", "sim.attention_efficiency",
+        "live.redis_timeout_s", "live.stall_timeout_s", "sim.arrival_cv", "sim.attention_efficiency",
         "sim.gpu_memory_utilization", "sim.lookup_per_key_ms", "sim.mbu", "sim.mfu", "sim.rank_jitter_ms",
-        "sim.step_overhead_ms", "sim.time_scale", "tiers.bandwidth_gbps", "tiers.failure_rate", "tiers.latency_ms"]
+        "sim.request_rate", "sim.step_overhead_ms", "sim.time_scale", "tiers.bandwidth_gbps", "tiers.failure_rate",
+        "tiers.latency_ms"]
 
 
 @pytest.mark.parametrize("field", NUMBER_FIELDS)

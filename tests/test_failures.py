@@ -297,9 +297,11 @@ def test_empty_workload_in_the_drivers_names_it() -> None:
      "        return Decision('fast', 'why')\n",
      "policy P (module DIR/P.py): hook lookup_mode returned 'fast', expected one of ('sync', 'async')"),
     ("class P:\n    def store_limit(self, req, engine):\n        raise ValueError('no\\nlimit')\n",
-     "policy P (module DIR/P.py): hook store_limit raised ValueError: no limit"),
+     "policy P (module DIR/P.py): hook store_limit raised ValueError: no limit "
+     "(at DIR/P.py:3 in store_limit; --traceback shows the whole traceback)"),
     ("import sys\nclass P:\n    def store_limit(self, req, engine):\n        sys.exit(0)\n",
-     "policy P (module DIR/P.py): hook store_limit raised SystemExit: 0"),
+     "policy P (module DIR/P.py): hook store_limit raised SystemExit: 0 "
+     "(at DIR/P.py:4 in store_limit; --traceback shows the whole traceback)"),
 ])
 def test_a_broken_policy_module_is_one_line_and_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str], body: str,

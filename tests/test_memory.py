@@ -148,8 +148,10 @@ def test_kvlife_run_streams_and_drops_with_the_trace_and_summary_of_keeping_all(
     from kvlife.lifecycle.config import load_config
 
     loaded = load_config(config)
+    # (kvlife run keeps a row per request: the breakdown, folded as requests leave, agrees too)
     kept = run_workload(loaded, load_mooncake(path, block_tokens=loaded.engine.block_tokens),
-                        trace_path=tmp_path / "kept.jsonl", workload_name=str(path), keep_requests=True)
+                        trace_path=tmp_path / "kept.jsonl", workload_name=str(path), keep_requests=True,
+                        breakdown=True)
     assert kept.summary["preemptions"] > 0
     cli_summary = cli["summary"]
     for summary in (cli_summary, kept.summary):

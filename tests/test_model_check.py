@@ -265,7 +265,8 @@ def test_cli_check_takes_a_comma_stack_and_reports_counterexamples(capsys: pytes
     assert f"{DEFAULT_EXAMPLES} examples x up to {DEFAULT_STEPS} steps" in out
     assert main(["check", "--stack", "naive-stores-unsafe"]) == 1
     out = capsys.readouterr().out
-    assert "counterexample found" in out and "@reproduce_failure" in out
+    assert "counterexample found" in out and "@reproduce_failure" not in out
+    assert "replay: kvlife check --stack naive-stores-unsafe --examples 200 --steps 50" in out
     assert "invariant 5 (stores cover only computed tokens)" in out
     assert main(["check", "--stack", "async-lookup,,shared-loads"]) == 2
 

@@ -8,11 +8,13 @@ Exit codes: 0 ok, 1 a check found a problem, 2 bad input (one line on stderr),
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import pkgutil
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 
 from kvlife.lifecycle.cli import commands
@@ -29,6 +31,8 @@ __all__ = ["USER_ERRORS", "UsageError", "build_parser", "main"]
 USER_ERRORS = (ConfigError, WorkloadError, PolicyError, TraceError, ProfileError)
 
 # The order `kvlife --help` lists the commands in; a new file in commands/ comes after these.
+TRACEBACK_HELP = ("when a policy's own code fails (import, constructor, hook), also print its Python traceback "
+                  "after the one-line error (default: off)")
 ORDER = ("run", "compare", "replay", "validate", "check", "explain", "export", "plot", "spec", "policies", "bench")
 
 
@@ -45,6 +49,7 @@ def build_parser() -> KvlifeParser:
     parser = KvlifeParser(prog="kvlife", description="KV-cache request lifecycle engine. "
                                                      "`kvlife COMMAND --help` for a command's flags.")
     parser.add_argument("--version", action="version", version=f"kvlife {_version()}")
+    parser.add_argument("--traceback", action="store_true", default=False, help=TRACEBACK_HELP)
     parser.set_defaults(func=lambda args: parser.missing_subcommand("a command"))
     sub = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     names = [info.name for info in pkgutil.iter_modules(commands.__path__)]
@@ -52,6 +57,8 @@ def build_parser() -> KvlifeParser:
         importlib.import_module(f"{commands.__name__}.{name}").register(sub)
     for each in iter_parsers(parser):  # the deepest parser's prog wins: "kvlife bench engine"
         each.set_defaults(command_prog=each.prog)
+        if each is not parser:  # --traceback anywhere on the line (SUPPRESS: the top one's default stands)
+            each.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
     return parser
 
 
@@ -90,6 +97,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     except USER_ERRORS as exc:
         print(f"kvlife: error: {one_line(exc)}", file=sys.stderr)
+        cause = exc.__cause__
+        if getattr(args, "traceback", False) and isinstance(exc, PolicyError) and cause is not None:
+            print("traceback of the policy's code:", file=sys.stderr)
+            print("".join(traceback.format_exception(cause)), end="", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader went away (kvlife ... | head): stop quietly, and keep Python from

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,8 @@ from kvlife.lifecycle.cli.parsing import UsageError
 from kvlife.lifecycle.config import (
     REQUESTS,
     TIER_ORDER,
+    TIME_SCALE_MAX,
+    TIME_SCALE_MIN,
     ConfigError,
     RunConfig,
     field_line,
@@ -77,9 +79,31 @@ def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str 
     parser.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="X",
                         help=f"arrival rate multiplier, a finite number from 1e-06 to 1e+06 "
                              f"(default: {time_scale_default})")
+    parser.add_argument("--request-rate", type=flag_type("sim.request_rate"), default=None, metavar="R",
+                        help="the mean arrival rate in requests/s, instead of --time-scale: recorded and spread "
+                             "arrivals are scaled to it, poisson and gamma arrivals drawn at it "
+                             "(config: sim.request_rate; default: the workload's own rate x the time scale)")
     parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (default: built-in config)")
     parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
                         help="random seed (config: sim.seed; default 0)")
+
+
+def goodput_flag(text: str) -> dict[str, float]:
+    """``--goodput ttft=2s,tpot=100ms,e2e=30s``: per-request limits in ms by metric."""
+    from kvlife.lifecycle.sweeps.capacity import parse_goodput
+
+    try:
+        return parse_goodput(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_report_flags(parser: argparse.ArgumentParser) -> None:
+    """--goodput: what ``run`` and ``compare`` add to the summary."""
+    parser.add_argument("--goodput", type=goodput_flag, metavar="SLO",
+                        help="count the requests that met every per-request limit, e.g. ttft=2s,tpot=100ms,e2e=30s "
+                             "(metrics ttft, tpot, e2e; a duration in ms or s), as vLLM's benchmark counts goodput "
+                             "(default: none)")
 
 
 def add_size_flags(parser: argparse.ArgumentParser) -> None:
@@ -123,22 +147,49 @@ def add_sim_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--completions", choices=COMPLETIONS,
                        help="when a finished transfer or lookup reaches the scheduler: with the next step output, "
                             "as in vLLM, or at its exact time (config: sim.completions; default step_boundary)")
-    group.add_argument("--arrivals", choices=ARRIVALS,
-                       help="replay arrival times as recorded, or spread requests that share a timestamp evenly "
-                            "up to the next one (Mooncake traces round timestamps to seconds; config: "
-                            "sim.arrivals; default recorded)")
+    group.add_argument("--arrivals", type=arrivals_flag, metavar="|".join((*ARRIVALS[:-1], "gamma:CV")),
+                       help="replay arrival times as recorded; spread requests that share a timestamp evenly "
+                            "up to the next one (Mooncake traces round timestamps to seconds); or keep the order "
+                            "and draw the gaps from the seed: poisson, or gamma with coefficient of variation CV "
+                            "(above 1 burstier than Poisson) at the mean rate (--request-rate, else the workload's "
+                            "own x the time scale) (config: sim.arrivals, sim.arrival_cv; default recorded)")
+
+
+def arrivals_flag(text: str) -> str:
+    """``--arrivals``: recorded, spread, poisson, gamma or gamma:CV (CV under the rule of
+    sim.arrival_cv); returned as given, split by ``apply_sim``."""
+    from kvlife.lifecycle.config import ARRIVALS
+
+    name, sep, cv = text.partition(":")
+    if name not in ARRIVALS or (sep and name != "gamma"):
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(ARRIVALS[:-1])}, gamma or gamma:CV, got {text!r}")
+    if sep:
+        try:
+            flag_type("sim.arrival_cv")(cv)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"gamma:CV: the CV {exc}") from None
+    return text
 
 
 def apply_sim(args: argparse.Namespace, config: RunConfig) -> RunConfig:
-    """The --hardware/--model/--tp/--efficiency/--completions flags over the config, checked:
-    a bad profile name or a TP degree the model refuses is a one-line error naming the flag
-    (a problem inside a profile file names the file, line and field)."""
+    """The --hardware/--model/--tp/--efficiency/--completions/--arrivals flags over the config,
+    checked: a bad profile name or a TP degree the model refuses is a one-line error naming
+    the flag (a problem inside a profile file names the file, line and field)."""
     from kvlife.lifecycle.drivers.physics import resolve
     from kvlife.lifecycle.profiles import ProfileError
 
     given = {key: getattr(args, key) for key in SIM_FLAGS if getattr(args, key, None) is not None}
     if given:
-        config = attrs.evolve(config, sim=attrs.evolve(config.sim, **given))
+        sim = dict(given)
+        if "arrivals" in sim:  # gamma:CV is two keys
+            name, _, cv = str(sim["arrivals"]).partition(":")
+            sim["arrivals"] = name
+            sim["arrival_cv"] = flag_type("sim.arrival_cv")(cv) if cv else None
+        config = attrs.evolve(config, sim=attrs.evolve(config.sim, **sim))
+    if config.sim.arrival_cv is not None and config.sim.arrivals != "gamma":
+        message = f"sets the CV of gamma arrivals, but arrivals are {config.sim.arrivals!r}"
+        path = getattr(args, "config", None)
+        raise ConfigError("sim.arrival_cv", message, path, field_line(path, "sim.arrival_cv") if path else None)
     try:
         resolved, _ = resolve(config)
     except ProfileError as exc:
@@ -219,28 +270,81 @@ def apply_sizes(args: argparse.Namespace, config: RunConfig) -> RunConfig:
     return attrs.evolve(config, engine=engine)
 
 
-def _file_sets_time_scale(path: str) -> bool:
+def _file_sets(path: str, key: str) -> bool:
     try:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError):
         return False
     sim = data.get("sim")
-    return isinstance(sim, dict) and "time_scale" in sim
+    return isinstance(sim, dict) and key in sim
 
 
 def time_scale(args: argparse.Namespace, config: RunConfig, default: float) -> tuple[float, RunConfig]:
     """The arrival rate multiplier: --time-scale, else sim.time_scale when the config file sets
-    it, else the command's default. The config records the value when it has the field."""
+    it, else the command's default. The config records the value when it has the field.
+
+    With a request rate (--request-rate, or sim.request_rate of the config file; not with a
+    time scale too, and a flag wins over the file's key), recorded and spread arrivals get
+    the scale that makes their mean rate that (the workload's own rate is read first:
+    ``recorded_rate``); poisson and gamma arrivals are drawn at the rate given, else at the
+    workload's own rate times the scale (recorded in sim.request_rate)."""
+    from kvlife.lifecycle.workloads.arrivals import DRAWN
+
     scale = args.time_scale
+    rate = getattr(args, "request_rate", None)
     configured = getattr(config.sim, "time_scale", None)
-    if scale is None and args.config and configured is not None and _file_sets_time_scale(args.config):
-        scale = float(configured)
+    file_scale = bool(args.config) and _file_sets(args.config, "time_scale")
+    file_rate = bool(args.config) and _file_sets(args.config, "request_rate")
+    if rate is not None and scale is not None:
+        raise UsageError("--request-rate and --time-scale both set the arrival rate: give one")
+    if file_scale and file_rate and rate is None and scale is None:
+        raise ConfigError("sim.request_rate", "sim.time_scale sets the arrival rate too: give one",
+                          args.config, field_line(args.config, "sim.request_rate"))
+    # A flag wins over the file's key for the same thing (the rate and the scale are one thing).
+    if rate is None and scale is None:
+        if file_rate:
+            rate = config.sim.request_rate
+        elif file_scale and configured is not None:
+            scale = float(configured)
+    drawn = config.sim.arrivals in DRAWN
+    if rate is not None and not drawn:
+        own = recorded_rate(args, config)
+        if own is None:
+            raise UsageError(f"--request-rate: {workload_name(args)} has no rate to scale (fewer than two "
+                             "requests, or all at one time); use --arrivals poisson")
+        scale = rate / own
+        if not TIME_SCALE_MIN.value <= scale <= TIME_SCALE_MAX.value:
+            raise UsageError(f"--request-rate {rate:g}: {workload_name(args)} arrives at {own:.4g} requests/s, "
+                             f"so that is a time scale of {scale:.3g}, outside 1e-06 to 1e+06")
     if scale is None:
         scale = default
+    if drawn and rate is None:
+        own = recorded_rate(args, config)
+        if own is None:
+            raise UsageError(f"--arrivals {config.sim.arrivals}: {workload_name(args)} has no rate of its own "
+                             "(fewer than two requests, or all at one time); give --request-rate")
+        rate = own * scale
+    changes: dict[str, Any] = {"request_rate": rate}
     if configured is not None:  # the field exists (config.py has sim.time_scale): record the value
-        recorded: dict[str, Any] = {"time_scale": scale}
-        config = attrs.evolve(config, sim=attrs.evolve(config.sim, **recorded))
+        changes["time_scale"] = scale
+    config = attrs.evolve(config, sim=attrs.evolve(config.sim, **changes))
     return scale, config
+
+
+def recorded_rate(args: argparse.Namespace, config: RunConfig) -> float | None:
+    """The workload's own mean arrival rate at time scale 1 (requests/s): a file's is read
+    (one pass over its first --limit requests), the synthetic generators' is their nominal
+    rate."""
+    from kvlife.lifecycle.workloads.synthetic import SYNTHETIC_NAMES
+
+    if not args.workload or args.workload in SYNTHETIC_NAMES:
+        return SYNTHETIC_RATE_PER_S
+    from kvlife.lifecycle.workloads.arrivals import mean_rate
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
+    from kvlife.lifecycle.workloads.mooncake import iter_mooncake
+
+    return mean_rate(iter_mooncake(resolve_workload(args.workload), limit=args.limit,
+                                   block_tokens=config.engine.block_tokens))
 
 
 def workload_name(args: argparse.Namespace) -> str:
@@ -267,13 +371,24 @@ def stream_workload(args: argparse.Namespace, config: RunConfig,
 
 def _file_requests(args: argparse.Namespace, config: RunConfig, scale: float) -> Iterable[WorkloadRequest]:
     """The requests of the --workload file, streamed, arrivals as ``sim.arrivals`` says."""
-    from kvlife.lifecycle.workloads.arrivals import apply_arrivals
     from kvlife.lifecycle.workloads.bundled import resolve_workload
     from kvlife.lifecycle.workloads.mooncake import iter_mooncake
 
     stream = iter_mooncake(resolve_workload(args.workload), limit=args.limit,
                            block_tokens=config.engine.block_tokens, time_scale=scale)
-    return apply_arrivals(stream, config.sim.arrivals)
+    return with_arrivals(stream, config)
+
+
+def with_arrivals(requests: Iterable[WorkloadRequest], config: RunConfig) -> Iterable[WorkloadRequest]:
+    """``requests`` with their arrivals as ``sim.arrivals`` makes them: drawn ones at
+    ``sim.request_rate`` (``time_scale`` sets it), else, for a list, at its own mean rate."""
+    from kvlife.lifecycle.workloads.arrivals import DRAWN, apply_arrivals, mean_rate
+
+    sim = config.sim
+    rate = sim.request_rate
+    if rate is None and sim.arrivals in DRAWN and isinstance(requests, Sequence):
+        rate = mean_rate(requests)
+    return apply_arrivals(requests, sim.arrivals, rate_per_s=rate, cv=sim.arrival_cv, seed=sim.seed)
 
 
 def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
@@ -295,4 +410,6 @@ def load_workload(args: argparse.Namespace, config: RunConfig, scale: float,
     except ValueError as exc:  # options the flags made: the rate is the time scale's
         flag = "argument --time-scale: " if str(exc).startswith(("arrival_rate_per_s", "burst_spread_ms")) else ""
         raise UsageError(f"{flag}{workload_name(args)} at time scale {scale:g}: {exc}") from None
+    if config.sim.arrivals != "recorded":
+        workload = list(with_arrivals(workload, config))
     return workload, workload_name(args)

@@ -349,42 +349,43 @@ def default_capacities_tokens(distinct: int, block_tokens: int) -> list[int]:
 
 # ---- the plot ------------------------------------------------------------------------------
 def plot_curve(curve: MissRatioCurve, out: str | Path, marked: Sequence[int] = ()) -> None:
-    """LRU (every capacity) and OPT (its points) against capacity in tokens, log scale, with
-    the infinite-cache maximum; ``marked`` capacities (blocks) get a dotted line."""
-    from kvlife.lifecycle.traces.plot import image_format
+    """``curve_figure`` written to ``out`` (its format checked first)."""
+    from kvlife.lifecycle.traces.plot import image_format, save
 
     fmt = image_format(out)
-    import matplotlib
+    save(curve_figure(curve, marked), out, fmt)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def curve_figure(curve: MissRatioCurve, marked: Sequence[int] = ()) -> Any:
+    """LRU (every capacity) and OPT (its points) against capacity in tokens, log scale, with
+    the infinite-cache maximum; ``marked`` capacities (blocks) get a dotted line. Laid out
+    as every kvlife plot is (``traces.plot``): the legend outside, plain tick numbers."""
+    from kvlife.lifecycle.traces.plot import figure, outside_legend, plain_axes
 
     bt = curve.block_tokens
-    fig, ax = plt.subplots(figsize=(8, 5))
-    try:
-        if curve.counted and curve.distinct:
-            xs = plot_capacities(curve.distinct, 400)
-            ax.step([c * bt for c in xs], [100 * curve.lru_hits(c) / curve.counted for c in xs], where="post",
-                    label="LRU (stack distances, every capacity)")
-            opt = sorted(curve.opt.items())
-            if opt:
-                ax.plot([c * bt for c, _ in opt] + [curve.distinct * bt],
-                        [100 * h / curve.counted for _, h in opt] + [100 * curve.max_hits / curve.counted],
-                        marker="o", markersize=3, label="OPT (Belady, upper bound)")
-            best = 100 * curve.max_hits / curve.counted
-            ax.axhline(best, color="grey", linestyle="--", linewidth=1, label=f"infinite cache: {best:.1f} %")
-            for c in marked:
-                ax.axvline(c * bt, color="grey", linestyle=":", linewidth=0.8)
-            ax.set_xscale("log")
-            ax.legend(loc="upper left")
-        else:
-            ax.text(0.5, 0.5, "the trace has no blocks", ha="center", va="center", transform=ax.transAxes)
-        ax.set_xlabel(f"cache capacity (tokens; {bt}-token blocks)")
-        ax.set_ylabel(f"prefix hit ratio (% of {curve.mode} prompt blocks)")
-        ax.set_title(f"{Path(curve.name).name}: {curve.requests:,} requests")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, which="both", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out, format=fmt)
-    finally:
-        plt.close(fig)
+    fig, axes = figure(1, width=8.0, height=5.0)
+    ax = axes[0][0]
+    if curve.counted and curve.distinct:
+        xs = plot_capacities(curve.distinct, 400)
+        ax.step([c * bt for c in xs], [100 * curve.lru_hits(c) / curve.counted for c in xs], where="post",
+                label="LRU (stack distances, every capacity)")
+        opt = sorted(curve.opt.items())
+        if opt:
+            ax.plot([c * bt for c, _ in opt] + [curve.distinct * bt],
+                    [100 * h / curve.counted for _, h in opt] + [100 * curve.max_hits / curve.counted],
+                    marker="o", markersize=3, label="OPT (Belady, upper bound)")
+        best = 100 * curve.max_hits / curve.counted
+        ax.axhline(best, color="grey", linestyle="--", linewidth=1, label=f"infinite cache: {best:.1f} %")
+        for c in marked:
+            ax.axvline(c * bt, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_xscale("log")
+        plain_axes(ax)
+        outside_legend(ax)
+    else:
+        ax.text(0.5, 0.5, "the trace has no blocks", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(f"cache capacity (tokens; {bt}-token blocks)")
+    ax.set_ylabel(f"prefix hit ratio (% of {curve.mode} prompt blocks)")
+    ax.set_title(f"{Path(curve.name).name}: {curve.requests:,} requests")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, which="both", alpha=0.3)
+    return fig

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from kvlife.lifecycle.drivers.runner import RunOutcome
 from kvlife.lifecycle.metrics import RequestTotals, percentile
+
+if TYPE_CHECKING:  # (the summary uses the rule: runner imports metrics, which imports this lazily)
+    from kvlife.lifecycle.drivers.runner import RunOutcome
 
 P50_LIMIT_MS = 2000.0
 RATIO_LIMIT = 1.5

@@ -94,6 +94,35 @@ def parse_slo(text: str) -> tuple[Objective, ...]:
     return tuple(objectives)
 
 
+GOODPUT_METRICS = ("ttft", "tpot", "e2e")
+
+
+def parse_goodput(text: str) -> dict[str, float]:
+    """``ttft=2s,tpot=100ms,e2e=30s`` -> the per-request limits in ms by metric (the SLO a
+    request must meet to count towards goodput); ValueError with a one-line message on
+    anything else."""
+    limits: dict[str, float] = {}
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise ValueError(f"expected METRIC=VALUE[ms|s],... with METRIC one of {', '.join(GOODPUT_METRICS)} "
+                         f"(e.g. ttft=2s,tpot=100ms), got {text!r}")
+    for part in parts:
+        name, sep, value = part.partition("=")
+        metric = name.strip()
+        if not sep or metric not in GOODPUT_METRICS:
+            raise ValueError(f"{part!r}: expected METRIC=VALUE with METRIC one of {', '.join(GOODPUT_METRICS)}")
+        amount = _VALUE.fullmatch(value.strip())
+        if amount is None:
+            raise ValueError(f"{part!r}: expected a duration with its unit, e.g. 2000ms or 2s")
+        limit = float(amount["number"]) * (1000.0 if amount["unit"].lower() == "s" else 1.0)
+        if not math.isfinite(limit) or limit <= 0:
+            raise ValueError(f"{part!r}: the limit must be a positive finite duration")
+        if metric in limits:
+            raise ValueError(f"{metric} given twice")
+        limits[metric] = limit
+    return limits
+
+
 @attrs.frozen
 class Target:
     """What a run must meet: the SLO, the stability rule, no stranded request."""

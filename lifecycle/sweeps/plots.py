@@ -154,34 +154,54 @@ def pareto_front(rows: Sequence[Row], spec: Pareto) -> list[Row]:
 
 
 def _label(value: Any) -> str:
+    from kvlife.lifecycle.traces.plot import readable
+
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return readable(value)
     return str(value)
 
 
-def draw(rows: Sequence[Row], heatmaps: Sequence[Heatmap], paretos: Sequence[Pareto], out: str | Path) -> None:
-    """One figure, a panel per heatmap and Pareto front."""
-    import matplotlib
+def _names(rows: Sequence[Row], column: str) -> dict[Any, str]:
+    """How the values of ``column`` are shown: a stack (``policies.stack``) by its policies'
+    names (the row's ``policies`` column, which a sweep row records), not by its specs."""
+    if column != "policies.stack":
+        return {}
+    from kvlife.lifecycle.traces.plot import stack_names
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    return {r[column]: str(r.get("policies") or stack_names(str(r[column]).split(","), allow_code=False))
+            for r in rows}
+
+
+def _wrapped(text: str, width: int = 40) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) or text
+
+
+def figure_of(rows: Sequence[Row], heatmaps: Sequence[Heatmap], paretos: Sequence[Pareto]) -> Any:
+    """One figure, a panel per heatmap and Pareto front (laid out to hold long labels)."""
+    from kvlife.lifecycle.traces.plot import figure, outside_legend, plain_axes, readable
 
     panels = len(heatmaps) + len(paretos)
-    fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 4.8), squeeze=False)
+    fig, axes = figure(panels, rows=1, width=6.4, height=4.8)
     for ax, spec in zip(axes[0], heatmaps, strict=False):
         xs, ys, grid = heatmap_cells(rows, spec)
+        xnames, ynames = _names(rows, spec.x), _names(rows, spec.y)
         data = [[math.nan if v is None else v for v in line] for line in grid]
         image = ax.imshow(data, origin="lower", aspect="auto", cmap="viridis")
-        ax.set_xticks(range(len(xs)), [_label(x) for x in xs], rotation=30, ha="right")
-        ax.set_yticks(range(len(ys)), [_label(y) for y in ys])
+        ax.set_xticks(range(len(xs)), [_wrapped(xnames.get(x, _label(x)), 24) for x in xs], rotation=30,
+                      ha="right")
+        ax.set_yticks(range(len(ys)), [_wrapped(ynames.get(y, _label(y))) for y in ys])
         for j, line in enumerate(grid):
             for i, v in enumerate(line):
                 if v is not None:
-                    ax.text(i, j, f"{v:.3g}", ha="center", va="center", color="white", fontsize=8)
+                    ax.text(i, j, readable(v), ha="center", va="center", color="white", fontsize=8)
         ax.set_xlabel(spec.x)
         ax.set_ylabel(spec.y)
         ax.set_title(spec.value)
-        fig.colorbar(image, ax=ax)
+        colorbar = fig.colorbar(image, ax=ax)
+        colorbar.formatter = _formatter()
+        colorbar.update_ticks()
     for ax, pspec in zip(axes[0][len(heatmaps):], paretos, strict=False):
         front = pareto_front(rows, pspec)
         points = [(_number(r.get(pspec.x)), _number(r.get(pspec.y))) for r in rows]
@@ -190,35 +210,51 @@ def draw(rows: Sequence[Row], heatmaps: Sequence[Heatmap], paretos: Sequence[Par
         ax.plot([float(r[pspec.x]) for r in front], [float(r[pspec.y]) for r in front], "o-", color="C3",
                 label="Pareto front")
         if pspec.label is not None:
-            for r in front:
-                ax.annotate(_label(r.get(pspec.label)), (float(r[pspec.x]), float(r[pspec.y])), fontsize=7,
-                            xytext=(4, 4), textcoords="offset points")
+            # Numbers beside the points, the names in the legend: labels never overlap.
+            names = _names(rows, pspec.label)
+            for n, r in enumerate(front, 1):
+                ax.annotate(str(n), (float(r[pspec.x]), float(r[pspec.y])), fontsize=7, xytext=(4, 4),
+                            textcoords="offset points")
+                ax.plot([], [], " ", label=f"{n}: {names.get(r.get(pspec.label), _label(r.get(pspec.label)))}")
         ax.set_xlabel(f"{pspec.x} ({'higher' if pspec.x_max else 'lower'} is better)")
         ax.set_ylabel(f"{pspec.y} ({'higher' if pspec.y_max else 'lower'} is better)")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+        plain_axes(ax)
+        outside_legend(ax)
+    return fig
 
 
-def draw_capacity(results: Sequence[Any], objectives: Sequence[Any], out: str | Path) -> None:
-    """Load-latency curves of capacity searches: a panel per SLO objective, the value at each
-    scale tried per stack (filled: the run met the whole target; x: it did not), the SLO line,
-    and a dotted line at each stack's capacity."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _formatter() -> Any:
     from matplotlib.ticker import FuncFormatter
 
-    fig, axes = plt.subplots(1, len(objectives), figsize=(6.4 * len(objectives), 4.8), squeeze=False)
+    from kvlife.lifecycle.traces.plot import readable
+
+    return FuncFormatter(lambda value, _: readable(value))
+
+
+def draw(rows: Sequence[Row], heatmaps: Sequence[Heatmap], paretos: Sequence[Pareto], out: str | Path) -> None:
+    """``figure_of`` written to ``out``."""
+    from kvlife.lifecycle.traces.plot import save
+
+    save(figure_of(rows, heatmaps, paretos), out)
+
+
+def capacity_figure(results: Sequence[Any], objectives: Sequence[Any]) -> Any:
+    """Load-latency curves of capacity searches: a panel per SLO objective, the value at each
+    scale tried per stack (o: the run met the whole target; x: it did not), the SLO line,
+    and a dotted line at each stack's capacity; the legend outside, says which is which."""
+    from matplotlib.lines import Line2D
+
+    from kvlife.lifecycle.traces.plot import figure, outside_legend, plain_axes, stack_names
+
+    fig, axes = figure(len(objectives), rows=1, width=6.4, height=4.8)
     for ax, objective in zip(axes[0], objectives, strict=True):
         for n, result in enumerate(results):
             probes = sorted(result.probes, key=lambda p: p.scale)
             shown = [(p.scale, p.values[objective.name], p.meets) for p in probes
                      if p.values.get(objective.name) is not None]
             color = f"C{n % 10}"
-            ax.plot([s for s, _, _ in shown], [v for _, v, _ in shown], "-", color=color, label=result.stack)
+            ax.plot([s for s, _, _ in shown], [v for _, v, _ in shown], "-", color=color,
+                    label=stack_names(str(result.stack).split(",")))
             ax.scatter([s for s, _, ok in shown if ok], [v for _, v, ok in shown if ok], marker="o", color=color)
             ax.scatter([s for s, _, ok in shown if not ok], [v for _, v, ok in shown if not ok], marker="x",
                        color=color)
@@ -227,17 +263,22 @@ def draw_capacity(results: Sequence[Any], objectives: Sequence[Any], out: str | 
         ax.axhline(objective.limit_ms, color="k", linestyle="--", linewidth=1, label=f"SLO {objective.text()}")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda value, _: f"{value:,.4g}")
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-        ax.tick_params(axis="y", which="both", labelsize=7)
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda value, _: ""))
-        ax.set_xticks(sorted({p.scale for r in results for p in r.probes}))
+        plain_axes(ax)
         ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+        ax.tick_params(axis="y", labelsize=7)
         ax.set_xlabel("arrival rate (x recorded)")
         ax.set_ylabel(f"{objective.name} (ms)")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+        handles, labels = ax.get_legend_handles_labels()
+        handles += [Line2D([], [], marker="o", linestyle="", color="0.3"),
+                    Line2D([], [], marker="x", linestyle="", color="0.3"),
+                    Line2D([], [], linestyle=":", color="0.3")]
+        labels += ["met the target", "missed it", "capacity"]
+        outside_legend(ax, handles=handles, labels=labels)
+    return fig
+
+
+def draw_capacity(results: Sequence[Any], objectives: Sequence[Any], out: str | Path) -> None:
+    """``capacity_figure`` written to ``out``."""
+    from kvlife.lifecycle.traces.plot import save
+
+    save(capacity_figure(results, objectives), out)

@@ -66,6 +66,7 @@ OUTPUT_COLUMNS: tuple[str, ...] = (
     "blocks_loaded", "bytes_loaded", "blocks_stored", "bytes_stored", "redundant_block_loads", "failed_blocks",
     "preemptions", "deferrals", "sync_lookups", "async_lookups", "critical_path_lookup_ms",
     "stale_lookup_answers", "steps", "events",
+    "policies",  # the stack by its policies' own names (plots label stacks with them)
     "first_decile_ttft_ms", "last_decile_ttft_ms", "decile_ttft_ratio", "stable",
 )
 
@@ -205,11 +206,13 @@ def with_values(config: RunConfig, values: Mapping[str, Any]) -> RunConfig:
 # ---- running a point -------------------------------------------------------------------------
 @functools.lru_cache(maxsize=4)
 def _workload(workload: str, limit: int | None, scale: float, block_tokens: int, arrivals: str,
-              seed: int) -> tuple[WorkloadRequest, ...]:
+              seed: int, arrival_cv: float | None = None, request_rate: float | None = None,
+              ) -> tuple[WorkloadRequest, ...]:
     """The requests of a point, read once per process for the points that share them."""
     from kvlife.lifecycle.fidelity.runs import load
 
-    config = RunConfig(engine=EngineConfig(block_tokens=block_tokens), sim=SimConfig(seed=seed, arrivals=arrivals))
+    sim = SimConfig(seed=seed, arrivals=arrivals, arrival_cv=arrival_cv, request_rate=request_rate)
+    config = RunConfig(engine=EngineConfig(block_tokens=block_tokens), sim=sim)
     return tuple(load(workload, limit, scale, config))
 
 
@@ -217,7 +220,7 @@ def requests_of(point: Point) -> list[WorkloadRequest]:
     """The point's workload as ``kvlife run --workload W --limit N --time-scale X`` reads it."""
     config = point.config
     return list(_workload(point.workload, point.limit, config.sim.time_scale, config.engine.block_tokens,
-                          config.sim.arrivals, config.sim.seed))
+                          config.sim.arrivals, config.sim.seed, config.sim.arrival_cv, config.sim.request_rate))
 
 
 Percentile = tuple[str, float]  # ("ttft" or "tpot", q): an extra column ttft_p95_ms
@@ -264,6 +267,7 @@ def execute(point: Point, extra: Sequence[Percentile] = ()) -> dict[str, Any]:
         "deferrals": sum(summary["deferrals"].values()),
         **{k: summary[k] for k in ("sync_lookups", "async_lookups", "critical_path_lookup_ms",
                                    "stale_lookup_answers", "steps", "events")},
+        "policies": ",".join(outcome.policies) or "baseline",
         "first_decile_ttft_ms": stability.first_decile_ms,
         "last_decile_ttft_ms": stability.last_decile_ms,
         "decile_ttft_ratio": stability.ratio,

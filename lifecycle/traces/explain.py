@@ -1,16 +1,23 @@
-"""One request's life, in readable lines: each state, how long, and why.
+"""One request's life, in readable lines: each state, how long, and why; or, briefly, where
+its time went, and which requests were slowest.
 
 The "why" is what the trace recorded: the reason the engine gave for each transition and
 the decisions the policies gave (policy, value, reason) while the request was there.
+The brief forms (``--brief``, ``--slowest N``) are the per-request rows of
+``kvlife.lifecycle.breakdown`` (what ``kvlife run --requests-out`` writes), made from the
+trace: its transition records for the phases, an exact replay for the rest.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvlife.lifecycle.breakdown import PHASES, SOURCES, PhaseClock, RequestRow, describe, row_of, slowest
 from kvlife.lifecycle.traces.export import Timeline, read_timeline
-from kvlife.lifecycle.traces.trace import TraceError
+from kvlife.lifecycle.traces.trace import TraceError, iter_lines, parse_record
+from kvlife.policies.base import HOOKS
 
 
 def _ms(value: float) -> str:
@@ -100,3 +107,53 @@ def explain_lines(timeline: Timeline, request_id: str, path: str = "trace") -> l
 
 def explain(trace: str | Path, request_id: str) -> list[str]:
     return explain_lines(read_timeline(trace), request_id, str(trace))
+
+
+def trace_rows(trace: str | Path, *, allow_code: bool = False, stack: Sequence[str] | None = None) -> list[RequestRow]:
+    """One row per request of ``trace`` (``breakdown.RequestRow``), in arrival order: the
+    phases from its transition records, the rest from an exact replay (which must match;
+    ``allow_code`` and ``stack`` as ``kvlife.lifecycle.traces.replay.replay`` takes them)."""
+    from kvlife.lifecycle.traces.replay import replay
+
+    p = str(trace)
+    result = replay(trace, allow_code=allow_code, stack=stack)
+    if result.divergence is not None:
+        raise TraceError(p, result.divergence.line, "the trace does not replay exactly here, and the per-request "
+                                                    "figures come from its replay (kvlife replay says more)")
+    clock = PhaseClock()
+    end = 0.0
+    for number, raw in iter_lines(trace):
+        record = parse_record(p, number, raw)
+        t = record.get("t")
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            end = max(end, float(t))
+        if record["kind"] in ("transition", "input"):
+            clock.record(record)  # replayed byte for byte: engine records, well formed
+    requests = sorted(result.engine.requests.values(), key=lambda r: r.seq)
+    return [row_of(req, clock, end) for req in requests]
+
+
+def brief_line(trace: str | Path, request_id: str, **replay_options: Any) -> str:
+    """``describe`` of one request's row."""
+    rows = trace_rows(trace, **replay_options)
+    for row in rows:
+        if row.request == request_id:
+            return describe(row)
+    known = ", ".join(r.request for r in rows[:5])
+    raise TraceError(str(trace), None, f"request {request_id!r} is not in the trace (e.g. {known})")
+
+
+def slowest_table(rows: Sequence[RequestRow], n: int, by: str = "e2e") -> list[list[str]]:
+    """The ``n`` slowest requests as table rows (header first): latencies, phases, prompt
+    tokens by source and the admission answer."""
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.1f}"
+
+    header = ["request", "e2e ms", "ttft ms", *(f"{p} ms" for p in PHASES), "preempt", "lookups", "prompt",
+              *SOURCES, "admission"]
+    table = [header]
+    for row in slowest(rows, n, by):
+        table.append([row.request, ms(row.e2e_ms), ms(row.ttft_ms), *(ms(v) for v in row.phases),
+                      str(row.preemptions), str(row.async_lookups), f"{row.prompt_tokens:,}",
+                      *(f"{v:,}" for v in row.sources), row.answers[HOOKS.index("admission")] or "-"])
+    return table

@@ -203,3 +203,136 @@ def export_perfetto(trace: str | Path, out: str | Path) -> int:
     except OSError as exc:
         raise TraceError(str(out), None, f"cannot write: {exc.strerror}") from None
     return len(data["traceEvents"])
+
+
+# ---- OpenTelemetry (OTLP/JSON) -------------------------------------------------------------
+# OTLP's JSON encoding (opentelemetry-proto, ``ExportTraceServiceRequest``; the OTLP spec,
+# "JSON Protobuf Encoding"): lowerCamelCase field names, trace and span ids as hex strings,
+# 64-bit integers as decimal strings, enums as numbers.
+SPAN_KIND_INTERNAL = 1  # opentelemetry.proto.trace.v1.Span.SpanKind
+STATUS_OK, STATUS_ERROR = 1, 2  # opentelemetry.proto.trace.v1.Status.StatusCode
+
+
+def _otlp_value(value: Any) -> dict[str, Any] | None:
+    """An attribute value as OTLP's AnyValue (None: not representable, left out)."""
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}
+    if isinstance(value, float):
+        return {"doubleValue": value} if value == value and abs(value) != float("inf") else None
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if value is None:
+        return None
+    return {"stringValue": orjson.dumps(value).decode()}
+
+
+def _attributes(pairs: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for key, value in pairs.items():
+        encoded = _otlp_value(value)
+        if encoded is not None:
+            out.append({"key": key, "value": encoded})
+    return out
+
+
+def _span_id(*parts: object, size: int = 8) -> str:
+    """A deterministic non-zero id (hex) from ``parts``: the same trace exports the same ids."""
+    import hashlib
+
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=size).digest()
+    return digest.hex() if any(digest) else "01" * size
+
+
+# Where simulated time 0 lands on the wall clock in an OTLP export: 2024-01-01T00:00:00Z
+# (a fixed instant, so an export is deterministic; collectors refuse a start time of 0).
+OTLP_EPOCH_NS = 1_704_067_200 * 1_000_000_000
+
+
+def _nanos(t_ms: float) -> str:
+    return str(OTLP_EPOCH_NS + round(t_ms * 1_000_000))
+
+
+def otlp_traces(trace: str | Path, *, allow_code: bool = False, stack: Any = None) -> dict[str, Any]:
+    """The trace as one OTLP ``ExportTraceServiceRequest`` (JSON): per request, a span
+    ``request REQ`` from arrival to the end of its life, with its latencies, phases
+    (``kvlife.lifecycle.breakdown``), prompt tokens by source and its policies' last answers
+    as attributes, a child span per state it was in (the trigger and reason that ended it as
+    attributes), and each policy decision as an event on the state span it happened in.
+    Each request is its own OTel trace. Times are the run's simulated time, its 0 put at
+    ``OTLP_EPOCH_NS`` (2024-01-01T00:00:00Z: a simulated run has no wall clock).
+    ``allow_code``/``stack``: the replay the per-request figures come from
+    (``explain.trace_rows``)."""
+    from kvlife.lifecycle.breakdown import PHASES, SOURCES
+    from kvlife.lifecycle.traces.explain import trace_rows
+    from kvlife.policies.base import HOOKS
+
+    timeline = read_timeline(trace)
+    rows = {row.request: row for row in trace_rows(trace, allow_code=allow_code, stack=stack)}
+    header = timeline.header
+    seed = header.get("seed")
+    spans: list[dict[str, Any]] = []
+    for rid, segments in timeline.segments.items():
+        row = rows.get(rid)
+        trace_id = _span_id("kvlife", seed, rid, size=16)
+        root_id = _span_id(rid, "request")
+        start = segments[0].start
+        last = segments[-1]
+        end = last.start if last.state == "finished" else timeline.end_t
+        attrs_: dict[str, Any] = {"kvlife.request.id": rid}
+        if row is not None:
+            attrs_.update({
+                "kvlife.request.finish_reason": row.finish_reason or None,
+                "kvlife.request.prompt_tokens": row.prompt_tokens,
+                "kvlife.request.output_tokens": row.output_tokens,
+                "kvlife.request.preemptions": row.preemptions,
+                "kvlife.latency.ttft_ms": row.ttft_ms, "kvlife.latency.tpot_ms": row.tpot_ms,
+                "kvlife.latency.e2e_ms": row.e2e_ms,
+                **{f"kvlife.phase.{p}_ms": v for p, v in zip(PHASES, row.phases, strict=True)},
+                **{f"kvlife.prompt_tokens_by_source.{s}": v for s, v in zip(SOURCES, row.sources, strict=True)},
+                **{f"kvlife.policy.{h}": a or None for h, a in zip(HOOKS, row.answers, strict=True)},
+            })
+        failed = row is not None and row.finish_reason in ("error", "aborted")
+        spans.append({"traceId": trace_id, "spanId": root_id, "name": f"request {rid}",
+                      "kind": SPAN_KIND_INTERNAL, "startTimeUnixNano": _nanos(start),
+                      "endTimeUnixNano": _nanos(end), "attributes": _attributes(attrs_),
+                      "status": {"code": STATUS_ERROR if failed else STATUS_OK}})
+        records = timeline.records.get(rid, [])
+        for index, seg in enumerate(segments):
+            if seg.state == "finished":
+                continue
+            seg_end = seg.end if seg.end is not None else timeline.end_t
+            events = []
+            for line, record in records:
+                if record.get("kind") != "decision" or line < seg.start_line or \
+                        (seg.end_line is not None and line >= seg.end_line):
+                    continue
+                events.append({"timeUnixNano": _nanos(float(record.get("t", seg.start))),
+                               "name": f"decision {record.get('point')}",
+                               "attributes": _attributes({"kvlife.policy": record.get("policy"),
+                                                          "kvlife.answer": record.get("value"),
+                                                          "kvlife.reason": record.get("reason")})})
+            span = {"traceId": trace_id, "spanId": _span_id(rid, "state", index), "parentSpanId": root_id,
+                    "name": seg.state, "kind": SPAN_KIND_INTERNAL, "startTimeUnixNano": _nanos(seg.start),
+                    "endTimeUnixNano": _nanos(seg_end),
+                    "attributes": _attributes({"kvlife.state.left_by": seg.left_by,
+                                               "kvlife.state.reason": seg.reason})}
+            if events:
+                span["events"] = events
+            spans.append(span)
+    resource = _attributes({"service.name": "kvlife", "kvlife.trace": str(trace), "kvlife.seed": seed,
+                            "kvlife.policies": ",".join(p for p in header.get("policies") or [] if isinstance(p, str))})
+    return {"resourceSpans": [{"resource": {"attributes": resource},
+                               "scopeSpans": [{"scope": {"name": "kvlife"}, "spans": spans}]}]}
+
+
+def export_otlp(trace: str | Path, out: str | Path, **replay_options: Any) -> int:
+    """Write ``otlp_traces`` as JSON (what an OTLP/HTTP collector takes at /v1/traces);
+    returns the number of spans."""
+    data = otlp_traces(trace, **replay_options)
+    try:
+        Path(out).write_bytes(orjson.dumps(data))
+    except OSError as exc:
+        raise TraceError(str(out), None, f"cannot write: {exc.strerror}") from None
+    return len(data["resourceSpans"][0]["scopeSpans"][0]["spans"])

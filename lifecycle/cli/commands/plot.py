@@ -1,4 +1,5 @@
-"""``kvlife plot TRACE out.png``: requests by state, TTFT CDF, tier hit rates (needs kvlife[plot])."""
+"""``kvlife plot TRACE [TRACE ...] out.png``: requests by state, TTFT CDF, tier hit rates, the
+traces overlaid (needs kvlife[plot])."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_fl
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("plot", help="plot requests by state, TTFT CDF and hit rates of a trace "
-                                         "(needs kvlife[plot])")
-    parser.add_argument("trace", help="JSON-lines trace")
+    parser = sub.add_parser("plot", help="plot requests by state, TTFT CDF and hit rates of one or more traces, "
+                                         "overlaid (needs kvlife[plot])",
+                            description="Plot requests running and waiting over time, the TTFT CDF and the prefix "
+                                        "hit rate per tier of each trace, one colour per trace, labelled by its "
+                                        "policies.\n\nexample:\n  kvlife plot base.jsonl shared.jsonl both.png")
+    parser.add_argument("trace", nargs="+", help="JSON-lines trace(s)")
     parser.add_argument("out", help="image file (png, svg, pdf)")
     add_stack_flag(parser, help_text="replay under this stack instead of the header's (the TTFT and hit-rate "
                                      "panels come from an exact replay); " + STACK_HELP,
@@ -34,7 +38,7 @@ def handle(args: argparse.Namespace) -> int:
     stack = list(parse_stack(args.stack)) if args.stack is not None else None
     plot(args.trace, args.out, allow_code=args.allow_code, stack=stack)
     if args.json:
-        output.emit("plot", trace=args.trace, out=args.out)
+        output.emit("plot", trace=args.trace[0], traces=args.trace, out=args.out)
         return 0
     print(f"wrote {args.out}")
     return 0

@@ -12,6 +12,7 @@ from kvlife.lifecycle.cli import output
 from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag
 from kvlife.lifecycle.cli.run_options import (
     SIM_FLAGS,
+    add_report_flags,
     add_sim_flags,
     add_size_flags,
     add_workload_flags,
@@ -30,6 +31,8 @@ LIVE_SYNTHETIC_TIME_SCALE = 20.0
 # Flags that only mean something with --live, and the config key each mirrors.
 LIVE_ONLY = {"disk_path": "--disk-path", "redis_url": "--redis-url", "redis_ttl": "--redis-ttl",
              "no_verify": "--no-verify"}
+# Flags of simulated runs only, beside SIM_FLAGS.
+SIM_ONLY = {"requests_out": "--requests-out", "goodput": "--goodput", "request_rate": "--request-rate"}
 # Flags of simulated runs only: the adversary and the online invariant check.
 CHECK_FLAGS = {"chaos": "--chaos", "check": "--check"}
 
@@ -40,7 +43,8 @@ def register(sub: Any) -> None:
         description="Simulate a workload through the engine and print a summary; --live drives the same "
                     "engine in wall-clock time with real KV bytes.\n\n"
                     "examples:\n"
-                    "  kvlife run --workload mooncake-conversation --limit 2000 --trace run.jsonl\n"
+                    "  kvlife run --workload mooncake-conversation --limit 2000 --time-scale 0.26 --arrivals spread\n"
+                    "  kvlife run --request-rate 6 --arrivals gamma:2 --requests-out requests.csv\n"
                     '  kvlife run --stack "async-lookup,shared-loads" --device-blocks 400 --tier disk=4000\n'
                     "  kvlife run --model llama-3-70b --tp 4 --limit 200\n"
                     "  kvlife run --live --limit 50")
@@ -50,6 +54,11 @@ def register(sub: Any) -> None:
     add_size_flags(parser)
     add_sim_flags(parser)
     parser.add_argument("--trace", metavar="FILE", help="write the JSON-lines trace here (default: no trace)")
+    parser.add_argument("--requests-out", metavar="FILE.csv",
+                        help="write one CSV row per request: latencies, time per phase (queue, lookup, load, "
+                             "prefill, decode, hold), prompt tokens by source and each policy hook's answer; "
+                             "pandas.read_csv reads it (simulated runs; default: none)")
+    add_report_flags(parser)
     parser.add_argument("--transfer-deadline", type=flag_type("engine.transfer_deadline_ms"), metavar="MS",
                         help="a rank that has not reported a transfer this long after it started is declared "
                              "failed for it (config: engine.transfer_deadline_ms; default: none)")
@@ -91,6 +100,9 @@ def handle(args: argparse.Namespace) -> int:
         given = [flag for dest, flag in CHECK_FLAGS.items() if getattr(args, dest) is not None]
         if given:
             raise UsageError(f"{given[0]} applies to simulated runs; a live run checks its bytes (--no-verify)")
+        given = [flag for dest, flag in SIM_ONLY.items() if getattr(args, dest) is not None]
+        if given:
+            raise UsageError(f"{given[0]} applies to simulated runs")
     config = load_run_config(args)
     if args.transfer_deadline is not None:
         config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=args.transfer_deadline))
@@ -112,30 +124,65 @@ def _names(config: RunConfig) -> str:
 def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.lifecycle.drivers.runner import run_workload
-    from kvlife.lifecycle.metrics import format_summary
+    from kvlife.lifecycle.metrics import format_summary, overload_line
 
     config = _apply_checks(args, apply_sim(args, apply_sizes(args, config)))
     scale, config = time_scale(args, config, 1.0)
+    out = _requests_out(args.requests_out)
     # A workload file is streamed: read as the run goes, never held whole.
     workload, size, name = stream_workload(args, config, scale)
     origin = "--device-blocks" if args.device_blocks is not None else None
     with progress_bar("kvlife run", total=size) as progress:
         outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name,
-                               device_blocks_origin=origin, size=size)
+                               device_blocks_origin=origin, size=size, breakdown=True, goodput=args.goodput)
+    rows_written = None
+    if out is not None and outcome.rows is not None:
+        from kvlife.lifecycle.breakdown import save_csv
+
+        try:
+            rows_written = save_csv(outcome.rows, out)
+        except OSError as exc:
+            raise UsageError(f"argument --requests-out: cannot write {out}: {exc.strerror}") from None
     for problem in outcome.problems():
         print(f"kvlife run: {problem}", file=sys.stderr)
+    warning = overload_line(outcome.summary, scale, args.request_rate)
+    if warning is not None:
+        print(f"kvlife run: {warning}", file=sys.stderr)
     exit_code = outcome.exit_code
     if args.json:
         output.emit("run", driver="sim", workload={"name": name, "requests": size},
                     stack=_label(config), seed=config.sim.seed, time_scale=scale,
+                    request_rate=config.sim.request_rate, arrivals=_arrivals(config),
                     trace={"path": args.trace, "lines": outcome.trace_lines} if args.trace else None,
-                    summary=outcome.summary)
+                    requests_out={"path": out, "rows": rows_written} if out is not None else None,
+                    overloaded=outcome.summary["overloaded"], summary=outcome.summary)
         return exit_code
-    print(f"kvlife run: {name}, {size} requests, stack {_names(config)}, time scale {scale:g}")
+    rate = f", request rate {config.sim.request_rate:g}/s" if config.sim.request_rate is not None else ""
+    print(f"kvlife run: {name}, {size} requests, stack {_names(config)}, time scale {scale:g}{rate}, "
+          f"arrivals {_arrivals(config)}")
     print(format_summary(outcome.summary))
     if args.trace:
         print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
+    if out is not None:
+        print(f"requests: {out} ({rows_written:,} rows)")
     return exit_code
+
+
+def _arrivals(config: RunConfig) -> str:
+    """``recorded``, ``spread``, ``poisson`` or ``gamma:CV``, as --arrivals writes it."""
+    sim = config.sim
+    return f"gamma:{sim.arrival_cv or 1.0:g}" if sim.arrivals == "gamma" else sim.arrivals
+
+
+def _requests_out(path: str | None) -> str | None:
+    """--requests-out: a CSV file (checked before the run: Parquet would need pyarrow, which
+    kvlife does not depend on)."""
+    if path is None:
+        return None
+    if path.lower().endswith((".parquet", ".pq")):
+        raise UsageError(f"argument --requests-out: {path}: kvlife writes CSV (Parquet would need pyarrow); "
+                         "name a .csv file and convert it with pandas.read_csv(...).to_parquet(...)")
+    return path
 
 
 def _apply_checks(args: argparse.Namespace, config: RunConfig) -> RunConfig:
