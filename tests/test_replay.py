@@ -100,30 +100,32 @@ def _silent_step_outputs(lines: list[bytes]) -> list[int]:
 def test_a_dropped_step_output_is_a_divergence(trace: Path, tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """The issue's case: a step output that finishes nobody and stores nothing leaves no line
-    behind; dropping it used to replay as identical, with a step left in flight."""
+    behind. Every scheduler pass writes its step record, and the pass after a lost output
+    schedules without the tokens it would have confirmed, so its step record diverges; a lost
+    last output (the trace cut after its step) is seen by the end check."""
     lines = _lines(trace)
     assert main(["replay", str(trace)]) == 0
     assert capsys.readouterr().out.startswith("identical")
-    found = None
-    for index in reversed(_silent_step_outputs(lines)):
-        dropped = _write(tmp_path / "dropped.jsonl", lines[:index] + lines[index + 1:])
-        result = replay(dropped)
-        assert result.divergence is not None, f"dropping line {index + 1} went unnoticed"
-        if result.divergence.end:  # every line matched: only the end check sees it
-            found = (index, result)
-            break
-    assert found is not None, "no step output whose loss only the end check sees"
-    index, result = found
-    step = orjson.loads(lines[index])["step_id"]
-    d = result.divergence
-    assert d is not None
-    assert d.expected.startswith(f"step {step} ended: the trace has the output of step ")
-    assert d.got.startswith(f"the engine ends with step {step} in flight, no step_output for it: req-")
+    silent = _silent_step_outputs(lines)
+    assert len(silent) > 100
+    for index in [*silent[:10], *silent[len(silent) // 2:][:10], *silent[-10:]]:
+        result = replay(_write(tmp_path / "dropped.jsonl", lines[:index] + lines[index + 1:]))
+        d = result.divergence
+        assert d is not None and not d.end, f"dropping line {index + 1} went unnoticed"
+        # the first line that differs is a step record (of the dropped file: line index + 2 or later)
+        assert d.line > index and orjson.loads(d.expected)["kind"] == "step"
+    last = max(i for i, raw in enumerate(lines) if raw.startswith(b'{"kind":"input","type":"step_output"'))
+    step = orjson.loads(lines[last])["step_id"]
+    dropped = _write(tmp_path / "dropped.jsonl", lines[:last])
+    d = replay(dropped).divergence
+    assert d is not None and d.end
+    assert d.expected.startswith("no step in flight: the trace has no interrupted record")
+    assert d.got.startswith(f"the engine ends with step {step} in flight: req-")
     assert "1 sampled token(s) never generated" in d.got
     assert main(["replay", str(dropped), "--json"]) == 1
     verdict = orjson.loads(capsys.readouterr().out)
     assert verdict["identical"] is False and verdict["divergence"]["end"] is True
-    assert verdict["divergence"]["line"] == len(lines)  # one past the last of its len(lines) - 1 lines
+    assert verdict["divergence"]["line"] == last + 1  # one past the last of its ``last`` lines
 
 
 @pytest.mark.parametrize("which", ["first", "middle", "last"])
@@ -296,10 +298,17 @@ def test_the_step_inputs_record_as_every_other_input_does() -> None:
 
     from kvlife.lifecycle.engine.events import StepOutput, Tick, input_from_record, input_to_record
 
-    for event in (Tick(1.5), Tick(0.0), StepOutput(2.25, 7), StepOutput(3.0, 8, (("a", "stop"), ("b", "length")))):
+    for event in (Tick(1.5), Tick(0.0), StepOutput(2.25, 7), StepOutput(3.0, 8, (("a", "stop"), ("b", "length"))),
+                  StepOutput(4.0, 9, (), ((3, 0, ()), (4, 1, (17, 18))))):
         generic = {"kind": "input", "type": event.type, **attrs.asdict(event, recurse=False)}
         if isinstance(event, StepOutput):
             generic["finished"] = [list(pair) for pair in event.finished]
+            # the workers' job reports: only when there are some (a step without any, the
+            # common case, writes no empty list)
+            if event.reports:
+                generic["reports"] = [[job, rank, list(failed)] for job, rank, failed in event.reports]
+            else:
+                del generic["reports"]
         record = input_to_record(event)
         assert list(record.items()) == list(generic.items())
         assert input_from_record(orjson.loads(orjson.dumps(record))) == event

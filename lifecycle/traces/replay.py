@@ -136,7 +136,7 @@ def end_divergence(engine: Any, after: int, last_output: tuple[int, int] | None,
     """What the trace says about its end against the replayed engine's end (see the module
     docstring); ``after`` is the line number past the last line."""
     state = engine.state
-    in_flight = sorted(state.steps)
+    in_flight = sorted(step_id for step_id, _ in state.steps)
     if in_flight and last_output is not None and in_flight[0] < last_output[0]:
         lost = [s for s in in_flight if s < last_output[0]]
         return Divergence(
@@ -194,8 +194,9 @@ def _steps(ids: Sequence[int]) -> str:
 def _step_effect(state: Any, ids: Sequence[int]) -> str:
     """Per request, the tokens those steps computed and sampled that no output confirmed."""
     unconfirmed: dict[str, list[int]] = {}  # request -> [tokens, sampled]
+    entries = dict(state.steps)
     for step_id in ids:
-        for req, _epoch, n, samples in state.steps[step_id]:
+        for req, _epoch, _before, n, samples in entries[step_id]:
             entry = unconfirmed.setdefault(req.request_id, [0, 0])
             entry[0] += n
             entry[1] += int(samples)
