@@ -207,6 +207,9 @@ def test_a_failing_forward_step_is_a_failed_step(tmp_path: Path, monkeypatch: py
     assert "illegal memory access" in outcome.rank_errors[0]
     step_failures = warnings_in(trace, "step_failed")
     assert len(step_failures) == len(failed) and all(w["requests"] for w in step_failures)
+    failed_outputs = [r for _, r in read_trace(trace) if r["kind"] == "input" and r.get("failed_ranks")]
+    assert sorted(r["step_id"] for r in failed_outputs) == sorted(failed)
+    assert all(r["failed_ranks"] == [1] for r in failed_outputs)
     aborted = {r["req"] for _, r in read_trace(trace) if r["kind"] == "transition" and r["trigger"] == "aborted"}
     assert aborted == {rid for w in step_failures for rid in w["requests"]}
     assert outcome.stats.mismatches == 0  # nothing half-computed was stored and served

@@ -135,3 +135,21 @@ def test_finish_with_a_store_in_flight_waits_in_sending() -> None:
     assert engine.tiers["host"].lookup([10, 20, 30]) == 2
     engine.check_invariants()
     assert engine.pool.free == engine.pool.capacity
+
+
+def test_a_failed_step_aborts_its_requests_and_its_blocks_serve_no_hit() -> None:
+    """A step that raised on a rank (the live runtime) wrote no KV: the blocks it was to
+    write were published in the prefix cache when it was scheduled (vLLM caches at
+    allocation), and must leave it, or a later request with the same prefix is served them."""
+    for failed in (False, True):
+        engine = make_engine(device_blocks=16, max_batched_tokens=256)
+        engine.handle(Arrival(0.0, "a", 64, (1, 2, 3, 4)))
+        plan = plan_of(engine.handle(Tick(0.0)))
+        engine.handle(StepOutput(1.0, plan.step_id, failed_ranks=(1,) if failed else ()))
+        assert engine.requests["a"].state == ("finished" if failed else "running")
+        assert (engine.requests["a"].finish_reason == "aborted") is failed
+        engine.handle(Arrival(1.0, "b", 64, (1, 2, 3, 4)))
+        plan = plan_of(engine.handle(Tick(1.0)))
+        entry = {e.request_id: e for e in plan.entries}["b"]
+        assert entry.computed_before == (0 if failed else 48)
+        engine.check_invariants()

@@ -326,6 +326,7 @@ class _Step:
     plan: StepPlan
     done: set[int] = attrs.Factory(set)  # ranks that ran it
     errors: list[str] = attrs.Factory(list)  # ranks on which it raised
+    failed_ranks: list[int] = attrs.Factory(list)
 
 
 class LiveRuntime:
@@ -765,6 +766,7 @@ class LiveRuntime:
             step.done.add(rank)
             if error is not None:
                 step.errors.append(f"rank {rank}: {error}")
+                step.failed_ranks.append(rank)
                 self.rank_errors.append(f"rank {rank}: step {step_id}: {error}")
             return self._complete_step(step_id, now)
         if kind == "tier_event":
@@ -781,25 +783,23 @@ class LiveRuntime:
         del self._steps[step_id]
         finished: tuple[tuple[str, str], ...] = ()
         if step.errors:
-            self._fail_step(step, now)
+            self._fail_step(step)
         else:
             finished = step_finishes(step.plan, self.engine, self._stops)
-        self._dispatch(self.engine.handle(StepOutput(now, step_id, finished)), now)
+        self._dispatch(self.engine.handle(StepOutput(now, step_id, finished, failed_ranks=tuple(sorted(step.failed_ranks)))), now)
         return 1
 
-    def _fail_step(self, step: _Step, now: float) -> None:
-        """A step that raised on some rank did not write its KV there: its requests are
-        aborted before its output arrives (which then counts for nothing), and a
-        ``step_failed`` warning names them."""
+    def _fail_step(self, step: _Step) -> None:
+        """A step that raised on some rank did not write its KV there: its output says so
+        (``StepOutput.failed``: the engine aborts its requests and withdraws the blocks it
+        was to write from the prefix cache), and a ``step_failed`` warning names them."""
         self.failed_steps += 1
         requests = self.engine.requests
         victims = list(dict.fromkeys(e.request_id for e in step.plan.entries
                                      if requests[e.request_id].state != "finished"))
         self._warn("step_failed", None, {"step": step.plan.step_id, "errors": step.errors, "requests": victims,
                                          "note": "the step's KV was not written: its requests are aborted"})
-        for rid in victims:
-            self.failed_requests.append(rid)
-            self._dispatch(self.engine.handle(Abort(now, rid)), now)
+        self.failed_requests.extend(victims)
 
 
 def live_defaults(config: RunConfig, explicit_config: bool) -> RunConfig:

@@ -200,6 +200,8 @@ class Engine:
         if not scheduler.steps or next(iter(scheduler.steps)) != event.step_id:
             core.lifecycle.warn("unknown_step", step=event.step_id)
             return
+        if event.failed_ranks:
+            self._fail_step(event.step_id)
         scheduled = {req.request_id for req, _, samples in scheduler.steps[event.step_id][0] if samples}
         for rid, _ in event.finished:
             if rid not in scheduled:
@@ -215,6 +217,23 @@ class Engine:
         output = KVConnectorOutput(set(sending) or None, set(recving) or None,
                                    WorkerMeta(event.reports) if event.reports else None, set(invalid))
         scheduler.update_from_output(event.step_id, dict(event.finished), output)
+
+    def _fail_step(self, step_id: int) -> None:
+        """The step wrote no KV on some rank: the blocks it was to write (and those of any
+        later step of its requests, computed over them) leave the prefix cache, so no hit
+        serves them, and its requests are aborted. It is the oldest step in flight, so a
+        request's tokens from ``num_computed_tokens - num_in_flight_tokens`` on are its."""
+        scheduler = self.scheduler
+        bt = scheduler.block_tokens
+        victims = []
+        for req, _, _ in scheduler.steps[step_id][0]:
+            if req.finished:
+                continue
+            start = req.num_computed_tokens - req.num_in_flight_tokens
+            scheduler.pool.forget(req.blocks[start // bt:])
+            victims.append(req.request_id)
+        for rid in dict.fromkeys(victims):
+            scheduler.finish_requests(rid)
 
     # ---- what drivers and checks read ------------------------------------------------------------
     @property

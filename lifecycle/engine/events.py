@@ -71,13 +71,16 @@ class StepOutput:
     completed its known tokens sampled one token; ``finished`` names requests whose token
     was their last, with the reason; ``reports`` are the workers' transfer reports that came
     with this output (vLLM's ``kv_connector_output``), applied after the tokens, as vLLM
-    applies them."""
+    applies them. ``failed_ranks``: the ranks where the step raised and wrote no KV (the
+    live runtime; vLLM's engine would die): its requests are aborted and the blocks it was
+    to write leave the prefix cache before anything else of the output applies."""
 
     type: ClassVar[str] = "step_output"
     t: float
     step_id: int
     finished: tuple[tuple[str, str], ...] = ()
     reports: tuple[tuple[int, int, tuple[BlockHash, ...]], ...] = ()
+    failed_ranks: tuple[int, ...] = ()
 
 
 InputEvent = Arrival | Abort | Tick | LookupAnswer | TransferReport | StepOutput
@@ -99,6 +102,8 @@ def input_to_record(event: InputEvent) -> dict[str, Any]:
                   "finished": [list(pair) for pair in step.finished]}
         if step.reports:
             record["reports"] = [[job, rank, list(failed)] for job, rank, failed in step.reports]
+        if step.failed_ranks:
+            record["failed_ranks"] = list(step.failed_ranks)
         return record
     record = {"kind": "input", "type": event.type}
     record.update(attrs.asdict(event, recurse=False))
@@ -128,6 +133,10 @@ def input_from_record(record: dict[str, Any]) -> InputEvent:
         value = record[field.name]
         if field.name == "reports" and cls is StepOutput:
             value = _reports(value)
+        elif field.name == "failed_ranks" and cls is StepOutput:
+            if not isinstance(value, list) or not value or not all(_is_int(r) and r >= 0 for r in value):
+                raise BadEvent("failed_ranks", "expected a non-empty list of rank numbers")
+            value = tuple(value)
         elif field.name == "finished" and cls is StepOutput:
             if not isinstance(value, list) or not all(
                 isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
