@@ -178,6 +178,7 @@ INSIDE: dict[str, st.SearchStrategy[Any]] = {
     "engine.lookup_deadline_ms": st.floats(1e-3, 1e9) | st.just(1e9),
     "engine.reclaim_deadline_ms": st.floats(1e-3, 1e9) | st.just(1e9),
     "engine.max_async_lookups": st.integers(1, 4096) | st.just(INT64_MAX),
+    "engine.kv_load_failure_policy": st.sampled_from(["recompute", "fail"]),
     "tiers.capacity_blocks": st.integers(1, 5000),
     "tiers.eviction": st.sampled_from(["lru", "arc"]),
     "tiers.bandwidth_gbps": st.floats(1e-6, 1e6) | st.sampled_from([1e-6, 1e6]),
