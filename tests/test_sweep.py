@@ -181,6 +181,23 @@ def test_jobs_and_ray_give_identical_rows(tmp_path: Path, capsys: pytest.Capture
     assert len(read_rows(tmp_path / "ray.jsonl")) == 8
 
 
+def test_a_ray_that_does_not_start_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'kvlife[ray]')")
+
+    def timed_out(**_: object) -> None:
+        raise Exception("The current node timed out during startup.\nThis could happen because ...")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", timed_out)
+    out = tmp_path / "ray.jsonl"
+    assert main(["sweep", "run", str(_spec(tmp_path)), "-o", str(out), "--ray"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("kvlife sweep run: error: Ray did not start (a local Ray): Exception: The current node timed out")
+    assert not out.exists() or read_rows(out) == []
+
+
 def test_a_killed_sweep_resumes_without_redoing_finished_runs(tmp_path: Path) -> None:
     spec = _spec(tmp_path, GRID.replace("limit = 20", "limit = 150"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

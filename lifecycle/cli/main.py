@@ -102,6 +102,13 @@ def _main(argv: Sequence[str] | None) -> int:
             print("traceback of the policy's code:", file=sys.stderr)
             print("".join(traceback.format_exception(cause)), end="", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from kvlife.lifecycle.sweeps.executors import ExecutorUnavailable
+
+        if not isinstance(exc, ExecutorUnavailable):
+            raise
+        print(f"{args.command_prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away (kvlife ... | head): stop quietly, and keep Python from
         # complaining again when it flushes stdout at exit.

@@ -97,6 +97,10 @@ class Processes:
         return f"{self.jobs} local processes"
 
 
+class ExecutorUnavailable(RuntimeError):
+    """The executor could not start (Ray): one line, exit code 1, nothing run."""
+
+
 class RayCluster:
     """Runs on Ray. ``address``: ``"auto"`` (a running cluster), ``"ray://..."`` or
     ``"HOST:PORT"``, or None: a Ray already initialized in this process, else a local one
@@ -112,7 +116,11 @@ class RayCluster:
                                        "configure_logging": False}
             if address is None and num_cpus is not None:
                 options["num_cpus"] = num_cpus
-            ray.init(**options)
+            try:
+                ray.init(**options)
+            except Exception as exc:  # a node that timed out starting, a cluster not there
+                raise ExecutorUnavailable(f"Ray did not start ({address or 'a local Ray'}): "
+                                          f"{type(exc).__name__}: {exc}") from exc
             self._started = True
         self.address = address
         self._task = ray.remote(num_cpus=1)(_run)
