@@ -300,27 +300,27 @@ ASYNC = EngineConfig(
 
 
 def stores_past_confirmed(stack: list[str]) -> tuple[int, int]:
-    """(blocks stored, blocks stored while some of their tokens were unconfirmed)."""
+    """(blocks stored, blocks stored while some of their tokens were unconfirmed), judged
+    when each store is decided (its ``job`` record: the request as it is at that moment). The
+    ``StartStore`` goes out with the next step's metadata, by when the request may have been
+    preempted (its confirmed count reset, the store flushed): that is no unsafe store."""
     workload = synthetic_workload(seed=4, num_requests=120, arrival_rate_per_s=20.0, block_tokens=64)
-    sim = Simulator(RunConfig(engine=ASYNC, sim=SIM), workload, load_stack(stack))
-    engine = sim.engine
-    handle = engine.handle
     counts = [0, 0]
+    requests: dict[str, Any] = {}
 
-    def checked(event: Any) -> Any:
-        commands = handle(event)
-        for command in commands:
-            if isinstance(command, StartStore):
-                req = engine.requests[command.request_id]
-                real = req.prompt_tokens + req.generated
-                for move in command.moves:
-                    end = (req.hashes.index(move.block_hash) + 1) * ASYNC.block_tokens
-                    counts[0] += 1
-                    if end > req.confirmed or end > real:
-                        counts[1] += 1
-        return commands
+    def recorder(record: dict[str, Any]) -> None:
+        if record["kind"] != "job" or record["op"] != "store":
+            return
+        req = requests[record["req"]]
+        real = req.prompt_tokens + req.generated
+        for block_hash, _, _ in record["moves"]:
+            end = (req.hashes.index(block_hash) + 1) * ASYNC.block_tokens
+            counts[0] += 1
+            if end > req.confirmed or end > real:
+                counts[1] += 1
 
-    engine.handle = checked  # type: ignore[method-assign]
+    sim = Simulator(RunConfig(engine=ASYNC, sim=SIM), workload, load_stack(stack), recorder=recorder)
+    requests = sim.engine.requests
     result = sim.run()
     assert result.stranded == []
     return counts[0], counts[1]

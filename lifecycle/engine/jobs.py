@@ -85,13 +85,17 @@ class Transfers:
 
     def maybe_store(self, req: Request) -> None:
         """Store the request's newly confirmed full blocks (prompt and generated tokens
-        alike) to every tier, up to what the store policy allows (``store_limit``)."""
+        alike) to every tier, up to what the store policy allows (``store_limit``); never a
+        block no step has scheduled yet."""
         state = self.state
         bt = state.config.block_tokens
         if not state.tiers or min(req.confirmed // bt, len(req.block_table)) <= req.stored_blocks:
             return  # no new block confirmed: nothing to ask
         limit = self.lifecycle.ask(req, Hook.STORE_LIMIT)
-        upto = min(min(limit, req.confirmed) // bt, len(req.block_table))
+        # Clamped to the scheduled tokens, not the confirmed ones: which scheduled tokens
+        # are safe to store is the policy's call (invariant 5), so that
+        # ``naive-stores-unsafe`` can show the placeholder bug (vLLM #27644).
+        upto = min(min(limit, req.computed) // bt, len(req.block_table))
         if upto <= req.stored_blocks:
             return
         if upto > len(req.hashes):
