@@ -19,7 +19,7 @@ import pytest
 from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
 from kvlife.lifecycle.drivers.runner import RunOutcome, run_workload
 from kvlife.lifecycle.drivers.simulator import Simulator
-from kvlife.lifecycle.engine.events import StartStore
+from kvlife.lifecycle.engine.events import StartLoad, StartStore
 from kvlife.lifecycle.metrics import summarize
 from kvlife.lifecycle.profiles.catalog import load_hardware
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
@@ -272,17 +272,33 @@ def test_shared_loads_removes_redundant_loads_without_the_convoy() -> None:
 
 
 def test_shared_loads_never_has_two_loads_of_one_block_in_flight() -> None:
-    """Invariant 6, checked at every event of a whole run."""
+    """Invariant 6, checked at every event of a whole run: at most one tier load of a block
+    is in flight. A joiner's own job (``StartLoad.after``) reads no tier: it copies, device
+    to device, the blocks its owner's in-flight tier load fills."""
     workload = shared_prefix_bursts(n_prefixes=1, burst=8)
     sim = Simulator(RunConfig(engine=BURSTS, sim=SIM), workload, load_stack(["shared-loads"]))
     engine = sim.engine
     handle = engine.handle
+    fills: dict[int, dict[int, int]] = {}  # tier load job -> {block hash: device block it fills}
+    joins = [0]
 
     def checked(event: Any) -> Any:
         commands = handle(event)
+        for command in commands:
+            if not isinstance(command, StartLoad):
+                continue
+            if command.after is None:
+                assert all(m.tier != "device" for m in command.moves)
+                fills[command.job_id] = {m.block_hash: m.device_block for m in command.moves}
+                continue
+            joins[0] += 1
+            assert command.after in engine.jobs, f"job {command.job_id} joins a load no longer in flight"
+            owner = fills[command.after]
+            for move in command.moves:
+                assert move.tier == "device" and move.slot == owner[move.block_hash]
         seen: dict[int, int] = {}
         for job in engine.jobs.values():
-            if job.kind == "load":
+            if job.kind == "load" and job.after is None:
                 for move in job.moves:
                     assert move.block_hash not in seen, f"block {move.block_hash} loaded by two jobs"
                     seen[move.block_hash] = job.job_id
@@ -290,6 +306,40 @@ def test_shared_loads_never_has_two_loads_of_one_block_in_flight() -> None:
 
     engine.handle = checked  # type: ignore[method-assign]
     assert sim.run().stranded == []
+    assert joins[0] > 0  # the burst did join (else the check above saw nothing to check)
+
+
+@pytest.mark.parametrize("stack", [["shared-loads"], []])
+def test_a_joiner_copies_the_owners_blocks_instead_of_loading_them_again(stack: list[str]) -> None:
+    """Two requests admitted in one pass hit the same four host blocks. With shared-loads the
+    second joins the first's load: its job copies the owner's device blocks, no tier block is
+    read twice, and the summary's blocks loaded count only the tier reads. Without it, both
+    read the tier."""
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival, Tick
+
+    config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256,
+                          tiers=(TierConfig("host", capacity_blocks=32),))
+    engine = Engine(config, load_stack(stack), reference=True)
+    prefix = [1, 2, 3, 4]
+    host = engine.tiers["host"]
+    host.complete_store([h for h, _ in host.prepare_store(prefix).accepted])
+    engine.handle(Arrival(0.0, "a", 70, (*prefix, 5)))
+    engine.handle(Arrival(0.0, "b", 70, (*prefix, 6)))
+    loads = {c.request_id: c for c in engine.handle(Tick(0.0)) if isinstance(c, StartLoad)}
+    owner, joiner = loads["a"], loads["b"]
+    assert [m.block_hash for m in owner.moves] == prefix and owner.after is None
+    assert {m.tier for m in owner.moves} == {"host"}
+    stats = engine.stats
+    if stack:
+        assert joiner.after == owner.job_id
+        assert [(m.block_hash, m.tier, m.slot) for m in joiner.moves] == \
+            [(m.block_hash, "device", m.device_block) for m in owner.moves]
+        assert (stats.blocks_loaded, stats.joined_blocks, stats.redundant_block_loads) == (4, 4, 0)
+    else:
+        assert joiner.after is None and {m.tier for m in joiner.moves} == {"host"}
+        assert (stats.blocks_loaded, stats.joined_blocks, stats.redundant_block_loads) == (8, 0, 4)
+    assert {m.device_block for m in joiner.moves}.isdisjoint(m.device_block for m in owner.moves)
 
 
 # ---- placeholder-safe stores ----------------------------------------------------------

@@ -76,7 +76,10 @@ class Transfers:
         state.ranks.open(job_id)
         req.load_jobs.append(job_id)
         state.stats.loads += 1
-        state.stats.blocks_loaded += len(placed)
+        if after is None:
+            # Blocks read from a tier. A join's device copies are counted as joined_blocks:
+            # they cross no tier link, and they are what shared loads saves.
+            state.stats.blocks_loaded += len(placed)
         extra = {} if after is None else {"after": after}
         self.lifecycle.record(records.job(state.now, job_id, "load", req.request_id,
                                           count_tiers(m.tier for m in placed), moves_record(placed), **extra))
