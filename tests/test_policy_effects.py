@@ -388,26 +388,77 @@ def test_naive_boundary_stores_placeholder_positions() -> None:
     assert unsafe > 0
 
 
-@pytest.mark.parametrize("stack", [["hold-while-sending"], []])
-def test_hold_while_sending_finishes_only_after_every_rank(stack: list[str]) -> None:
+def _finish_with_a_store(stack: list[str]) -> tuple[Any, StartStore]:
+    """Two ranks; ``a`` stops on its first step. Its last full blocks' store is decided at
+    that step output and goes out with the next step's metadata (vLLM's build_connector_meta)."""
     from kvlife.lifecycle.engine.core import Engine
-    from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick, TransferReport
+    from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick
 
     config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256, ranks=2,
                           tiers=(TierConfig("host", capacity_blocks=16),))
     engine = Engine(config, load_stack(stack), reference=True)
     engine.handle(Arrival(0.0, "a", 33, (10, 20, 30)))
     plan = next(c for c in engine.handle(Tick(0.0)) if isinstance(c, StepPlan))
-    store = next(c for c in engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
-                 if isinstance(c, StartStore))
+    assert not [c for c in engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
+                if isinstance(c, StartStore)]
+    store = next(c for c in engine.handle(Tick(1.0)) if isinstance(c, StartStore))
+    assert [m.block_hash for m in store.moves] == [10, 20]
+    return engine, store
+
+
+@pytest.mark.parametrize("stack", [["hold-while-sending"], []])
+def test_hold_while_sending_finishes_only_after_every_rank(stack: list[str]) -> None:
+    """The request waits in ``sending``, its blocks held, until every rank has reported its
+    store and vLLM's ``finished_sending`` (each rank's, combined as KVOutputAggregator does)
+    came with a step output. (The baseline holds too: parametrized over both.)"""
+    from kvlife.lifecycle.engine.events import StepOutput, Tick, TransferReport
+
+    engine, store = _finish_with_a_store(stack)
     assert engine.requests["a"].state == "sending"
     engine.handle(TransferReport(2.0, store.job_id, 0))
-    assert engine.requests["a"].state == "sending"  # rank 1 has not reported
-    assert engine.pool.free < engine.pool.capacity
-    engine.handle(TransferReport(3.0, store.job_id, 1))
-    # Every rank reported; vLLM's finished_sending still needs a worker output of a later
-    # step (the worker hears of the finish from the next scheduler output): the next tick.
+    engine.handle(StepOutput(2.0, 1, ()))  # rank 0 reports finished_sending; rank 1 does not yet
     assert engine.requests["a"].state == "sending"
-    engine.handle(Tick(4.0))
+    assert engine.pool.free < engine.pool.capacity
+    engine.handle(Tick(2.0))
+    engine.handle(TransferReport(3.0, store.job_id, 1))
+    # Every rank reported; finished_sending comes with the next step output.
+    assert engine.requests["a"].state == "sending"
+    assert engine.pool.free < engine.pool.capacity
+    engine.handle(StepOutput(4.0, 2, ()))
     assert engine.requests["a"].state == "finished"
+    assert engine.pool.free == engine.pool.capacity
+    engine.check_invariants()
+
+
+class _FinishAtOnce:
+    """A policy that does not hold: the request is finished at once."""
+
+    name = "finish-at-once"
+
+    def hold_at_finish(self, req: Any, stores_in_flight: int, engine: Any) -> Any:
+        from kvlife.policies.base import Decision
+
+        return Decision(False, "finish now")
+
+
+def test_without_a_hold_the_request_finishes_while_its_store_still_reads_its_blocks() -> None:
+    """What hold-while-sending decides: without it (a policy answering False), the request is
+    reported finished while its KV is still leaving; the blocks stay held all the same
+    (block safety is the engine's), until every rank reported the store."""
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick, TransferReport
+    from kvlife.policies.stack import PolicyStack
+
+    config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256, ranks=2,
+                          tiers=(TierConfig("host", capacity_blocks=16),))
+    engine = Engine(config, PolicyStack([_FinishAtOnce()]), reference=True)
+    engine.handle(Arrival(0.0, "a", 33, (10, 20, 30)))
+    plan = next(c for c in engine.handle(Tick(0.0)) if isinstance(c, StepPlan))
+    engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
+    assert engine.requests["a"].state == "finished"
+    store = next(c for c in engine.handle(Tick(1.0)) if isinstance(c, StartStore))
+    for rank in (0, 1):
+        engine.handle(TransferReport(2.0, store.job_id, rank))
+    assert engine.pool.free < engine.pool.capacity
+    engine.handle(StepOutput(3.0, 1, ()))
     assert engine.pool.free == engine.pool.capacity
