@@ -19,7 +19,7 @@ import pytest
 from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
 from kvlife.lifecycle.drivers.runner import RunOutcome, run_workload
 from kvlife.lifecycle.drivers.simulator import Simulator
-from kvlife.lifecycle.engine.events import StartStore
+from kvlife.lifecycle.engine.events import StartLoad, StartStore
 from kvlife.lifecycle.metrics import summarize
 from kvlife.lifecycle.profiles.catalog import load_hardware
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
@@ -272,17 +272,33 @@ def test_shared_loads_removes_redundant_loads_without_the_convoy() -> None:
 
 
 def test_shared_loads_never_has_two_loads_of_one_block_in_flight() -> None:
-    """Invariant 6, checked at every event of a whole run."""
+    """Invariant 6, checked at every event of a whole run: at most one tier load of a block
+    is in flight. A joiner's own job (``StartLoad.after``) reads no tier: it copies, device
+    to device, the blocks its owner's in-flight tier load fills."""
     workload = shared_prefix_bursts(n_prefixes=1, burst=8)
     sim = Simulator(RunConfig(engine=BURSTS, sim=SIM), workload, load_stack(["shared-loads"]))
     engine = sim.engine
     handle = engine.handle
+    fills: dict[int, dict[int, int]] = {}  # tier load job -> {block hash: device block it fills}
+    joins = [0]
 
     def checked(event: Any) -> Any:
         commands = handle(event)
+        for command in commands:
+            if not isinstance(command, StartLoad):
+                continue
+            if command.after is None:
+                assert all(m.tier != "device" for m in command.moves)
+                fills[command.job_id] = {m.block_hash: m.device_block for m in command.moves}
+                continue
+            joins[0] += 1
+            assert command.after in engine.jobs, f"job {command.job_id} joins a load no longer in flight"
+            owner = fills[command.after]
+            for move in command.moves:
+                assert move.tier == "device" and move.slot == owner[move.block_hash]
         seen: dict[int, int] = {}
         for job in engine.jobs.values():
-            if job.kind == "load":
+            if job.kind == "load" and job.after is None:
                 for move in job.moves:
                     assert move.block_hash not in seen, f"block {move.block_hash} loaded by two jobs"
                     seen[move.block_hash] = job.job_id
@@ -290,6 +306,40 @@ def test_shared_loads_never_has_two_loads_of_one_block_in_flight() -> None:
 
     engine.handle = checked  # type: ignore[method-assign]
     assert sim.run().stranded == []
+    assert joins[0] > 0  # the burst did join (else the check above saw nothing to check)
+
+
+@pytest.mark.parametrize("stack", [["shared-loads"], []])
+def test_a_joiner_copies_the_owners_blocks_instead_of_loading_them_again(stack: list[str]) -> None:
+    """Two requests admitted in one pass hit the same four host blocks. With shared-loads the
+    second joins the first's load: its job copies the owner's device blocks, no tier block is
+    read twice, and the summary's blocks loaded count only the tier reads. Without it, both
+    read the tier."""
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival, Tick
+
+    config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256,
+                          tiers=(TierConfig("host", capacity_blocks=32),))
+    engine = Engine(config, load_stack(stack), reference=True)
+    prefix = [1, 2, 3, 4]
+    host = engine.tiers["host"]
+    host.complete_store([h for h, _ in host.prepare_store(prefix).accepted])
+    engine.handle(Arrival(0.0, "a", 70, (*prefix, 5)))
+    engine.handle(Arrival(0.0, "b", 70, (*prefix, 6)))
+    loads = {c.request_id: c for c in engine.handle(Tick(0.0)) if isinstance(c, StartLoad)}
+    owner, joiner = loads["a"], loads["b"]
+    assert [m.block_hash for m in owner.moves] == prefix and owner.after is None
+    assert {m.tier for m in owner.moves} == {"host"}
+    stats = engine.stats
+    if stack:
+        assert joiner.after == owner.job_id
+        assert [(m.block_hash, m.tier, m.slot) for m in joiner.moves] == \
+            [(m.block_hash, "device", m.device_block) for m in owner.moves]
+        assert (stats.blocks_loaded, stats.joined_blocks, stats.redundant_block_loads) == (4, 4, 0)
+    else:
+        assert joiner.after is None and {m.tier for m in joiner.moves} == {"host"}
+        assert (stats.blocks_loaded, stats.joined_blocks, stats.redundant_block_loads) == (8, 0, 4)
+    assert {m.device_block for m in joiner.moves}.isdisjoint(m.device_block for m in owner.moves)
 
 
 # ---- placeholder-safe stores ----------------------------------------------------------
@@ -300,27 +350,27 @@ ASYNC = EngineConfig(
 
 
 def stores_past_confirmed(stack: list[str]) -> tuple[int, int]:
-    """(blocks stored, blocks stored while some of their tokens were unconfirmed)."""
+    """(blocks stored, blocks stored while some of their tokens were unconfirmed), judged
+    when each store is decided (its ``job`` record: the request as it is at that moment). The
+    ``StartStore`` goes out with the next step's metadata, by when the request may have been
+    preempted (its confirmed count reset, the store flushed): that is no unsafe store."""
     workload = synthetic_workload(seed=4, num_requests=120, arrival_rate_per_s=20.0, block_tokens=64)
-    sim = Simulator(RunConfig(engine=ASYNC, sim=SIM), workload, load_stack(stack))
-    engine = sim.engine
-    handle = engine.handle
     counts = [0, 0]
+    requests: dict[str, Any] = {}
 
-    def checked(event: Any) -> Any:
-        commands = handle(event)
-        for command in commands:
-            if isinstance(command, StartStore):
-                req = engine.requests[command.request_id]
-                real = req.prompt_tokens + req.generated
-                for move in command.moves:
-                    end = (req.hashes.index(move.block_hash) + 1) * ASYNC.block_tokens
-                    counts[0] += 1
-                    if end > req.confirmed or end > real:
-                        counts[1] += 1
-        return commands
+    def recorder(record: dict[str, Any]) -> None:
+        if record["kind"] != "job" or record["op"] != "store":
+            return
+        req = requests[record["req"]]
+        real = req.prompt_tokens + req.generated
+        for block_hash, _, _ in record["moves"]:
+            end = (req.hashes.index(block_hash) + 1) * ASYNC.block_tokens
+            counts[0] += 1
+            if end > req.confirmed or end > real:
+                counts[1] += 1
 
-    engine.handle = checked  # type: ignore[method-assign]
+    sim = Simulator(RunConfig(engine=ASYNC, sim=SIM), workload, load_stack(stack), recorder=recorder)
+    requests = sim.engine.requests
     result = sim.run()
     assert result.stranded == []
     return counts[0], counts[1]
@@ -338,26 +388,77 @@ def test_naive_boundary_stores_placeholder_positions() -> None:
     assert unsafe > 0
 
 
-@pytest.mark.parametrize("stack", [["hold-while-sending"], []])
-def test_hold_while_sending_finishes_only_after_every_rank(stack: list[str]) -> None:
+def _finish_with_a_store(stack: list[str]) -> tuple[Any, StartStore]:
+    """Two ranks; ``a`` stops on its first step. Its last full blocks' store is decided at
+    that step output and goes out with the next step's metadata (vLLM's build_connector_meta)."""
     from kvlife.lifecycle.engine.core import Engine
-    from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick, TransferReport
+    from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick
 
     config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256, ranks=2,
                           tiers=(TierConfig("host", capacity_blocks=16),))
     engine = Engine(config, load_stack(stack), reference=True)
     engine.handle(Arrival(0.0, "a", 33, (10, 20, 30)))
     plan = next(c for c in engine.handle(Tick(0.0)) if isinstance(c, StepPlan))
-    store = next(c for c in engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
-                 if isinstance(c, StartStore))
+    assert not [c for c in engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
+                if isinstance(c, StartStore)]
+    store = next(c for c in engine.handle(Tick(1.0)) if isinstance(c, StartStore))
+    assert [m.block_hash for m in store.moves] == [10, 20]
+    return engine, store
+
+
+@pytest.mark.parametrize("stack", [["hold-while-sending"], []])
+def test_hold_while_sending_finishes_only_after_every_rank(stack: list[str]) -> None:
+    """The request waits in ``sending``, its blocks held, until every rank has reported its
+    store and vLLM's ``finished_sending`` (each rank's, combined as KVOutputAggregator does)
+    came with a step output. (The baseline holds too: parametrized over both.)"""
+    from kvlife.lifecycle.engine.events import StepOutput, Tick, TransferReport
+
+    engine, store = _finish_with_a_store(stack)
     assert engine.requests["a"].state == "sending"
     engine.handle(TransferReport(2.0, store.job_id, 0))
-    assert engine.requests["a"].state == "sending"  # rank 1 has not reported
-    assert engine.pool.free < engine.pool.capacity
-    engine.handle(TransferReport(3.0, store.job_id, 1))
-    # Every rank reported; vLLM's finished_sending still needs a worker output of a later
-    # step (the worker hears of the finish from the next scheduler output): the next tick.
+    engine.handle(StepOutput(2.0, 1, ()))  # rank 0 reports finished_sending; rank 1 does not yet
     assert engine.requests["a"].state == "sending"
-    engine.handle(Tick(4.0))
+    assert engine.pool.free < engine.pool.capacity
+    engine.handle(Tick(2.0))
+    engine.handle(TransferReport(3.0, store.job_id, 1))
+    # Every rank reported; finished_sending comes with the next step output.
+    assert engine.requests["a"].state == "sending"
+    assert engine.pool.free < engine.pool.capacity
+    engine.handle(StepOutput(4.0, 2, ()))
     assert engine.requests["a"].state == "finished"
+    assert engine.pool.free == engine.pool.capacity
+    engine.check_invariants()
+
+
+class _FinishAtOnce:
+    """A policy that does not hold: the request is finished at once."""
+
+    name = "finish-at-once"
+
+    def hold_at_finish(self, req: Any, stores_in_flight: int, engine: Any) -> Any:
+        from kvlife.policies.base import Decision
+
+        return Decision(False, "finish now")
+
+
+def test_without_a_hold_the_request_finishes_while_its_store_still_reads_its_blocks() -> None:
+    """What hold-while-sending decides: without it (a policy answering False), the request is
+    reported finished while its KV is still leaving; the blocks stay held all the same
+    (block safety is the engine's), until every rank reported the store."""
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick, TransferReport
+    from kvlife.policies.stack import PolicyStack
+
+    config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256, ranks=2,
+                          tiers=(TierConfig("host", capacity_blocks=16),))
+    engine = Engine(config, PolicyStack([_FinishAtOnce()]), reference=True)
+    engine.handle(Arrival(0.0, "a", 33, (10, 20, 30)))
+    plan = next(c for c in engine.handle(Tick(0.0)) if isinstance(c, StepPlan))
+    engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
+    assert engine.requests["a"].state == "finished"
+    store = next(c for c in engine.handle(Tick(1.0)) if isinstance(c, StartStore))
+    for rank in (0, 1):
+        engine.handle(TransferReport(2.0, store.job_id, rank))
+    assert engine.pool.free < engine.pool.capacity
+    engine.handle(StepOutput(3.0, 1, ()))
     assert engine.pool.free == engine.pool.capacity

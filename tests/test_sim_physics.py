@@ -186,36 +186,54 @@ def test_sync_lookups_delay_the_step_by_their_queueing() -> None:
 # ---- completions ----------------------------------------------------------------------------
 def _mid_step_load(completions: str) -> tuple[list[dict[str, Any]], float, int, dict[str, Any]]:
     """A decodes (steps of ~7 ms) while B's 8-block load (10.2 ms) runs: it finishes mid-step.
-    Returns the records, the load's exact completion time, and its report's index and record."""
+    Returns the records, the load's exact completion time, and the index and record of the
+    input that delivers its report: a ``transfer_report``, or the ``step_output`` whose
+    ``reports`` carry it."""
     config = RunConfig(engine=engine(), sim=attrs.evolve(NO_LOOKUP_COST, completions=completions))
     a = request("a", 0.0, range(1, 3), output=300)
     b = request("b", 50.0, range(101, 109))
     records = simulate(config, [a, b], host_blocks=range(101, 109))
     (job, (start, _)), = job_times(records, "load").items()
-    index, report = next((i, r) for i, r in enumerate(records)
-                         if r["kind"] == "input" and r["type"] == "transfer_report" and r["job_id"] == job)
+    index, report = next((i, r) for i, r in enumerate(records) if r["kind"] == "input" and (
+        (r["type"] == "transfer_report" and r["job_id"] == job)
+        or (r["type"] == "step_output" and any(j == job for j, _, _ in r.get("reports", ())))))
     return records, start + 8 * BLOCK / H100_HOST_LINK * 1000.0, index, report
 
 
+def _load_done(records: list[dict[str, Any]]) -> float:
+    """When B's load was taken back by the scheduler (its ``load_done`` transition)."""
+    return next(r["t"] for r in records if r["kind"] == "transition" and r["req"] == "b"
+                and r["trigger"] == "load_done")
+
+
 def test_a_transfer_finishing_mid_step_is_seen_with_the_next_step_output() -> None:
-    """vLLM's scheduler learns of a finished load from the next step's output
-    (finished_recving): the report reaches the engine right after that step_output, at its time."""
+    """A worker reports a finished load with the output of the step it finished during
+    (vLLM's get_finished): the report comes inside that step_output, at its time, and the
+    next pass takes the request back."""
     records, exact, index, report = _mid_step_load("step_boundary")
     spans = step_spans(records)
     assert any(start < exact < end for start, end, _ in spans.values())  # a step was in flight
     boundary = min(end for _, end, _ in spans.values() if end >= exact)
-    assert report["t"] == boundary > exact
-    previous = records[index - 1]
-    assert previous["kind"] == "input" and previous["type"] == "step_output" and previous["t"] == boundary
+    assert report["type"] == "step_output" and report["t"] == boundary > exact
+    assert not inputs(records, "transfer_report")
+    job_done = next(r for r in records[index:] if r["kind"] == "job_done")
+    assert job_done["t"] == boundary
+    assert _load_done(records) == boundary
 
 
 def test_with_exact_completions_the_transfer_is_seen_when_it_finishes() -> None:
+    """``exact``: the report reaches the engine at the load's own completion time (the job is
+    done then); the scheduler still takes the request back only once a step output brings
+    finished_recving, so it runs at the same pass as with step-boundary completions."""
     records, exact, _, report = _mid_step_load("exact")
+    assert report["type"] == "transfer_report"
     assert report["t"] == pytest.approx(exact, rel=1e-12)
     assert all(o["t"] != report["t"] for o in inputs(records, "step_output"))
-    # and the request it held is admitted a step earlier than at the boundary
+    job_done = next(r for r in records if r["kind"] == "job_done" and r["op"] == "load")
+    assert job_done["t"] == report["t"]
     boundary_records, _, _, boundary_report = _mid_step_load("step_boundary")
     assert report["t"] < boundary_report["t"]
+    assert _load_done(records) == _load_done(boundary_records) == boundary_report["t"]
 
 
 def test_step_boundary_completions_keep_the_run_deterministic() -> None:

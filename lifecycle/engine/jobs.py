@@ -76,7 +76,10 @@ class Transfers:
         state.ranks.open(job_id)
         req.load_jobs.append(job_id)
         state.stats.loads += 1
-        state.stats.blocks_loaded += len(placed)
+        if after is None:
+            # Blocks read from a tier. A join's device copies are counted as joined_blocks:
+            # they cross no tier link, and they are what shared loads saves.
+            state.stats.blocks_loaded += len(placed)
         extra = {} if after is None else {"after": after}
         self.lifecycle.record(records.job(state.now, job_id, "load", req.request_id,
                                           count_tiers(m.tier for m in placed), moves_record(placed), **extra))
@@ -85,13 +88,17 @@ class Transfers:
 
     def maybe_store(self, req: Request) -> None:
         """Store the request's newly confirmed full blocks (prompt and generated tokens
-        alike) to every tier, up to what the store policy allows (``store_limit``)."""
+        alike) to every tier, up to what the store policy allows (``store_limit``); never a
+        block no step has scheduled yet."""
         state = self.state
         bt = state.config.block_tokens
         if not state.tiers or min(req.confirmed // bt, len(req.block_table)) <= req.stored_blocks:
             return  # no new block confirmed: nothing to ask
         limit = self.lifecycle.ask(req, Hook.STORE_LIMIT)
-        upto = min(min(limit, req.confirmed) // bt, len(req.block_table))
+        # Clamped to the scheduled tokens, not the confirmed ones: which scheduled tokens
+        # are safe to store is the policy's call (invariant 5), so that
+        # ``naive-stores-unsafe`` can show the placeholder bug (vLLM #27644).
+        upto = min(min(limit, req.computed) // bt, len(req.block_table))
         if upto <= req.stored_blocks:
             return
         if upto > len(req.hashes):
