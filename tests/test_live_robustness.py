@@ -186,6 +186,36 @@ def test_a_frozen_redis_costs_at_most_half_again_the_healthy_wall_time() -> None
     assert frozen.stats.mismatches == 0
 
 
+def test_an_empty_step_behind_a_computing_one_reports_in_plan_order(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Async scheduling: while every running request has a step in flight, the next pass
+    schedules nothing. No rank runs such a step, so the driver ends it at once, but its
+    output must reach the engine after the output of the step still computing (vLLM's
+    outputs come in plan order): one delivered first was refused (``unknown_step``), the
+    step before it never ended, and the run stalled with requests stranded."""
+    forward = RankWorker._forward
+
+    def slow_forward(self: RankWorker, plan: Any) -> None:
+        time.sleep(0.02)  # a step computes long enough for the next pass to find nothing to do
+        forward(self, plan)
+
+    monkeypatch.setattr(RankWorker, "_forward", slow_forward)
+    run = config()
+    # Two output tokens: the pass after a prefill finds its request at its limit (a token in
+    # flight), so it schedules nothing while the prefill computes.
+    run = attrs.evolve(run, engine=attrs.evolve(run.engine, async_scheduling=True),
+                       sim=attrs.evolve(run.sim, max_output_tokens=2))
+    trace = tmp_path / "async.jsonl"
+    outcome = run_live(run, workload(16), trace_path=trace, time_scale=40.0)
+    steps = [r for _, r in read_trace(trace) if r["kind"] == "step"]
+    assert any(r["requests"] == 0 for r in steps)  # the case arose
+    assert outcome.result.stranded == [] and sum(outcome.summary["finished"].values()) == 16
+    assert warnings_in(trace, "unknown_step") == []
+    outputs = [r["step_id"] for _, r in read_trace(trace) if r["kind"] == "input" and r["type"] == "step_output"]
+    assert outputs == sorted(outputs) == [r["step"] for r in steps]
+    assert replay(trace).identical
+
+
 # ---- item 3: live rank loops catch everything ---------------------------------------------------
 def test_a_failing_forward_step_is_a_failed_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     forward = RankWorker._forward

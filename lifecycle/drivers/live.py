@@ -777,17 +777,27 @@ class LiveRuntime:
         return 0
 
     def _complete_step(self, step_id: int, now: float) -> int:
-        step = self._steps[step_id]
-        if len(step.done) < len(self.ranks):
+        """Step ``step_id`` ran on a rank. Outputs reach the engine in plan order, as vLLM's
+        come: a step every rank ran waits for the steps before it (an empty step, which no
+        rank runs, is done at once, behind a step still computing under async scheduling)."""
+        if len(self._steps[step_id].done) < len(self.ranks):
             return 0
-        del self._steps[step_id]
-        finished: tuple[tuple[str, str], ...] = ()
-        if step.errors:
-            self._fail_step(step)
-        else:
-            finished = step_finishes(step.plan, self.engine, self._stops)
-        self._dispatch(self.engine.handle(StepOutput(now, step_id, finished, failed_ranks=tuple(sorted(step.failed_ranks)))), now)
-        return 1
+        delivered = 0
+        while self._steps:
+            oldest = min(self._steps)
+            step = self._steps[oldest]
+            if len(step.done) < len(self.ranks):
+                break
+            del self._steps[oldest]
+            finished: tuple[tuple[str, str], ...] = ()
+            if step.errors:
+                self._fail_step(step)
+            else:
+                finished = step_finishes(step.plan, self.engine, self._stops)
+            output = StepOutput(now, oldest, finished, failed_ranks=tuple(sorted(step.failed_ranks)))
+            self._dispatch(self.engine.handle(output), now)
+            delivered = 1
+        return delivered
 
     def _fail_step(self, step: _Step) -> None:
         """A step that raised on some rank did not write its KV there: its output says so
