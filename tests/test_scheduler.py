@@ -153,3 +153,29 @@ def test_a_failed_step_aborts_its_requests_and_its_blocks_serve_no_hit() -> None
         entry = {e.request_id: e for e in plan.entries}["b"]
         assert entry.computed_before == (0 if failed else 48)
         engine.check_invariants()
+
+
+def test_a_store_given_up_after_its_request_was_preempted_quarantines_its_freed_blocks() -> None:
+    """A preemption frees a request's blocks and flushes its store; a rank that never reports
+    that store lets the transfer deadline give it up. Its blocks, free by then, leave the free
+    queue (quarantine) until the late report, instead of the engine failing an assertion."""
+    from kvlife.lifecycle.engine.events import StartStore, TransferReport
+
+    engine = make_engine(device_blocks=8, max_batched_tokens=256, transfer_deadline_ms=100.0,
+                         tiers=(TierConfig("host", capacity_blocks=16),))
+    engine.handle(Arrival(0.0, "a", 60, (1, 2, 3)))
+    engine.handle(Arrival(0.0, "b", 60, (4, 5, 6)))
+    stores: list[StartStore] = []
+    t = 0.0
+    while engine.requests["b"].preemptions == 0:  # decode until a needs a 5th block: b goes
+        commands = engine.handle(Tick(t))
+        stores += [c for c in commands if isinstance(c, StartStore)]
+        t += 1.0
+        engine.handle(StepOutput(t, plan_of(commands).step_id))  # no store ever reports
+    mine = [m.device_block for c in stores if c.request_id == "b" for m in c.moves]
+    blocks = [b for b in mine if engine.pool.refs[b] == 0]  # freed at the preemption, not reused
+    assert blocks
+    engine.handle(Tick(t + 500.0))  # past the deadline: every store is given up
+    assert all(engine.pool.refs[b] == 1 for b in blocks) and engine.stats.rank_timeouts == len(stores)
+    assert not set(blocks) & set(engine.pool.allocate(engine.pool.free))  # none can be handed out
+    engine.check_invariants()

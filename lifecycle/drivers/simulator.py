@@ -218,7 +218,7 @@ class Simulator:
         self._link_wakes = {link: _LinkWake(link) for links in self._links for tl in links.values()
                             for link in (tl.load, tl.store)}
         self._rank_jobs: dict[tuple[int, int], list[Any]] = {}  # (job, rank) -> [parts left, failed, jitter]
-        self._flushed: set[int] = set()  # store jobs a preemption flushed: reported when their step started
+        self._flushed: set[int] = set()  # stores flushed before they started: reported as they start
         # Joins (``StartLoad.after``): load job -> the joins that copy from it; and per load
         # job, each rank's report so far (a join started after that rank reported copies at once).
         self._followers: dict[int, list[StartLoad]] = {}
@@ -510,12 +510,17 @@ class Simulator:
 
     def _flush(self, now: float, job_id: int) -> None:
         """A preemption flushed a store in flight: its ranks report it now (its link time
-        left is not charged to the step)."""
-        self._flushed.add(job_id)
+        left is not charged to the step). A store the same pass hands out (decided at the
+        last output, flushed by this pass's preemption) is not started yet: it reports as
+        it starts."""
+        started = False
         for rank in range(self._ranks):
             entry = self._rank_jobs.pop((job_id, rank), None)
             if entry is not None:
+                started = True
                 self._push(now, TransferReport(now, job_id, rank, entry[1]))
+        if not started:
+            self._flushed.add(job_id)
 
     def _delivered_reports(self, reports: Iterable[TransferReport]) -> None:
         """Reports handed to the engine: a load's entries are kept until its last rank's."""
@@ -551,12 +556,17 @@ class Simulator:
         rng = self.rng
         share = self._rank_block_bytes
         failing = self._failing_tiers
+        flushed = job_id in self._flushed
+        self._flushed.discard(job_id)
         for rank in range(self._ranks):
             failed = tuple(
                 h for h, name in blocks
                 if tiers[name].failure_rate and rng.random() < tiers[name].failure_rate
             ) if failing else ()
             delay = rng.uniform(0.0, jitter) if jitter else 0.0
+            if flushed:
+                self._push_report(now, TransferReport(now, job_id, rank, failed))
+                continue
             links = self._links[rank]
             tid = (job_id, rank)
             for name, count in counts.items():

@@ -149,12 +149,10 @@ class DeviceBlockPool:
         return freed
 
     def hold(self, blocks: Iterable[int]) -> None:
-        """An extra reference (the connector core's quarantine of a job it gave up)."""
-        refs = self.refs
-        for block in blocks:
-            if refs[block] <= 0:
-                raise AssertionError(f"hold of unreferenced device block {block}")
-            refs[block] += 1
+        """An extra reference: the connector core's quarantine of a job it gave up. A block
+        no request holds any more (a preempted request's, under a store that never reported
+        its flush) leaves the free queue, so nothing reuses it until the job ends."""
+        self.touch(blocks)
 
     def cache(self, block: int, block_hash: BlockHash) -> None:
         """Publish a full block in the prefix cache under ``block_hash`` (a duplicate of a
