@@ -65,14 +65,15 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "async-ranks-deadline",
-        "async scheduling, 2 ranks, a transfer deadline that jittery ranks miss (loads given up), unsafe stores",
+        "async scheduling, 2 ranks, a transfer deadline that jittery ranks miss (jobs given up), a host tier "
+        "that fails blocks (loads fail, requests recompute), unsafe stores",
         RunConfig(
             engine=EngineConfig(
                 device_blocks=40,
                 async_scheduling=True,
                 ranks=2,
                 transfer_deadline_ms=2.0,
-                tiers=(TierConfig("host", 300), TierConfig("disk", 3000)),
+                tiers=(TierConfig("host", 300, failure_rate=0.1), TierConfig("disk", 3000)),
             ),
             sim=SimConfig(rank_jitter_ms=3.0),
             policies=("naive-stores-unsafe", "shared-loads", "async-lookup"),
@@ -97,7 +98,8 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "preempt-hold-share",
-        "device memory short enough to preempt, shared loads, slow stores held while sending, a length limit",
+        "device memory short enough to preempt, shared loads, slow stores held while sending, a length limit; "
+        "lookup answers kept (a request the device cannot take yet would look up again at every pass)",
         RunConfig(
             engine=EngineConfig(
                 device_blocks=70,
@@ -105,7 +107,7 @@ CASES: tuple[Case, ...] = (
                 tiers=(TierConfig("host", 400, bandwidth_gbps=0.1, latency_ms=5.0),),
             ),
             sim=SimConfig(seed=3, max_output_tokens=100),
-            policies=("async-lookup", "shared-loads", "hold-while-sending", "early-lookup"),
+            policies=("keep-lookup-answers", "async-lookup", "shared-loads", "hold-while-sending", "early-lookup"),
         ),
         lambda: synthetic_workload(seed=3, num_requests=120, arrival_rate_per_s=12.0),
     ),
