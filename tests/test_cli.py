@@ -181,3 +181,21 @@ def test_bench_engine_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
                  "--skip-trace"]) == 0
     out = capsys.readouterr().out
     assert "compiled core" in out and "x the bare loop" in out
+
+
+def test_vllm_diff_without_vllm_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    try:  # the installed distribution (tests/vllm would pass as a namespace package "vllm")
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    else:
+        pytest.skip("vLLM is installed here: tests/vllm/test_vllm_diff_cli.py runs the command")
+    assert main(["vllm-diff", "--limit", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("kvlife vllm-diff: error: needs vLLM 0.33") and "scripts/install-vllm.sh" in err
+    # flags are checked first, vLLM or not
+    assert main(["vllm-diff", "--family", "conversation-sync", "--seeds", "0,x"]) == 2
+    assert "argument --seeds: expected non-negative integers" in capsys.readouterr().err

@@ -177,5 +177,11 @@ def test_a_store_given_up_after_its_request_was_preempted_quarantines_its_freed_
     assert blocks
     engine.handle(Tick(t + 500.0))  # past the deadline: every store is given up
     assert all(engine.pool.refs[b] == 1 for b in blocks) and engine.stats.rank_timeouts == len(stores)
-    assert not set(blocks) & set(engine.pool.allocate(engine.pool.free))  # none can be handed out
+    handed = engine.pool.allocate(engine.pool.free)
+    assert not set(blocks) & set(handed)  # none can be handed out
+    engine.pool.release(handed)
+    for store in stores:  # the late reports end the quarantine
+        engine.handle(TransferReport(t + 501.0, store.job_id, 0))
+    engine.handle(Tick(t + 502.0))
+    assert all(engine.pool.refs[b] == 0 for b in blocks)
     engine.check_invariants()

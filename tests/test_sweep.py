@@ -194,7 +194,8 @@ def test_a_ray_that_does_not_start_is_one_line_and_exit_1(tmp_path: Path, capsys
     assert main(["sweep", "run", str(_spec(tmp_path)), "-o", str(out), "--ray"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("kvlife sweep run: error: Ray did not start (a local Ray): Exception: The current node timed out")
+    assert err.startswith("kvlife sweep run: error: Ray did not start (a local Ray): "
+                          "Exception: The current node timed out")
     assert not out.exists() or read_rows(out) == []
 
 

@@ -103,6 +103,7 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"argument --abort-rate: {args.abort_rate} is not between 0 and 1")
     if args.ms_per_step <= 0:
         raise UsageError(f"argument --ms-per-step: {args.ms_per_step} is not positive")
+    seeds = _seeds(args.seeds)
     if args.stack:
         from kvlife.lifecycle.cli.compare import parse_stack
         from kvlife.policies.loading import load_stack
@@ -123,7 +124,6 @@ def handle(args: argparse.Namespace) -> int:
             if args.family not in differential.FAMILIES:
                 raise UsageError(f"argument --family: unknown family {args.family!r} "
                                  f"(one of {', '.join(sorted(differential.FAMILIES))})")
-            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
             runs: list[Agreement] = list(differential.run_family(model, args.family, seeds).runs)
         else:
             items = _items(args)
@@ -133,14 +133,23 @@ def handle(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - start
     steps = sum(r.steps for r in runs)
     identical = sum(r.identical for r in runs)
+    code = 0 if identical == steps else 1
     if args.json:
         output.emit("vllm-diff", steps=steps, identical=identical, wall_s=wall,
                     runs=[attrs.asdict(r) for r in runs])
-        return 0
+        return code
     for run in runs:
         print("\n".join(format_agreement(run)))
     if len(runs) > 1:
         print(f"all: {identical}/{steps} steps identical ({100 * identical / max(1, steps):.1f} %)")
     print(f"wall time (s) {wall:.1f}")
-    return 0
+    return code
+
+
+def _seeds(text: str) -> list[int]:
+    """``--seeds 0,1,2``: a one-line error for anything else."""
+    words = [w.strip() for w in text.split(",")]
+    if not words or not all(w.isascii() and w.isdecimal() for w in words):
+        raise UsageError(f"argument --seeds: expected non-negative integers separated by commas, got {text!r}")
+    return [int(w) for w in words]
 
