@@ -29,6 +29,7 @@ from kvlife.lifecycle.drivers.simulator import Progress
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.request import Request
 from kvlife.policies.stack import PolicyStack
+from kvlife.specs.lifecycle import Trigger
 from kvlife.specs.table import TABLE, ReferenceRequest
 
 # Paths through the lifecycle, weighted roughly as they occur.
@@ -79,8 +80,9 @@ def engine_path(sequence: list[tuple[int, str]], requests: int) -> float:
     ]
     engine.state_counts["waiting"] = requests
     move = engine.core.lifecycle.move
+    typed = [(r, Trigger(trigger)) for r, trigger in sequence]
     start = time.perf_counter()
-    for r, trigger in sequence:
+    for r, trigger in typed:
         move(records[r], trigger, "bench")
     return time.perf_counter() - start
 

@@ -42,7 +42,7 @@ the queue.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine import records
@@ -181,7 +181,7 @@ class Scheduler:
         """The connector core lets go of blocks it held (a quarantined job ended)."""
         self._release(blocks)
 
-    def _release(self, blocks: Sequence[int] | reversed[int]) -> None:
+    def _release(self, blocks: Iterable[int]) -> None:
         freed = self.pool.release(blocks)
         if freed:
             core = self.core
@@ -519,8 +519,8 @@ class Scheduler:
                     self._unqueue(req)  # preempted, its stale token was its last
                 self._free_request(req, reason)
         for rid in failed_loads:
-            req = self.requests.get(rid)
-            if req is not None and not req.finished:
+            failed = self.requests.get(rid)
+            if failed is not None and not failed.finished:
                 self.finish_requests(rid, "error")
         if output is not None:
             self._transfers_finished(output)

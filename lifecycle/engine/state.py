@@ -240,12 +240,12 @@ class CoreState:
         (the core never sets timers; deadlines are acted on by the next tick)."""
         now = self.now
         soonest = math.inf
-        for rid, job in self.prefetch_waits.items():
+        for rid, wait in self.prefetch_waits.items():
             req = self.requests.get(rid)
-            if req is None or req.epoch != job.epoch or job.job_id not in self.prefetches:
+            if req is None or req.epoch != wait.epoch or wait.job_id not in self.prefetches:
                 continue
-            if now < job.deadline_ms < soonest:  # inf (wait_complete): its own report wakes it
-                soonest = job.deadline_ms
+            if now < wait.deadline_ms < soonest:  # inf (wait_complete): its own report wakes it
+                soonest = wait.deadline_ms
         timers = self.lookup_timers
         while timers and not self._lookup_timer_live(timers[0]):
             timers.popleft()  # answered, discarded or submitted again: forget it
