@@ -185,3 +185,45 @@ def test_a_store_given_up_after_its_request_was_preempted_quarantines_its_freed_
     engine.handle(Tick(t + 502.0))
     assert all(engine.pool.refs[b] == 0 for b in blocks)
     engine.check_invariants()
+
+
+def _run_to_finish(engine: Engine, rid: str, t: float) -> float:
+    """Step the engine (reporting every transfer at once) until ``rid`` is finished."""
+    from kvlife.lifecycle.engine.events import StartLoad, StartStore, TransferReport
+
+    while engine.requests[rid].state != "finished":
+        commands = engine.handle(Tick(t))
+        for c in commands:
+            if isinstance(c, StartLoad | StartStore):
+                engine.handle(TransferReport(t, c.job_id, 0))
+        t += 1.0
+        engine.handle(StepOutput(t, plan_of(commands).step_id, ((rid, "stopped"),)
+                                 if engine.output_tokens(rid) else ()))
+    return t
+
+
+def test_a_load_that_fails_after_its_request_was_aborted_changes_nothing() -> None:
+    """vLLM keeps an aborted request's blocks until its load reports (finished_recving); the
+    report, failed blocks and all, must not touch the finished request (no load_failed from
+    finished), and its blocks go back with the next step output."""
+    from kvlife.lifecycle.engine.events import Abort, StartLoad, TransferReport
+
+    engine = make_engine(device_blocks=8, max_batched_tokens=256, tiers=(TierConfig("host", capacity_blocks=16),))
+    engine.handle(Arrival(0.0, "a", 65, (1, 2, 3, 4)))
+    t = _run_to_finish(engine, "a", 0.0)
+    engine.handle(Arrival(t, "filler", 112, (11, 12, 13, 14, 15, 16, 17)))  # takes every device block
+    t = _run_to_finish(engine, "filler", t)
+    engine.handle(Arrival(t, "b", 65, (1, 2, 3, 4)))
+    commands = engine.handle(Tick(t))
+    (load,) = [c for c in commands if isinstance(c, StartLoad)]
+    assert engine.requests["b"].state == "loading" and len(load.moves) == 4
+    engine.handle(Abort(t, "b"))
+    assert engine.requests["b"].state == "finished"
+    held = [m.device_block for m in load.moves]
+    assert all(engine.pool.refs[b] > 0 for b in held)  # vLLM frees them at finished_recving
+    engine.handle(TransferReport(t + 1.0, load.job_id, 0, (2, 3)))
+    engine.handle(StepOutput(t + 1.0, plan_of(commands).step_id))
+    assert engine.requests["b"].state == "finished" and engine.requests["b"].finish_reason == "aborted"
+    assert all(engine.pool.refs[b] == 0 for b in held)
+    assert not engine.tiers["host"].contains(2) and engine.tiers["host"].contains(1)  # the failed copies go
+    engine.check_invariants()
