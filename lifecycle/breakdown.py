@@ -119,7 +119,7 @@ def answers_of(req: Request) -> dict[str, tuple[str, Any]]:
     what the policies answered: the engine keeps each request's last answer per hook
     (``Request.last_decisions``); an engine that kept every answer that took effect would be
     read here."""
-    return {hook: (policy, value) for hook, (policy, value, _) in req.last_decisions.items()}
+    return {str(hook): (policy, value) for hook, (policy, value, _) in req.last_decisions.items()}
 
 
 def prompt_sources(req: Request) -> dict[str, int]:

@@ -201,7 +201,8 @@ class RequestTotals:
         """hook -> policy -> answer -> requests whose last answer at that hook it was (for
         ``admission``: the answer that admitted them), hooks in the order a request meets
         them, policies and answers sorted (the same whatever order requests were folded in)."""
-        return {hook: {policy: dict(sorted(values.items())) for policy, values in sorted(self.answers[hook].items())}
+        return {str(hook): {policy: dict(sorted(values.items()))
+                            for policy, values in sorted(self.answers[hook].items())}
                 for hook in HOOKS if hook in self.answers}
 
     def goodput(self, slo: Mapping[str, float]) -> dict[str, Any]:

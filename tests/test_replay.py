@@ -299,7 +299,7 @@ def test_the_step_inputs_record_as_every_other_input_does() -> None:
     from kvlife.lifecycle.engine.events import StepOutput, Tick, input_from_record, input_to_record
 
     for event in (Tick(1.5), Tick(0.0), StepOutput(2.25, 7), StepOutput(3.0, 8, (("a", "stop"), ("b", "length"))),
-                  StepOutput(4.0, 9, (), ((3, 0, ()), (4, 1, (17, 18))))):
+                  StepOutput(4.0, 9, (), ((3, 0, ()), (4, 1, (17, 18)))), StepOutput(5.0, 10, failed_ranks=(1,))):
         generic = {"kind": "input", "type": event.type, **attrs.asdict(event, recurse=False)}
         if isinstance(event, StepOutput):
             generic["finished"] = [list(pair) for pair in event.finished]
@@ -309,6 +309,10 @@ def test_the_step_inputs_record_as_every_other_input_does() -> None:
                 generic["reports"] = [[job, rank, list(failed)] for job, rank, failed in event.reports]
             else:
                 del generic["reports"]
+            if event.failed_ranks:  # (the live runtime's failed steps only)
+                generic["failed_ranks"] = list(event.failed_ranks)
+            else:
+                del generic["failed_ranks"]
         record = input_to_record(event)
         assert list(record.items()) == list(generic.items())
         assert input_from_record(orjson.loads(orjson.dumps(record))) == event
