@@ -832,6 +832,9 @@ class InvariantObserver:
         req.state = target
         if trigger == "lookup_submitted":
             req.lookup_epoch = req.epoch
+            if self.from_trace:
+                # A trace has no SubmitLookup commands: each lookup_submitted is one (12's bound).
+                req.lookups += 1
             self._pending_lookups.pop(rid, None)
             if self._t is not None:
                 self._pending_lookups[rid] = self._t
