@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
+import pytest
+
 from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
 from kvlife.lifecycle.drivers.runner import run_workload
-from kvlife.lifecycle.traces.validate import validate
+from kvlife.lifecycle.traces.validate import ValidationReport, validate
 from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
 
@@ -30,3 +33,60 @@ def test_validate_accepts_answers_kept_past_the_lookup_cap(tmp_path: Path) -> No
     assert outcome.summary["check"]["violations"] == 0
     report = validate(path)
     assert report.ok, report.format()
+
+
+# ---- 2: validate finds repeated and missing records, and the header's request count -------
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> list[bytes]:
+    """A run that frees, evicts and reuses blocks: a small device and a small host tier."""
+    path = tmp_path_factory.mktemp("structure") / "run.jsonl"
+    config = RunConfig(engine=EngineConfig(device_blocks=40, max_batched_tokens=2048,
+                                           tiers=(TierConfig("host", capacity_blocks=60),)))
+    run_workload(config, synthetic_workload(seed=2, num_requests=50, arrival_rate_per_s=20.0, num_system_prompts=2,
+                                            user_tokens=(200, 1500)), trace_path=path)
+    lines = path.read_bytes().splitlines()
+    assert validate(path).ok
+    return lines
+
+
+def _validate_lines(tmp_path: Path, lines: list[bytes]) -> ValidationReport:
+    path = tmp_path / "corrupt.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return validate(path)
+
+
+def _first(lines: list[bytes], needle: bytes) -> int:
+    return next(i for i, raw in enumerate(lines) if needle in raw)
+
+
+@pytest.mark.parametrize(("needle", "invariant"), [
+    (b'"type":"arrival"', 0),
+    (b'"kind":"step"', 0),
+    (b'"kind":"free"', 8),
+    (b'"kind":"evict"', 8),
+])
+def test_a_repeated_record_is_found(small_run: list[bytes], tmp_path: Path, needle: bytes, invariant: int) -> None:
+    i = _first(small_run, needle)
+    report = _validate_lines(tmp_path, [*small_run[: i + 1], small_run[i], *small_run[i + 1:]])
+    assert not report.ok
+    assert invariant in report.counts(), report.format()
+
+
+def test_a_dropped_evict_record_is_found(small_run: list[bytes], tmp_path: Path) -> None:
+    i = _first(small_run, b'"kind":"evict"')
+    report = _validate_lines(tmp_path, small_run[:i] + small_run[i + 1:])
+    assert 8 in report.counts() and "an evict record is missing" in report.format(), report.format()
+
+
+def test_a_dropped_free_record_is_found(small_run: list[bytes], tmp_path: Path) -> None:
+    # The last free of the run: its blocks, moved by a job, are never freed after it.
+    i = max(i for i, raw in enumerate(small_run) if b'"kind":"free"' in raw)
+    report = _validate_lines(tmp_path, small_run[:i] + small_run[i + 1:])
+    assert 8 in report.counts() and "a free record is missing" in report.format(), report.format()
+
+
+def test_a_header_only_trace_that_announces_requests_is_not_valid(small_run: list[bytes], tmp_path: Path) -> None:
+    header = orjson.loads(small_run[0])
+    header["workload"] = {"name": "synthetic", "requests": 8}
+    report = _validate_lines(tmp_path, [orjson.dumps(header)])
+    assert not report.ok and "announces 8 requests, 0 arrived" in report.format(), report.format()
