@@ -690,11 +690,19 @@ def _split_field(field: str) -> tuple[str, int, str]:
 
 def field_line(path: str | Path, field: str) -> int | None:
     """The line of a config file where ``field`` (``"tiers[1].capacity_blocks"``) is set."""
+    lines = _key_lines(path)
+    return lines.line(*_split_field(field)) if lines is not None else None
+
+
+def _key_lines(path: str | Path) -> KeyLines | None:
+    """Where the keys of a config file are written; None when it cannot be read (the
+    reader that read it first said why)."""
+    from kvlife.lifecycle.input_files import read_limited
+
     try:
-        lines = KeyLines(Path(path).read_text())
+        return KeyLines(read_limited(path).decode("utf-8"))
     except (OSError, UnicodeDecodeError):
         return None
-    return lines.line(*_split_field(field))
 
 
 def _did_you_mean(name: str, known: tuple[str, ...] | list[str]) -> str:
@@ -952,9 +960,11 @@ def read_toml(path: str | Path, what: str) -> tuple[dict[str, Any], str]:
     """A TOML file's table and its text (for ``KeyLines``); a ConfigError naming the file on
     anything unreadable: ``cannot read WHAT: ...``, a syntax error with its line and column,
     an integer too long to convert with its line."""
+    from kvlife.lifecycle.input_files import read_limited
+
     p = Path(path)
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = read_limited(p).decode("utf-8")
     except OSError as exc:
         raise ConfigError(None, f"cannot read {what}: {exc.strerror or exc}", str(p)) from None
     except UnicodeDecodeError as exc:
@@ -991,9 +1001,8 @@ def huge_integer_error(path: str, text: str) -> ConfigError:
 def key_line(path: str | Path, key: str) -> int | None:
     """The line of a config file where ``key`` is set: "section.key" (``policies.stack``)
     or a bare key in any table; None when it cannot be found."""
-    try:
-        lines = KeyLines(Path(path).read_text())
-    except (OSError, UnicodeDecodeError):
+    lines = _key_lines(path)
+    if lines is None:
         return None
     table, _, name = key.rpartition(".")
     if table:

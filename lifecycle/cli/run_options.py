@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import tomllib
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -220,9 +219,11 @@ def apply_sizes(args: argparse.Namespace, config: RunConfig) -> RunConfig:
 
 
 def _file_sets_time_scale(path: str) -> bool:
+    from kvlife.lifecycle.input_files import read_limited
+
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+        data = tomllib.loads(read_limited(path).decode("utf-8"))
+    except (OSError, ValueError):  # (a TOMLDecodeError and a UnicodeDecodeError are ValueErrors)
         return False
     sim = data.get("sim")
     return isinstance(sim, dict) and "time_scale" in sim
@@ -261,7 +262,7 @@ def stream_workload(args: argparse.Namespace, config: RunConfig,
     from kvlife.lifecycle.workloads.bundled import resolve_workload
     from kvlife.lifecycle.workloads.mooncake import count_requests
 
-    size = count_requests(resolve_workload(args.workload), limit=args.limit)
+    size = count_requests(resolve_workload(args.workload), limit=args.limit, block_tokens=config.engine.block_tokens)
     return _file_requests(args, config, scale), size, workload_name(args)
 
 

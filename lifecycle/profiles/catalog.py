@@ -270,11 +270,16 @@ def _read(kind: str, name_or_path: str | Path, what: str) -> tuple[str, str]:
     text_name = str(name_or_path)
     is_path = isinstance(name_or_path, Path) or "/" in text_name or text_name.endswith(".toml")
     if is_path:
+        from kvlife.lifecycle.input_files import read_limited
+
         path = Path(name_or_path)
         try:
-            return str(path), path.read_text()
+            return str(path), read_limited(path).decode("utf-8")
         except OSError as exc:
             raise ProfileError("-", f"cannot read {what} profile: {exc.strerror}", str(path)) from None
+        except UnicodeDecodeError as exc:
+            raise ProfileError("-", f"cannot read {what} profile: not UTF-8 text (byte {exc.start})",
+                               str(path)) from None
     known = list_profiles()[kind]
     if text_name not in known:
         raise ProfileError(what, f"unknown {what} profile {text_name!r} (known: {', '.join(known)}; or give a path)")

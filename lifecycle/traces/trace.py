@@ -23,7 +23,7 @@ from typing import IO, Any
 import orjson
 import structlog
 
-from kvlife.lifecycle.workloads.bundled import READ_ERRORS, open_binary, read_error_message
+from kvlife.lifecycle.input_files import READ_ERRORS, Lines, error_line, read_error_message
 
 SCHEMA_VERSION = 1
 
@@ -115,20 +115,79 @@ def is_driver_record(record: dict[str, Any]) -> bool:
     return kind == "interrupted" or (kind == "warning" and record.get("origin") == "driver")
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line without its newline) for every non-empty line; a ``.gz``
-    file is decompressed on the fly."""
-    p = Path(path)
-    number = 0
-    try:
-        with open_binary(p) as stream:
-            for number, raw in enumerate(stream, 1):
-                line = raw.rstrip(b"\r\n")
+# The header line: the config, the stack, the workload and (a live run on a kept disk
+# tier) the slots it recovered. The lines after it are bounded by what the header says.
+HEADER_LINE_MAX = 16 << 20
+_TOKENS_MAX = 1 << 24  # the longest prompt a config allows (kvlife.lifecycle.config.TOKENS)
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A size from a header that has not been checked yet: a non-negative int, else ``default``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _table(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def record_line_max(header: dict[str, Any]) -> int:
+    """The longest record line a run with this header can write: 1 MiB plus 64 bytes for
+    each thing one record may list: every device block (a free, a job's moves), every tier
+    slot, every running request (a step), every block of the longest prompt (an arrival,
+    a lookup answer) and every request of the workload (a live run's stall warning)."""
+    config: dict[str, Any] = _table(header.get("config"))
+    engine: dict[str, Any] = _table(config.get("engine"))
+    found = engine.get("tiers")
+    tiers: list[Any] = found if isinstance(found, list) else []
+    workload: dict[str, Any] = _table(header.get("workload"))
+    items = (_count(engine.get("device_blocks"), 1 << 20) + _count(engine.get("max_running"), 1 << 10)
+             + sum(_count(t.get("capacity_blocks")) for t in tiers if isinstance(t, dict))
+             + -(-_TOKENS_MAX // max(1, _count(engine.get("block_tokens"), 1)))
+             + _count(workload.get("requests")))
+    return (1 << 20) + 64 * items
+
+
+class TraceLines:
+    """The non-empty lines of a trace, as (line number, raw line without its newline); a
+    ``.gz`` file is decompressed on the fly. Read through ``kvlife.lifecycle.input_files``:
+    the header line is at most ``HEADER_LINE_MAX``, and once ``bound_by(header)`` is called,
+    each later line at most ``record_line_max(header)``. Anything unreadable is a
+    ``TraceError`` naming the file and line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lines = Lines(self.path, HEADER_LINE_MAX, "a trace header is at most this long")
+        self._iter = self._read()
+
+    def bound_by(self, header: dict[str, Any]) -> None:
+        self._lines.set_max_line(record_line_max(header), "the longest record this trace's header allows")
+
+    @property
+    def ended_with_newline(self) -> bool:
+        """Once read to the end: whether the last line had its newline (a run cut mid-write
+        leaves a last line without one)."""
+        return self._lines.ended_with_newline
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return self._iter
+
+    def __next__(self) -> tuple[int, bytes]:
+        return next(self._iter)
+
+    def _read(self) -> Iterator[tuple[int, bytes]]:
+        try:
+            for number, line in self._lines:
                 if line.strip():
                     yield number, line
-    except READ_ERRORS as exc:
-        where = number + 1 if number else None
-        raise TraceError(str(p), where, f"cannot read trace: {read_error_message(exc)}") from None
+        except READ_ERRORS as exc:
+            number = self._lines.number
+            where = error_line(exc, number + 1 if number else None)
+            raise TraceError(str(self.path), where, f"cannot read trace: {read_error_message(exc)}") from None
+
+
+def iter_lines(path: str | Path) -> TraceLines:
+    """(line number, raw line without its newline) for every non-empty line (see ``TraceLines``)."""
+    return TraceLines(path)
 
 
 _NOT_A_NUMBER = object()  # what json's parse_constant makes of NaN, Infinity, -Infinity
@@ -197,23 +256,29 @@ def parse_record(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
     return parsed
 
 
-def read_header(path: str | Path) -> tuple[dict[str, Any], int, Iterator[tuple[int, bytes]]]:
-    """The checked header, its line number, and the remaining (line number, raw) lines."""
+def read_header(path: str | Path) -> tuple[dict[str, Any], int, TraceLines]:
+    """The checked header, its line number, and the remaining (line number, raw) lines
+    (each bounded by what the header allows)."""
     lines = iter_lines(path)
     first = next(lines, None)
     if first is None:
         raise TraceError(str(path), None, "empty trace: missing header")
-    return parse_header(path, *first), first[0], lines
+    header = parse_header(path, *first)
+    lines.bound_by(header)
+    return header, first[0], lines
 
 
 def read_trace(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, record); raises TraceError naming the line on bad input."""
     p = Path(path)
-    for number, raw in iter_lines(p):
+    lines = iter_lines(p)
+    for number, raw in lines:
         try:
             record = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise not_json(str(p), number, raw, exc) from None
         if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
             raise TraceError(str(p), number, "field 'kind': missing (not a trace record)")
+        if record["kind"] == "header":
+            lines.bound_by(record)
         yield number, record

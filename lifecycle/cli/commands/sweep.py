@@ -139,7 +139,7 @@ def _check_workloads(points: Any) -> None:
         from kvlife.lifecycle.workloads.bundled import resolve_workload
         from kvlife.lifecycle.workloads.mooncake import count_requests
 
-        count_requests(resolve_workload(point.workload), limit=1)
+        count_requests(resolve_workload(point.workload), limit=1, block_tokens=point.config.engine.block_tokens)
 
 
 def handle_plot(args: argparse.Namespace) -> int:
