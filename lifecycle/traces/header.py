@@ -79,6 +79,38 @@ def header_config(header: dict[str, Any], path: str = "trace", line: int = 1,
         raise TraceError(path, line, f"field '{header_field(exc.field)}': {exc.message}") from None
 
 
+# What rebuilding a trace's engine may allocate (its device pool and tier indexes, at the
+# simulator's measured bytes per item): at most this many bytes per byte of the trace file,
+# and this much whatever its size. A header is data: 30 KB saying device_blocks=24,000,000
+# would otherwise take 3.4 GB to replay.
+ENGINE_BYTES_PER_TRACE_BYTE = 1000
+ENGINE_BYTES_FLOOR = 256 << 20
+
+
+def allocation_problem(config: RunConfig, trace_bytes: int) -> tuple[str, str] | None:
+    """(header field, message) when the engine ``config`` describes would take more memory
+    than a trace of ``trace_bytes`` justifies (see ``ENGINE_BYTES_PER_TRACE_BYTE``)."""
+    from kvlife.lifecycle.config import SIM_DEVICE_BLOCK_BYTES, SIM_TIER_BLOCK_BYTES
+
+    engine = config.engine
+    parts = [("config.engine.device_blocks", int(engine.device_blocks) * SIM_DEVICE_BLOCK_BYTES,
+              f"{int(engine.device_blocks):,} device blocks")]
+    parts += [(f"config.engine.tiers[{i}].capacity_blocks", t.capacity_blocks * SIM_TIER_BLOCK_BYTES,
+               f"a {t.name} tier of {t.capacity_blocks:,} blocks") for i, t in enumerate(engine.tiers)]
+    total = sum(size for _, size, _ in parts)
+    limit = max(ENGINE_BYTES_FLOOR, ENGINE_BYTES_PER_TRACE_BYTE * trace_bytes)
+    if total <= limit:
+        return None
+    field, _, what = max(parts, key=lambda part: part[1])
+    return field, (f"{what} take {_mib(total)} of memory to rebuild the engine, more than this {_mib(trace_bytes)} "
+                   f"trace justifies (at most {ENGINE_BYTES_PER_TRACE_BYTE:,}x its size, and "
+                   f"{_mib(ENGINE_BYTES_FLOOR)} for any trace): a header is data, not a request for memory")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.1f} MiB" if n >= 1 << 20 else f"{n / 1024:,.1f} KiB"
+
+
 def workload_size(header: dict[str, Any], path: str = "trace", line: int = 1) -> int | None:
     """``workload.requests`` of the header (the drivers write how many requests they were
     given), None when the header does not say."""
@@ -91,6 +123,44 @@ def workload_size(header: dict[str, Any], path: str = "trace", line: int = 1) ->
         field = "workload.requests" if isinstance(workload, dict) else "workload"
         raise TraceError(path, line, f"field '{field}': must hold a non-negative integer 'requests', got {shown}")
     return requests
+
+
+def recovered_slots(header: dict[str, Any], config: RunConfig, path: str = "trace",
+                    line: int = 1) -> dict[str, list[tuple[int, int]]]:
+    """``recovered`` of the header: per tier, the (block hash, slot) pairs a live run's kept
+    disk tier recovered from an earlier run, in the order they were indexed (a replay
+    builds the same index from them). Checked: a tier of the config, each pair a hash
+    (0..2^64-1) and a distinct slot within the tier's capacity. Empty when absent."""
+    recovered = header.get("recovered")
+    if recovered is None:
+        return {}
+    capacities = {t.name: t.capacity_blocks for t in config.engine.tiers}
+    if not isinstance(recovered, dict):
+        raise TraceError(path, line, f"field 'recovered': must be an object of tier: [[block, slot], ...], "
+                                     f"got {_describe(recovered)}")
+    out: dict[str, list[tuple[int, int]]] = {}
+    for tier, pairs in recovered.items():
+        field = f"recovered.{tier}"
+        if tier not in capacities:
+            raise TraceError(path, line, f"field '{field}': the config has no {tier!r} tier")
+        if not isinstance(pairs, list) or len(pairs) > capacities[tier]:
+            raise TraceError(path, line, f"field '{field}': must be a list of at most {capacities[tier]:,} "
+                                         f"[block, slot] pairs (the tier's capacity_blocks)")
+        seen_blocks: set[int] = set()
+        seen_slots: set[int] = set()
+        for i, pair in enumerate(pairs):
+            ok = (isinstance(pair, list) and len(pair) == 2
+                  and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+                  and 0 <= pair[0] < 1 << 64 and 0 <= pair[1] < capacities[tier]
+                  and pair[0] not in seen_blocks and pair[1] not in seen_slots)
+            if not ok:
+                raise TraceError(path, line, f"field '{field}[{i}]': must be a [block, slot] pair of a block hash "
+                                             f"and a slot below {capacities[tier]:,}, each once; got "
+                                             f"{_describe(pair)}")
+            seen_blocks.add(pair[0])
+            seen_slots.add(pair[1])
+        out[tier] = [(block, slot) for block, slot in pairs]
+    return out
 
 
 def code_specs(specs: Sequence[str]) -> list[str]:
