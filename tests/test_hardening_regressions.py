@@ -12,6 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from kvlife.lifecycle.cli.main import main
 from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
 from kvlife.lifecycle.drivers.runner import run_workload
 from kvlife.lifecycle.traces.validate import ValidationReport, validate
@@ -90,3 +91,40 @@ def test_a_header_only_trace_that_announces_requests_is_not_valid(small_run: lis
     header["workload"] = {"name": "synthetic", "requests": 8}
     report = _validate_lines(tmp_path, [orjson.dumps(header)])
     assert not report.ok and "announces 8 requests, 0 arrived" in report.format(), report.format()
+
+
+# ---- 3: a refused run never replaces an existing trace ------------------------------------
+BAD_POLICY = '''
+class P:
+    asked = 0
+
+    def on_arrival(self, req, engine):
+        P.asked += 1
+        return 5 if P.asked > 3 else None
+'''
+
+
+@pytest.mark.parametrize("refusal", ["workload", "policy"])
+def test_a_refused_run_keeps_the_existing_trace(tmp_path: Path, refusal: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "keep.jsonl"
+    assert main(["run", "--limit", "20", "--trace", str(trace)]) == 0
+    kept = trace.read_bytes()
+    if refusal == "workload":
+        workload = tmp_path / "bad.jsonl"
+        workload.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n{bad\n')
+        argv = ["run", "--workload", str(workload), "--trace", str(trace)]
+    else:
+        (tmp_path / "badp.py").write_text(BAD_POLICY)
+        argv = ["run", "--limit", "20", "--stack", f"{tmp_path / 'badp.py'}:P", "--trace", str(trace)]
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert trace.read_bytes() == kept  # untouched
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+    # Where no trace was, the refused run leaves the trace so far, ended by its error: valid.
+    fresh = tmp_path / "fresh.jsonl"
+    assert main([*argv[:-1], str(fresh)]) == 2
+    last = orjson.loads(fresh.read_bytes().splitlines()[-1])
+    assert last["kind"] == "interrupted" and last["signal"] is None and last["error"]
+    assert validate(fresh).ok, validate(fresh).format()

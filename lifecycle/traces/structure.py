@@ -86,6 +86,8 @@ class TraceStructure:
 
     # ---- records ---------------------------------------------------------------------------
     def feed(self, record: dict[str, Any], line: int) -> None:
+        if self.cut is not None:
+            return  # nothing may follow the cut (the observer reports each record after it)
         kind = record.get("kind")
         self._line = line
         t = record.get("t")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -61,15 +61,30 @@ PIPELINE: tuple[Any, ...] = (
 
 class TraceWriter:
     """Writes records to a JSON-lines file; use as a context manager so that whatever
-    was recorded before an error is flushed and the file stays valid line by line."""
+    was recorded before an error is flushed and the file stays valid line by line.
 
-    def __init__(self, path: str | Path) -> None:
+    The records go to a temporary file beside ``path`` (``kvlife.lifecycle.output_files``),
+    which becomes ``path`` when the run ends: replacing what was there when it completed
+    (the block ended normally, or ``close()``) or was interrupted cleanly (Ctrl-C or
+    SIGTERM, its ``interrupted`` record saying ``clean``); only where no file was when it
+    was refused part-way (an error): a refused run never replaces an existing trace.
+    ``inputs`` are the run's input files, which the trace may not be."""
+
+    def __init__(self, path: str | Path, inputs: Iterable[str | Path | None] = ()) -> None:
+        from kvlife.lifecycle.output_files import OutputError, PendingOutput
+
         self.path = Path(path)
         try:
-            self._stream: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+            self._pending = PendingOutput(self.path, inputs)
+            self._stream: IO[bytes] = self._pending.open()
+        except OutputError as exc:
+            message = str(exc).split(": ", 1)[-1].removeprefix("cannot write: ")
+            raise TraceError(str(path), None, f"cannot write trace: {message}") from None
         except OSError as exc:
+            self._pending.discard()
             raise TraceError(str(path), None, f"cannot write trace: {exc.strerror}") from None
         self.lines = 0
+        self._last: bytes = b""
 
     def write_header(self, config: dict[str, Any], policies: list[str], seed: int, **extra: Any) -> None:
         self.record({"kind": "header", "schema": SCHEMA_VERSION, "config": config,
@@ -81,17 +96,43 @@ class TraceWriter:
             out = processor(None, "record", out)
         # One write per line: an interrupt between two writes must not leave half a line.
         self._stream.write(out)
+        self._last = out
         self.lines += 1
 
-    def close(self) -> None:
+    def last_t(self) -> float:
+        """The time of the last record written (0 when it has none)."""
+        try:
+            t = orjson.loads(self._last).get("t") if self._last else None
+        except (orjson.JSONDecodeError, AttributeError):
+            t = None
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+    def close(self, complete: bool = True) -> bool:
+        """Close the file and put it at ``path``: replacing what was there when the run is
+        ``complete`` (or cut cleanly), else only where no file was. Returns whether the
+        trace is at ``path`` now."""
         if not self._stream.closed:
             self._stream.close()
+        if self._pending.done:
+            return False
+        if complete:
+            self._pending.commit()
+            return True
+        return self._pending.commit_if_absent()
+
+    def _cut_cleanly(self) -> bool:
+        try:
+            last = orjson.loads(self._last) if self._last else None
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(last, dict) and last.get("kind") == "interrupted" and last.get("clean") is True
 
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        complete = kind is None or (issubclass(kind, KeyboardInterrupt) and self._cut_cleanly())
+        self.close(complete)
 
 
 def render_record(record: dict[str, Any]) -> bytes:

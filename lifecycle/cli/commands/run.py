@@ -121,7 +121,7 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     origin = "--device-blocks" if args.device_blocks is not None else None
     with progress_bar("kvlife run", total=size) as progress:
         outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name,
-                               device_blocks_origin=origin, size=size)
+                               device_blocks_origin=origin, size=size, inputs=run_inputs(args))
     for problem in outcome.problems():
         print(f"kvlife run: {problem}", file=sys.stderr)
     exit_code = outcome.exit_code
@@ -136,6 +136,13 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     if args.trace:
         print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
     return exit_code
+
+
+def run_inputs(args: argparse.Namespace) -> tuple[str | None, ...]:
+    """The files a run reads (a workload file, the config), which its trace may not be."""
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
+
+    return (str(resolve_workload(args.workload)) if args.workload else None, args.config)
 
 
 def _apply_checks(args: argparse.Namespace, config: RunConfig) -> RunConfig:
