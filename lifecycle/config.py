@@ -78,6 +78,8 @@ class ConfigError(Exception):
 Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
 
 INT64_MIN = -(2**63)
+# The largest integer a 64-bit float holds (any larger one, as a number, is out of range).
+FLOAT_MAX_INT = int(float.fromhex("0x1.fffffffffffffp+1023"))
 INT64_MAX = 2**63 - 1
 GIB = 1 << 30
 
@@ -293,6 +295,9 @@ class Rule:
         if kind == "number":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return f"must be {self.want()}, got {describe(value)}"
+            if isinstance(value, int) and not -FLOAT_MAX_INT <= value <= FLOAT_MAX_INT:
+                # (past a float's range: comparing it with a float bound would raise OverflowError)
+                return f"must be a finite number, got {describe(value)} (past a 64-bit float's range)"
             if not math.isfinite(value):
                 return f"must be a finite number, got {value!r}"
         low, high = self.low, self.high

@@ -19,6 +19,14 @@ from kvlife.lifecycle.traces.validate import ValidationReport, validate
 from kvlife.lifecycle.workloads.synthetic import synthetic_workload
 
 
+def exit_code(argv: list[str]) -> int:
+    """``kvlife ARGV`` in-process: its exit code (argparse's own errors exit)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+
+
 # ---- 1: validate and --check agree on the async lookup cap (invariant 12) ------------------
 def test_validate_accepts_answers_kept_past_the_lookup_cap(tmp_path: Path) -> None:
     """Past ``engine.max_async_lookups`` the engine keeps a request's last answer (a
@@ -128,3 +136,36 @@ def test_a_refused_run_keeps_the_existing_trace(tmp_path: Path, refusal: str,
     last = orjson.loads(fresh.read_bytes().splitlines()[-1])
     assert last["kind"] == "interrupted" and last["signal"] is None and last["error"]
     assert validate(fresh).ok, validate(fresh).format()
+
+
+# ---- 4: an integer past a float's range, in any number field, is one line ----------------
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--time-scale", HUGE],
+    ["run", "--transfer-deadline", HUGE],
+    ["capacity", "--slo", "ttft_p90=2s", "--min-scale", HUGE],
+    ["capacity", "--slo", "ttft_p90=2s", "--stability-ratio", HUGE],
+    ["sweep", "run", "-o", "unused.jsonl", "--vary", f"sim.time_scale=1,{HUGE}", "--dry-run"],
+    ["sweep", "run", "-o", "unused.jsonl", "--set", f"engine.lookup_latency_ms={HUGE}", "--dry-run"],
+])
+def test_a_huge_integer_flag_is_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must be a finite number" in err, err
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("config.toml", f"[sim]\ntime_scale = {HUGE}\n"),
+    ("grid.toml", f'[grid]\n"sim.time_scale" = [1, {HUGE}]\n'),
+])
+def test_a_huge_integer_in_a_file_is_one_line(tmp_path: Path, name: str, text: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    argv = ["run", "--config", str(path)] if name == "config.toml" else \
+        ["sweep", "run", str(path), "-o", str(tmp_path / "out.jsonl"), "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}:2: field" in err and "must be a finite number" in err, err

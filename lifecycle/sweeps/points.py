@@ -25,6 +25,7 @@ import attrs
 import orjson
 
 from kvlife.lifecycle.config import (
+    FLOAT_MAX_INT,
     TIER_ORDER,
     ConfigError,
     EngineConfig,
@@ -138,7 +139,8 @@ def normalize(key: str, value: Any) -> Any:
     if key == "policies.stack":
         return stack_names(value)
     rule = _rule(key)
-    if rule is not None and rule.kind == "number" and isinstance(value, int) and not isinstance(value, bool):
+    if rule is not None and rule.kind == "number" and isinstance(value, int) and not isinstance(value, bool) \
+            and abs(value) <= FLOAT_MAX_INT:  # (a larger one stays an int: the rule refuses it in words)
         return float(value)
     return value
 
