@@ -366,6 +366,12 @@ NON_NEGATIVE_INT = _non_negative_int
 POSITIVE_NUMBER = _number(0.0, strict=True)
 # Requests a run holds in memory (--limit, the synthetic generator's num_requests).
 REQUESTS = _integer(1, memory_bound(SIM_REQUEST_BYTES, "simulated request"))
+# The points a sweep's grid may have (kvlife.lifecycle.sweeps.grid): its spec's max_points, --max-points.
+MAX_POINTS = _integer(1, memory_bound(SIM_REQUEST_BYTES, "sweep point"))
+# ...and unless it says otherwise: a grid is expanded, checked and listed before anything
+# runs, and 8 axes of 40 values are 6.5 trillion points; 10,000 runs of a few seconds each
+# are a day of one machine's time.
+DEFAULT_MAX_POINTS = 10_000
 # The options of the synthetic generators (kvlife.lifecycle.workloads.synthetic); a pair
 # (low, high) has each element checked by its rule.
 _per_workload = _integer(1, REQUESTS.maximum)

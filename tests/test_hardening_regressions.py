@@ -169,3 +169,91 @@ def test_a_huge_integer_in_a_file_is_one_line(tmp_path: Path, name: str, text: s
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{path}:2: field" in err and "must be a finite number" in err, err
+
+
+# ---- 7 and 8: a sweep's grid is capped, --jobs bounded, --dry-run imports nothing ---------
+def test_an_oversized_grid_is_refused_before_it_is_expanded(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """8 axes of 40 values never returned, even with --dry-run."""
+    axes = [f"sim.seed={','.join(str(i) for i in range(40))}"] + [
+        f"{key}={','.join(str(v) for v in range(1, 41))}"
+        for key in ("engine.max_running", "sim.lookup_workers", "engine.max_async_lookups", "engine.lookup_latency_ms",
+                    "sim.rank_jitter_ms", "engine.max_batched_tokens", "tiers.host.capacity_blocks")]
+    argv = ["sweep", "run", "-o", str(tmp_path / "r.jsonl"), "--dry-run"]
+    for axis in axes:
+        argv += ["--vary", axis]
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "6,553,600,000,000 points" in err and "--max-points" in err, err
+    # The cap is the user's to move: the same grid within it runs.
+    small = ["sweep", "run", "-o", str(tmp_path / "r.jsonl"), "--dry-run", "--vary", "sim.seed=1,2,3",
+             "--vary", "engine.max_running=1,2", "--max-points", "6", "--limit", "3"]
+    assert exit_code(small) == 0
+    assert exit_code([*small[:-4], "--max-points", "5", "--limit", "3"]) == 2
+
+
+def test_jobs_is_bounded_by_the_cpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvlife.lifecycle.cli.commands.capacity import usable_cpus
+
+    argv = ["sweep", "run", "-o", str(tmp_path / "r.jsonl"), "--limit", "3", "--dry-run",
+            "--jobs", str(usable_cpus() + 1)]
+    assert exit_code(argv) == 2
+    assert "argument --jobs: must be at most" in capsys.readouterr().err
+
+
+def test_a_dry_run_imports_no_policy_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "imported"
+    (tmp_path / "p.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                   "class P:\n    def admission(self, req, load, engine):\n        return None\n")
+    argv = ["sweep", "run", "-o", str(tmp_path / "r.jsonl"), "--limit", "3", "--dry-run",
+            "--stack", f"{tmp_path / 'p.py'}:P"]
+    assert exit_code(argv) == 0, capsys.readouterr().err
+    assert not marker.exists()
+    assert exit_code([*argv[:-1], f"{tmp_path / 'missing.py'}:P"]) == 2  # a wrong name is still refused
+
+
+# ---- 10: calibrate and sweep plot refuse in one line --------------------------------------
+@pytest.mark.parametrize(("row", "field"), [
+    (b"512,0,0,5e-324\n", "step_ms"),  # ZeroDivisionError
+    (b"512,0,0,\xff\xfe\n", "-"),  # not UTF-8
+])
+def test_calibrate_refuses_a_bad_row_in_one_line(tmp_path: Path, row: bytes, field: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "steps.csv"
+    path.write_bytes(b"prefill_tokens,decode_requests,context_tokens,step_ms\n" + row)
+    assert main(["calibrate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}:2: field '{field}'" in err, err
+
+
+@pytest.fixture(scope="module")
+def sweep_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sweep") / "results.jsonl"
+    assert main(["sweep", "run", "-o", str(path), "--limit", "3", "--vary", "sim.time_scale=0.5,1,2"]) == 0
+    return path
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308])
+def test_sweep_plot_refuses_values_too_large_to_draw(sweep_results: Path, tmp_path: Path, value: float,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    rows = [orjson.loads(line) for line in sweep_results.read_bytes().splitlines()]
+    rows[0]["ttft_p90_ms"] = value
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    capsys.readouterr()
+    assert main(["sweep", "plot", str(path), "-o", str(tmp_path / "p.png"),
+                 "--pareto", "x=sim.time_scale,y=ttft_p90_ms"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "too large to plot" in err, err
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_sweep_plot_refuses_an_unknown_image_format(sweep_results: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    capsys.readouterr()
+    assert main(["sweep", "plot", str(sweep_results), "-o", str(tmp_path / "p.nope"),
+                 "--pareto", "x=sim.time_scale,y=ttft_p90_ms"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unsupported image extension '.nope'" in err, err

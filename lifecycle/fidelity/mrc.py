@@ -351,9 +351,9 @@ def default_capacities_tokens(distinct: int, block_tokens: int) -> list[int]:
 def plot_curve(curve: MissRatioCurve, out: str | Path, marked: Sequence[int] = ()) -> None:
     """LRU (every capacity) and OPT (its points) against capacity in tokens, log scale, with
     the infinite-cache maximum; ``marked`` capacities (blocks) get a dotted line."""
-    from kvlife.lifecycle.traces.plot import image_format
+    from kvlife.lifecycle.traces.plot import check_image, save_figure
 
-    fmt = image_format(out)
+    check_image(out, (curve.name,))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -385,6 +385,6 @@ def plot_curve(curve: MissRatioCurve, out: str | Path, marked: Sequence[int] = (
         ax.set_ylim(bottom=0)
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
-        fig.savefig(out, format=fmt)
+        save_figure(fig, out, (curve.name,))
     finally:
         plt.close(fig)

@@ -8,10 +8,11 @@ only, with a note in the other two.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvlife.lifecycle.output_files import atomic_output
 from kvlife.lifecycle.traces.export import read_timeline
 from kvlife.lifecycle.traces.trace import TraceError
 from kvlife.specs.lifecycle import STATES
@@ -55,11 +56,36 @@ def image_format(out: str | Path) -> str:
     return fmt
 
 
+def check_image(out: str | Path, inputs: Iterable[str | Path | None] = ()) -> str:
+    """Before any work: the image format of ``out`` (``image_format``), and ``out`` is not
+    one of the command's ``inputs`` (``kvlife.lifecycle.output_files.check_output``)."""
+    from kvlife.lifecycle.output_files import check_output
+
+    fmt = image_format(out)
+    check_output(out, inputs)
+    return fmt
+
+
+def save_figure(fig: Any, out: str | Path, inputs: Iterable[str | Path | None] = ()) -> None:
+    """Write a matplotlib figure to ``out`` in the format its extension names, through a
+    temporary file renamed over it (``kvlife.lifecycle.output_files``): a failed drawing
+    leaves what was there. A value matplotlib cannot lay out (an axis range past a float's)
+    is one line naming the image."""
+    fmt = check_image(out, inputs)
+    try:
+        with atomic_output(out, inputs) as temp:
+            fig.savefig(temp, format=fmt)
+    except OSError as exc:
+        raise TraceError(str(out), None, f"cannot write: {exc.strerror or exc}") from None
+    except (ValueError, OverflowError) as exc:
+        raise TraceError(str(out), None, f"cannot draw: {' '.join(str(exc).split())}") from None
+
+
 def plot(trace: str | Path, out: str | Path, *, allow_code: bool = False,
          stack: Sequence[str] | None = None) -> None:
     """``allow_code``/``stack``: how the replay behind the TTFT and hit-rate panels may load
     policies (``kvlife.lifecycle.traces.replay.replay``)."""
-    fmt = image_format(out)
+    check_image(out, (trace,))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,8 +134,6 @@ def plot(trace: str | Path, out: str | Path, *, allow_code: bool = False,
             ax.set_axis_off()
     fig.tight_layout()
     try:
-        fig.savefig(out, format=fmt)
-    except OSError as exc:
-        raise TraceError(str(out), None, f"cannot write: {exc.strerror}") from None
+        save_figure(fig, out, (trace,))
     finally:
         plt.close(fig)

@@ -81,9 +81,10 @@ def handle(args: argparse.Namespace) -> int:
         from kvlife.lifecycle.cli.extras import require
 
         require("matplotlib", "plot", "kvlife mrc --plot")
-        from kvlife.lifecycle.traces.plot import image_format
+        from kvlife.lifecycle.traces.plot import check_image
+        from kvlife.lifecycle.workloads.bundled import resolve_workload
 
-        image_format(args.plot)  # a bad extension is refused before the work
+        check_image(args.plot, (resolve_workload(args.trace),))  # a bad extension is refused before the work
     start = time.perf_counter()
     prompts = mrc.read_trace(args.trace, args.limit, args.blocks, args.block_tokens, args.output_blocks)
     read_s = time.perf_counter() - start

@@ -7,7 +7,7 @@ from typing import Any
 
 from kvlife.lifecycle.cli import output
 from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, add_stack_flag
-from kvlife.lifecycle.config import REQUESTS, flag_type
+from kvlife.lifecycle.config import DEFAULT_MAX_POINTS, MAX_POINTS, REQUESTS, flag_type
 
 
 def register(sub: Any) -> None:
@@ -56,8 +56,12 @@ def _register_run(which: Any) -> None:
     parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
                         help="random seed, sim.seed (default: the spec's, else 0)")
     add_executor_flags(parser, "run the points")
+    parser.add_argument("--max-points", type=MAX_POINTS.parse, metavar="N",
+                        help="refuse a grid of more than N points (default: the spec's max_points, else "
+                             f"{DEFAULT_MAX_POINTS:,})")
     parser.add_argument("--dry-run", action="store_true",
-                        help="list the points (key, what varies, whether OUT holds it) without running any")
+                        help="list the points (key, what varies, whether OUT holds it) without running any; policy "
+                             "modules are named, not imported")
     add_json_flag(parser, "what was run")
     parser.set_defaults(func=handle_run)
 
@@ -87,6 +91,7 @@ def _register_plot(which: Any) -> None:
 def handle_run(args: argparse.Namespace) -> int:
     from kvlife.lifecycle.cli.commands.capacity import executor_check
     from kvlife.lifecycle.cli.progress import progress_bar
+    from kvlife.lifecycle.output_files import check_output
     from kvlife.lifecycle.sweeps.executors import Serial, make_executor
     from kvlife.lifecycle.sweeps.grid import Grid, check_stacks, expand, read_spec, with_flags
     from kvlife.lifecycle.sweeps.results import ResultsFile
@@ -94,10 +99,11 @@ def handle_run(args: argparse.Namespace) -> int:
 
     grid = read_spec(args.spec) if args.spec else Grid()
     grid = with_flags(grid, workload=args.workload, limit=args.limit, config=args.config, seed=args.seed,
-                      stacks=args.stack, vary=args.vary, sets=args.sets)
+                      stacks=args.stack, vary=args.vary, sets=args.sets, max_points=args.max_points)
     points = expand(grid)
-    check_stacks(grid, points)
+    check_stacks(grid, points, imports=not args.dry_run)
     _check_workloads(points)
+    check_output(args.out, [args.spec, args.config, *_workload_files(points)])
     if args.dry_run:
         done = ResultsFile(args.out).load(repair=False)
         varying = [a.key for a in grid.axes]
@@ -113,8 +119,9 @@ def handle_run(args: argparse.Namespace) -> int:
         return 0
     executor_check(args)
     done = ResultsFile(args.out).load(repair=False)
-    # Nothing left to run: no worker processes, no Ray to start.
-    executor = make_executor(args.jobs, args.ray) if any(p.key() not in done for p in points) else Serial()
+    # No more workers than runs left (nothing left to run: no worker processes, no Ray to start).
+    left = sum(1 for p in points if p.key() not in done)
+    executor = make_executor(min(args.jobs, left), args.ray) if left else Serial()
     where = executor.describe()
     with progress_bar("kvlife sweep", unit="run", total=len(points)) as bar:
         report = run_sweep(points, args.out, executor, on_row=bar)
@@ -125,6 +132,14 @@ def handle_run(args: argparse.Namespace) -> int:
           f"now ({where})" + (f"; {report.other_rows} other rows kept" if report.other_rows else ""))
     print(f"wrote {report.out} (JSON lines, one row per run; pandas.read_json(path, lines=True))")
     return 0
+
+
+def _workload_files(points: Any) -> list[str]:
+    """The workload files the points read (the results file may not be one of them)."""
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
+    from kvlife.lifecycle.workloads.synthetic import SYNTHETIC_NAMES
+
+    return sorted({str(resolve_workload(p.workload)) for p in points if p.workload not in SYNTHETIC_NAMES})
 
 
 def _check_workloads(points: Any) -> None:
@@ -157,11 +172,13 @@ def handle_plot(args: argparse.Namespace) -> int:
         select,
     )
     from kvlife.lifecycle.sweeps.results import read_rows
+    from kvlife.lifecycle.traces.plot import check_image
 
     heatmaps = [parse_heatmap(t) for t in args.heatmap]
     paretos = [parse_pareto(t) for t in args.pareto]
     if not heatmaps and not paretos:
         raise UsageError("give at least one --heatmap or --pareto")
+    check_image(args.out, (args.results,))  # a bad extension (or the results file itself) before any work
     rows = read_rows(args.results)
     if not rows:
         raise UsageError(f"{args.results} holds no rows")
@@ -169,7 +186,7 @@ def handle_plot(args: argparse.Namespace) -> int:
     for spec in heatmaps:
         heatmap_cells(rows, spec)  # refuse a bad spec before drawing anything
     fronts = [pareto_front(rows, spec) for spec in paretos]
-    draw(rows, heatmaps, paretos, args.out)
+    draw(rows, heatmaps, paretos, args.out, (args.results,))
     if args.json:
         output.emit("sweep-plot", results=args.results, out=args.out, rows=len(rows),
                     heatmaps=[{"x": h.x, "y": h.y, "value": h.value} for h in heatmaps],
