@@ -28,7 +28,7 @@ ENTRY_POINT_GROUP = "kvlife.policies"
 # stays an interrupt.
 USER_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
-__all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "entry_point_policies", "is_builtin",
+__all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "check_spec", "entry_point_policies", "is_builtin",
            "load_builtin_stack", "load_policy", "load_stack", "policy_name"]
 
 
@@ -136,6 +136,26 @@ def _import_policy_module(spec: str, module_part: str) -> Any:
         raise
     except USER_CODE_ERRORS as exc:  # import errors of user code: report, never traceback
         raise PolicyError(f"policy {spec!r}: importing {module_part!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def check_spec(spec: str) -> None:
+    """What ``load_policy(spec)`` checks before it imports anything: a built-in or installed
+    name (entry-point metadata only), else ``module:Class`` with a class name and, for a
+    ``file.py``, a file that exists. A PolicyError otherwise. Imports and runs nothing
+    (``kvlife sweep run --dry-run``)."""
+    if spec in BUILTIN:
+        return
+    if ":" not in spec:
+        installed = entry_point_policies()
+        if spec not in installed:
+            known = ", ".join(sorted(BUILTIN) + sorted(installed))
+            raise PolicyError(f"unknown policy {spec!r} (built-ins: {known}; or pkg.mod:Class, file.py:Class)")
+        return
+    module_part, _, class_name = spec.rpartition(":")
+    if not module_part or not class_name.isidentifier():
+        raise PolicyError(f"policy {spec!r}: expected pkg.mod:Class or file.py:Class")
+    if module_part.endswith(".py") and not Path(module_part).is_file():
+        raise PolicyError(f"policy {spec!r}: file {module_part!r} not found")
 
 
 def load_stack(specs: Sequence[str]) -> PolicyStack:
