@@ -408,6 +408,11 @@ WORKLOAD_RULES: dict[str, Rule] = {
 }
 
 
+# [policies] hook_budget_s (--hook-budget): a hook answers from a view in microseconds; one
+# that takes seconds will not return. At most a day (a longer budget is no budget).
+HOOK_BUDGET_S = _number(0.0, strict=True, maximum=Limit(86400.0, "s: a day"))
+
+
 # ---- the configuration --------------------------------------------------------------------
 class Derived(int):
     """An int default that marks a value the user did not set.
@@ -619,6 +624,9 @@ class RunConfig:
     sim: SimConfig = SimConfig()
     policies: tuple[str, ...] = ()
     live: LiveConfig = LiveConfig()
+    # [policies] hook_budget_s: how long one policy hook may run (kvlife.policies.watchdog);
+    # past it the run stops with one line naming the policy, the hook and the request.
+    hook_budget_s: float = attrs.field(default=5.0, validator=HOOK_BUDGET_S)
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -626,7 +634,7 @@ class RunConfig:
 
 _SECTIONS: dict[str, type[Any]] = {"engine": EngineConfig, "sim": SimConfig, "live": LiveConfig}
 _TOP_LEVEL = ("engine", "tiers", "sim", "live", "policies")
-_POLICY_KEYS = ("stack",)
+_POLICY_KEYS = ("stack", "hook_budget_s")
 
 
 # ---- one rule per field, for files and flags alike ------------------------------------------
@@ -894,7 +902,11 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
     if not isinstance(stack, list) or not all(isinstance(s, str) and s for s in stack):
         raise fail("policies.stack", f"must be an array of policy names, got {describe(stack)}",
                    "policies", 0, "stack")
-    config = RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live)
+    budget = policies.get("hook_budget_s", 5.0)
+    budget_problem = HOOK_BUDGET_S.problem(budget)
+    if budget_problem is not None:
+        raise fail("policies.hook_budget_s", budget_problem, "policies", 0, "hook_budget_s")
+    config = RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live, hook_budget_s=budget)
     chaos = chaos_problem(config)
     if chaos is not None:
         raise fail("sim.chaos", chaos, "sim", 0, "chaos")

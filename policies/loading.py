@@ -20,7 +20,7 @@ from typing import Any
 
 from kvlife.policies.base import HOOK_ARITY, HOOKS, PolicyError
 from kvlife.policies.registry import BUILTIN
-from kvlife.policies.stack import PolicyStack, policy_name
+from kvlife.policies.stack import DEFAULT_HOOK_BUDGET_S, PolicyStack, policy_name
 
 ENTRY_POINT_GROUP = "kvlife.policies"
 # What running a user's policy code may raise that is reported as a PolicyError (one line,
@@ -158,8 +158,9 @@ def check_spec(spec: str) -> None:
         raise PolicyError(f"policy {spec!r}: file {module_part!r} not found")
 
 
-def load_stack(specs: Sequence[str]) -> PolicyStack:
-    return PolicyStack([load_policy(s) for s in specs])
+def load_stack(specs: Sequence[str], budget_s: float = DEFAULT_HOOK_BUDGET_S) -> PolicyStack:
+    """The stack of ``specs`` (top first); each hook runs under ``budget_s`` seconds."""
+    return PolicyStack([load_policy(s) for s in specs], budget_s)
 
 
 def is_builtin(spec: object) -> bool:
@@ -167,11 +168,11 @@ def is_builtin(spec: object) -> bool:
     return isinstance(spec, str) and spec in BUILTIN
 
 
-def load_builtin_stack(specs: Sequence[str]) -> PolicyStack:
+def load_builtin_stack(specs: Sequence[str], budget_s: float = DEFAULT_HOOK_BUDGET_S) -> PolicyStack:
     """A stack of built-in names, resolved from the registry only: no entry point is
     looked up and no module imported, whatever ``specs`` holds (a trace header's stack is
     data; see ``kvlife.lifecycle.traces.header``). Anything else is a PolicyError."""
     for spec in specs:
         if not is_builtin(spec):
             raise PolicyError(f"policy {spec!r} is not a built-in (built-ins: {', '.join(sorted(BUILTIN))})")
-    return PolicyStack([BUILTIN[s]() for s in specs])
+    return PolicyStack([BUILTIN[s]() for s in specs], budget_s)

@@ -7,6 +7,9 @@ generated bad inputs is ``scripts/hardening_campaign.py``.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -17,6 +20,26 @@ from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConf
 from kvlife.lifecycle.drivers.runner import run_workload
 from kvlife.lifecycle.traces.validate import ValidationReport, validate
 from kvlife.lifecycle.workloads.synthetic import synthetic_workload
+
+
+class Hang(BaseException):
+    """A test ran past its bound (a BaseException: nothing in kvlife swallows it)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """Fail instead of hanging: SIGALRM after ``seconds``."""
+
+    def expire(signum: int, frame: object) -> None:
+        raise Hang(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def exit_code(argv: list[str]) -> int:
@@ -257,3 +280,51 @@ def test_sweep_plot_refuses_an_unknown_image_format(sweep_results: Path, tmp_pat
                  "--pareto", "x=sim.time_scale,y=ttft_p90_ms"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unsupported image extension '.nope'" in err, err
+
+
+# ---- 9: a policy hook that never returns ends the run in one line -------------------------
+NEVER_RETURNS = '''
+import time
+
+
+class Spin:
+    def on_arrival(self, req, engine):
+        if req.request_id == "req-3":
+            while True:
+                pass
+        return None
+
+
+class Sleep:
+    def on_arrival(self, req, engine):
+        if req.request_id == "req-3":
+            time.sleep(10**6)
+        return None
+'''
+
+
+@pytest.mark.parametrize("policy", ["Spin", "Sleep"])
+def test_a_hook_that_never_returns_ends_the_run(tmp_path: Path, policy: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "hang.py").write_text(NEVER_RETURNS)
+    trace = tmp_path / "t.jsonl"
+    argv = ["run", "--limit", "10", "--stack", f"{tmp_path / 'hang.py'}:{policy}", "--hook-budget", "0.3",
+            "--trace", str(trace)]
+    with bounded(30.0):  # (on main this ran for ever: an assertion, not a hung suite)
+        code = main(argv)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"policy {policy}" in err and "hook on_arrival ran past its time budget of 0.3 s" in err
+    assert "request req-3" in err
+    assert validate(trace).ok  # the trace so far, ended by the error
+
+
+def test_a_policy_raising_keyboard_interrupt_is_a_policy_error(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """14: it exited 130, "interrupted (SIGINT)", though no signal came."""
+    (tmp_path / "p.py").write_text("class P:\n    def on_arrival(self, req, engine):\n"
+                                   "        raise KeyboardInterrupt\n")
+    assert main(["run", "--limit", "10", "--stack", f"{tmp_path / 'p.py'}:P"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hook on_arrival raised KeyboardInterrupt" in err, err

@@ -138,7 +138,7 @@ def run_workload(
     if size is None and isinstance(workload, Sequence):
         size = len(workload)
     workload = require_requests(workload, workload_name)
-    stack = stack if stack is not None else load_stack(config.policies)
+    stack = stack if stack is not None else load_stack(config.policies, config.hook_budget_s)
     config, physics = resolve(config)
     setup = physics.summary(device_blocks_origin)
     setup["completions"] = config.sim.completions

@@ -26,10 +26,10 @@ from kvlife.lifecycle.config import RETIRED_SIM_KEYS, ConfigError, RunConfig, co
 from kvlife.lifecycle.traces.trace import TraceError
 from kvlife.policies.base import PolicyError
 from kvlife.policies.loading import entry_point_policies, is_builtin, load_builtin_stack, load_stack
-from kvlife.policies.stack import PolicyStack
+from kvlife.policies.stack import DEFAULT_HOOK_BUDGET_S, PolicyStack
 
 # The header's config sections (RunConfig.to_dict()); tiers sit inside ``engine``.
-_SECTIONS = ("engine", "sim", "live", "policies")
+_SECTIONS = ("engine", "sim", "live", "policies", "hook_budget_s")
 STACK_FIELD = "config.policies"
 
 
@@ -40,6 +40,8 @@ def header_field(config_field: str | None) -> str:
         return "config"
     if config_field == "tiers" or config_field.startswith("tiers["):
         return f"config.engine.{config_field}"
+    if config_field == "policies.hook_budget_s":
+        return "config.hook_budget_s"
     if config_field == "policies" or config_field.startswith("policies."):
         return STACK_FIELD
     return f"config.{config_field}"
@@ -72,6 +74,8 @@ def header_config(header: dict[str, Any], path: str = "trace", line: int = 1,
     if "live" in config:
         data["live"] = config["live"]
     data["policies"] = {"stack": config.get("policies", [])}
+    if "hook_budget_s" in config:
+        data["policies"]["hook_budget_s"] = config["hook_budget_s"]
     try:
         # The profiles are loaded only when a run is simulated again (what-if), not to replay.
         return config_from_dict(data, check_profiles=False)
@@ -169,7 +173,7 @@ def code_specs(specs: Sequence[str]) -> list[str]:
 
 
 def trace_stack(specs: Sequence[str], path: str, line: int, *, allow_code: bool = False,
-                named: Collection[str] = ()) -> PolicyStack:
+                named: Collection[str] = (), budget_s: float = DEFAULT_HOOK_BUDGET_S) -> PolicyStack:
     """The recorded stack as policies, importing no code unless the user allowed it:
     ``allow_code`` (``--allow-code``) or the policy named on the command line (``named``)."""
     installed: dict[str, str] | None = None
@@ -186,7 +190,7 @@ def trace_stack(specs: Sequence[str], path: str, line: int, *, allow_code: bool 
         raise TraceError(path, line, f"field '{STACK_FIELD}': trace names code {spec!r}; "
                                      f"pass --allow-code to import it")
     try:
-        return load_builtin_stack(specs) if not code_specs(specs) else load_stack(specs)
+        return load_builtin_stack(specs, budget_s) if not code_specs(specs) else load_stack(specs, budget_s)
     except PolicyError as exc:
         raise TraceError(path, line, f"field '{STACK_FIELD}': {exc}") from None
 

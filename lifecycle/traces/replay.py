@@ -104,8 +104,8 @@ def replay(path: str | Path, stop_at_divergence: bool = True, *, allow_code: boo
     header, header_line, lines = read_header(path)
     config = config_from_header(header, p, header_line)
     expected_requests = workload_size(header, p, header_line)
-    policies = load_stack(stack) if stack is not None else trace_stack(
-        config.policies, p, header_line, allow_code=allow_code, named=named)
+    policies = load_stack(stack, config.hook_budget_s) if stack is not None else trace_stack(
+        config.policies, p, header_line, allow_code=allow_code, named=named, budget_s=config.hook_budget_s)
     produced: deque[bytes] = deque()
     # A live run's kept disk tier starts with the blocks it recovered (the header lists them).
     recovered = recovered_slots(header, config, p, header_line)

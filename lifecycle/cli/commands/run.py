@@ -23,7 +23,7 @@ from kvlife.lifecycle.cli.run_options import (
     stream_workload,
     time_scale,
 )
-from kvlife.lifecycle.config import ConfigError, RunConfig, chaos_problem, flag_type, key_line
+from kvlife.lifecycle.config import HOOK_BUDGET_S, ConfigError, RunConfig, chaos_problem, flag_type, key_line
 
 LIVE_SYNTHETIC_REQUESTS = 200
 LIVE_SYNTHETIC_TIME_SCALE = 20.0
@@ -53,6 +53,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--transfer-deadline", type=flag_type("engine.transfer_deadline_ms"), metavar="MS",
                         help="a rank that has not reported a transfer this long after it started is declared "
                              "failed for it (config: engine.transfer_deadline_ms; default: none)")
+    parser.add_argument("--hook-budget", type=HOOK_BUDGET_S.parse, metavar="S",
+                        help="how long one policy hook may run: past it the run stops with one line naming the "
+                             "policy, the hook and the request (config: policies.hook_budget_s; default 5)")
     checks = parser.add_argument_group("adversarial and checked runs (simulated; docs/replay-and-check.md)")
     checks.add_argument("--chaos", type=flag_type("sim.chaos"), metavar="SEED",
                         help="an adversarial driver: rank reports, lookup answers and step outputs delayed, "
@@ -92,6 +95,8 @@ def handle(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"{given[0]} applies to simulated runs; a live run checks its bytes (--no-verify)")
     config = load_run_config(args)
+    if args.hook_budget is not None:
+        config = attrs.evolve(config, hook_budget_s=args.hook_budget)
     if args.transfer_deadline is not None:
         config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=args.transfer_deadline))
     if args.live:
@@ -192,8 +197,13 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     default_scale = 1.0 if args.workload else LIVE_SYNTHETIC_TIME_SCALE
     scale, config = time_scale(args, config, default_scale)
     workload, name = load_workload(args, config, 1.0, synthetic_requests=LIVE_SYNTHETIC_REQUESTS)
+    from kvlife.policies.loading import load_stack
+
+    # A hook runs at most half the stall watchdog's wait (live.stall_timeout_s): a hook that
+    # never returns is named as such, before the watchdog finds the whole loop standing still.
+    stack = load_stack(config.policies, min(config.hook_budget_s, config.live.stall_timeout_s / 2))
     with progress_bar("kvlife run --live", total=len(workload)) as progress:
-        outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale, progress=progress,
+        outcome = run_live(config, workload, stack, trace_path=args.trace, time_scale=scale, progress=progress,
                            workload_name=name)
     # 1: a check found a problem (mismatches, stranded requests, failed steps, rank errors).
     exit_code = outcome.exit_code
