@@ -57,6 +57,7 @@ from kvlife.lifecycle.engine.events import (
 )
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.stack import PolicyStack
+from kvlife.policies.watchdog import Overrun, Watch
 from kvlife.transfer.breaker import CircuitBreaker
 from kvlife.transfer.content import fill_block, verify_block
 from kvlife.transfer.copy_engine import CopyEngine, Move
@@ -66,6 +67,12 @@ from kvlife.transfer.layout import BlockGeometry, DeviceKV, ModelShape
 from kvlife.transfer.redis_tier import RedisTier
 
 TierBytes = HostPool | DiskTier | RedisTier
+
+
+class LoopStalled(Overrun):
+    """The live loop stood still past ``live.stall_timeout_s`` (raised in it by the watchdog)."""
+
+    message = "the live run's loop stood still"
 
 
 @attrs.define
@@ -417,9 +424,13 @@ class LiveRuntime:
     def run(self) -> SimResult:
         """Run the workload to the end, or until the watchdog stops it. Ctrl-C / SIGTERM:
         shut down, write the ``interrupted`` record last, re-raise."""
+        stuck = False
         with interrupts.held() as gate:
             try:
                 events = self._loop(gate)
+            except LoopStalled as exc:  # the loop itself was stuck (see _loop): cut where it stood
+                stuck, events = True, 0
+                self._stop_stuck(exc)
             except KeyboardInterrupt as exc:
                 open_work = {"steps": len(self._steps), "lookups": len(self._pending_lookups)}
                 try:
@@ -432,14 +443,47 @@ class LiveRuntime:
                 raise
             finally:
                 self.shutdown()
-        self.engine.check_invariants()
+        if not stuck:  # (a loop stopped inside an engine call left it half-way)
+            self.engine.check_invariants()
         stranded = self.stranded if self.stalled is not None else self.engine.stranded()
         return SimResult(self.engine, self.workload, self.engine.now, events, stranded)
+
+    def _stop_stuck(self, exc: LoopStalled) -> None:
+        """The watchdog thread stopped a loop that stood still (a stall the loop cannot see
+        itself): everything unfinished is stranded, and the trace ends with a cut that names
+        why (the engine may be half-way through a call: it is not fed again)."""
+        from kvlife.lifecycle.drivers.runner import error_record
+
+        unfinished = [f"{rid}:{req.state}" for rid, req in self.engine.requests.items() if req.state != "finished"]
+        self.stranded = unfinished + [f"{w.request_id}:not_arrived" for w in self.workload[self._next_arrival:]]
+        self.stalled = {"reason": str(exc), "idle_s": self.live.stall_timeout_s, "stranded": len(self.stranded),
+                        "steps_in_flight": len(self._steps),
+                        "jobs_open": sum(1 for job in self.engine.jobs.values() if not job.timed_out)}
+        try:
+            self.shutdown()
+        finally:
+            self._cut = True
+            if self.engine.recorder is not None:
+                self.engine.recorder(error_record(self.engine.now, exc))
 
     def _loop(self, gate: interrupts.StopGate) -> int:
         for worker in self.ranks:
             worker.start()
         start = time.monotonic()
+        stall_s = self.live.stall_timeout_s
+        # The watchdog thread (kvlife.policies.watchdog) stops a loop that stands still: one
+        # iteration longer than the stall timeout (seq odd from here, +2 per iteration).
+        main = threading.get_ident()
+        watch = Watch(stall_s, LoopStalled, lambda: (main, f"no progress for {stall_s:g} s of wall time: the run's "
+                                                             f"loop stood still (live.stall_timeout_s)")
+                      if watch.seq & 1 else None)
+        watch.seq = 1
+        try:
+            return self._iterate(gate, start, watch)
+        finally:
+            watch.seq += 1  # even: not watched any more
+
+    def _iterate(self, gate: interrupts.StopGate, start: float, watch: Watch) -> int:
         events = 0
         arrivals = self.workload
         engine = self.engine
@@ -448,6 +492,7 @@ class LiveRuntime:
         stall_s = self.live.stall_timeout_s
         last_progress = start
         while True:
+            watch.seq += 2
             gate.check()
             wall = time.monotonic()
             now = (wall - start) * 1000.0
