@@ -328,3 +328,33 @@ def test_a_policy_raising_keyboard_interrupt_is_a_policy_error(tmp_path: Path,
     assert main(["run", "--limit", "10", "--stack", f"{tmp_path / 'p.py'}:P"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "hook on_arrival raised KeyboardInterrupt" in err, err
+
+
+# ---- 11: defaults are None until resolved once; an empty config file changes nothing -------
+def test_a_bare_engine_and_a_run_share_one_default() -> None:
+    from kvlife.lifecycle.drivers.physics import resolve
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.policies.stack import PolicyStack
+
+    config = RunConfig()
+    assert config.engine.device_blocks_set is None and config.engine.ranks_set is None
+    derived = resolve(config)[0].engine
+    engine = Engine(EngineConfig(), PolicyStack([]))
+    assert engine.state.pool.capacity == derived.device_blocks == 821  # it was 2,000 against 821
+    assert engine.ranks.world_size == derived.ranks == 1
+
+
+def test_an_empty_config_file_changes_nothing_in_a_live_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    headers = []
+    for extra in ([], ["--config", str(empty)]):
+        trace = tmp_path / f"live{len(extra)}.jsonl"
+        assert main(["run", "--live", "--limit", "3", "--trace", str(trace), *extra]) == 0
+        text = trace.read_bytes().splitlines()[0]
+        assert b"Derived" not in text
+        headers.append(orjson.loads(text)["config"])
+    assert headers[1] == headers[0]  # (2 ranks, a host and a disk tier; it was 1 rank, 8,000 host blocks)
+    assert headers[0]["engine"]["ranks"] == 2 and [t["name"] for t in headers[0]["engine"]["tiers"]] == ["host",
+                                                                                                          "disk"]

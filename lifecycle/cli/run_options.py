@@ -156,7 +156,7 @@ def apply_sim(args: argparse.Namespace, config: RunConfig) -> RunConfig:
         if path and is_fit_error(exc.field, exc.message):  # the key of the file that made the block too big
             field = next((f for f in FIT_FIELDS if field_line(path, f) is not None), field)
         raise ConfigError(field, exc.message, path, field_line(path, field) if path else None) from None
-    check_sizes(args, resolved, derived=is_derived(config.engine.device_blocks))
+    check_sizes(args, resolved, derived=is_derived(config.engine))
     return config
 
 

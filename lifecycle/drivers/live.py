@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -796,22 +796,41 @@ class LiveRuntime:
             self._dispatch(self.engine.handle(Abort(now, rid)), now)
 
 
-def live_defaults(config: RunConfig, explicit_config: bool) -> RunConfig:
-    """Without a config file, a live run is sized for a laptop: a small model shape, two
-    ranks, a host tier and a disk tier in a temporary directory, short outputs."""
-    if explicit_config:
-        return config
-    from kvlife.lifecycle.config import EngineConfig, TierConfig
+# A live run's own defaults (sized for a laptop): (config key, value). Each applies where
+# neither the config file nor a flag set the key.
+LIVE_DEFAULTS: tuple[tuple[str, Any], ...] = (
+    ("engine.device_blocks", 64),
+    ("engine.max_running", 16),
+    ("engine.ranks", 2),
+    ("engine.transfer_deadline_ms", DEFAULT_REPORT_DEADLINE_MS),
+    ("tiers", None),  # a host tier of 96 blocks and a disk tier of 384 in a temporary directory
+    ("sim.max_output_tokens", 24),
+)
 
-    engine = EngineConfig(
-        device_blocks=64,
-        max_batched_tokens=8192,
-        max_running=16,
-        ranks=2,
-        transfer_deadline_ms=DEFAULT_REPORT_DEADLINE_MS,
-        tiers=(TierConfig("host", capacity_blocks=96), TierConfig("disk", capacity_blocks=384)),
-    )
-    return attrs.evolve(config, engine=engine, sim=attrs.evolve(config.sim, max_output_tokens=24))
+
+def live_defaults(config: RunConfig, given: Collection[str] = ()) -> RunConfig:
+    """A live run's config: a small model shape, two ranks, a host tier and a disk tier in a
+    temporary directory, short outputs (``LIVE_DEFAULTS``), each where ``given`` (the keys
+    the config file sets: ``kvlife.lifecycle.config.given_keys``) does not set it; an empty
+    config file changes nothing. The engine's device size and ranks are resolved here, once."""
+    from kvlife.lifecycle.config import TierConfig
+
+    engine_values: dict[str, Any] = {}
+    sim_values: dict[str, Any] = {}
+    for key, value in LIVE_DEFAULTS:
+        if key in given:
+            continue
+        section, _, name = key.partition(".")
+        if key == "tiers":
+            engine_values["tiers"] = (TierConfig("host", capacity_blocks=96), TierConfig("disk", capacity_blocks=384))
+        elif section == "engine":
+            engine_values[name] = value
+        else:
+            sim_values[name] = value
+    engine = attrs.evolve(config.engine, **engine_values)
+    # Resolved once: set in the file, else the live default above.
+    engine = attrs.evolve(engine, device_blocks=engine.device_blocks, ranks=engine.ranks)
+    return attrs.evolve(config, engine=engine, sim=attrs.evolve(config.sim, **sim_values))
 
 
 @attrs.define

@@ -174,11 +174,11 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     require("torch", "live", "kvlife run --live")
     require("redis", "live", "kvlife run --live")
     from kvlife.lifecycle.cli.progress import progress_bar
-    from kvlife.lifecycle.config import TierConfig
+    from kvlife.lifecycle.config import TierConfig, given_keys
     from kvlife.lifecycle.drivers.live import live_defaults, run_live
     from kvlife.lifecycle.metrics import format_summary
 
-    config = apply_sizes(args, live_defaults(config, explicit_config=bool(args.config)))
+    config = apply_sizes(args, live_defaults(config, given_keys(args.config) if args.config else ()))
     live = config.live
     if args.disk_path is not None:
         live = attrs.evolve(live, disk_path=args.disk_path)
