@@ -8,6 +8,7 @@ generated bad inputs is ``scripts/hardening_campaign.py``.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -358,3 +359,25 @@ def test_an_empty_config_file_changes_nothing_in_a_live_run(tmp_path: Path) -> N
     assert headers[1] == headers[0]  # (2 ranks, a host and a disk tier; it was 1 rank, 8,000 host blocks)
     assert headers[0]["engine"]["ranks"] == 2 and [t["name"] for t in headers[0]["engine"]["tiers"]] == ["host",
                                                                                                           "disk"]
+
+
+# ---- 12: a kept disk tier's recovered blocks are indexed, and replay starts from them ------
+def test_a_restarted_live_run_hits_the_blocks_its_disk_tier_recovered(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    from kvlife.lifecycle.traces.replay import replay
+
+    disk = tmp_path / "disk"
+    runs = []
+    for n in (1, 2):
+        trace = tmp_path / f"run{n}.jsonl"
+        assert main(["run", "--live", "--limit", "40", "--disk-path", str(disk), "--trace", str(trace), "--json"]) == 0
+        runs.append((json.loads(capsys.readouterr().out)["summary"], trace))
+    (first, _), (second, trace) = runs
+    header = orjson.loads(trace.read_bytes().splitlines()[0])
+    recovered = header["recovered"]["disk"]
+    assert len(recovered) > 0  # the first run's disk blocks, indexed again
+    assert second["prefix_hit_rate"]["disk"] > first["prefix_hit_rate"]["disk"]  # (it loaded 0 of them before)
+    assert second["live"]["blocks_verified"] > 0 and second["live"]["mismatches"] == 0
+    assert validate(trace).ok
+    assert replay(trace).identical  # the replayed engine starts from the same index

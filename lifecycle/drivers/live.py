@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -63,6 +63,7 @@ from kvlife.transfer.content import fill_block, verify_block
 from kvlife.transfer.copy_engine import CopyEngine, Move
 from kvlife.transfer.disk_tier import DiskTier
 from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.index import TierIndex
 from kvlife.transfer.layout import BlockGeometry, DeviceKV, ModelShape
 from kvlife.transfer.redis_tier import RedisTier
 
@@ -355,9 +356,33 @@ class LiveRuntime:
             self.shutdown()  # what was opened before the error: files, sockets, the temp dir
             raise
         self._output_len = {w.request_id: w.output_length for w in workload}
-        # A named disk path is recovered on open: corrupt slots it dropped are warnings now.
+        # A named disk path is recovered on open: the blocks every rank recovered, in the same
+        # slot, are in the engine's disk index from the start (the trace header lists them, so
+        # a replay starts from the same index); corrupt slots dropped are warnings now.
+        self.recovered = self._recovered()
+        if self.recovered:
+            tiers = [TierIndex.adopting(t.name, t.capacity_blocks, t.eviction, self.recovered.get(t.name, ()))
+                     for t in engine_config.tiers]
+            self.engine = Engine(engine_config, policies, tiers=tiers, recorder=recorder)
         for worker in self.ranks:
             self._drain_tiers(worker)
+
+    def _recovered(self) -> dict[str, list[tuple[int, int]]]:
+        """Per tier, the (block hash, slot) pairs every rank's tier recovered from an earlier
+        run into the same slot, by slot: what the engine may serve (a block some rank lacks
+        is not served; its slots are written over)."""
+        found: dict[str, list[tuple[int, int]]] = {}
+        for name in ("disk",):
+            tiers = [w.tiers.get(name) for w in self.ranks]
+            if not tiers or not all(isinstance(t, DiskTier) for t in tiers):
+                continue
+            per_rank = [cast(DiskTier, t).recovered for t in tiers]
+            common = set(per_rank[0].items())
+            for recovered in per_rank[1:]:
+                common &= set(recovered.items())
+            if common:
+                found[name] = sorted(common, key=lambda pair: pair[1])
+        return found
 
     @property
     def uses_redis(self) -> bool:
@@ -866,19 +891,39 @@ class LiveOutcome:
 
 def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicyStack | None = None,
              trace_path: str | Path | None = None, time_scale: float = 1.0,
-             progress: Callable[[int, int], None] | None = None, workload_name: str = "live") -> LiveOutcome:
+             progress: Callable[[int, int], None] | None = None, workload_name: str = "live",
+             inputs: Collection[str | Path | None] = ()) -> LiveOutcome:
     from kvlife.lifecycle.drivers.runner import recording, require_requests
     from kvlife.lifecycle.metrics import summarize
     from kvlife.policies.loading import load_stack
 
     require_requests(workload, workload_name)
-    stack = stack if stack is not None else load_stack(config.policies)
+    # A hook runs at most half the stall watchdog's wait: one that never returns is named as such.
+    stack = stack if stack is not None else load_stack(config.policies,
+                                                        min(config.hook_budget_s, config.live.stall_timeout_s / 2))
     config = with_report_deadline(config)  # before the header: a replay uses the same deadline
     started = time.perf_counter()
     meta = {"name": workload_name, "requests": len(workload)}
-    with interrupts.held(), recording(trace_path, config, stack, workload=meta, driver="live") as writer:
-        runtime = LiveRuntime(config, workload, stack, writer.record if writer else None, time_scale, progress)
-        result = runtime.run()
+    # The runtime opens (and recovers) its tiers before the header is written: the header
+    # lists the disk slots it recovered. What it records meanwhile waits for the header.
+    early: list[dict[str, Any]] = []
+    sink: list[Callable[[dict[str, Any]], None]] = [early.append]
+    with interrupts.held():
+        runtime = LiveRuntime(config, workload, stack, (lambda record: sink[0](record)) if trace_path else None,
+                              time_scale, progress)
+        try:
+            header: dict[str, Any] = {"workload": meta, "driver": "live"}
+            if runtime.recovered:
+                header["recovered"] = {tier: [list(pair) for pair in pairs]
+                                       for tier, pairs in runtime.recovered.items()}
+            with recording(trace_path, config, stack, inputs, **header) as writer:
+                if writer is not None:
+                    for record in early:
+                        writer.record(record)
+                    sink[0] = writer.record
+                result = runtime.run()
+        finally:
+            runtime.shutdown()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, runtime.block_bytes)
     # The engine's warnings and the driver's (tier events, rank errors), one count per name.

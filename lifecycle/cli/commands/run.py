@@ -204,7 +204,7 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     stack = load_stack(config.policies, min(config.hook_budget_s, config.live.stall_timeout_s / 2))
     with progress_bar("kvlife run --live", total=len(workload)) as progress:
         outcome = run_live(config, workload, stack, trace_path=args.trace, time_scale=scale, progress=progress,
-                           workload_name=name)
+                           workload_name=name, inputs=run_inputs(args))
     # 1: a check found a problem (mismatches, stranded requests, failed steps, rank errors).
     exit_code = outcome.exit_code
     for problem in outcome.problems():
