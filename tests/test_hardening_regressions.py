@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -381,3 +382,44 @@ def test_a_restarted_live_run_hits_the_blocks_its_disk_tier_recovered(tmp_path: 
     assert second["live"]["blocks_verified"] > 0 and second["live"]["mismatches"] == 0
     assert validate(trace).ok
     assert replay(trace).identical  # the replayed engine starts from the same index
+
+
+# ---- 13: each extra declares what its code imports ------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+# Import names -> distribution names where they differ.
+DISTRIBUTIONS = {"statemachine": "python-statemachine"}
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[ ;]", r, maxsplit=1)[0].strip().lower() for r in requirements}
+
+
+def test_every_extra_declares_what_its_code_imports() -> None:
+    """``pip install 'kvlife[live]'`` gave a live mode that failed every store: numpy (which
+    torch's Tensor.numpy() needs, transfer/layout.py) was not declared, and ``dev`` hid it."""
+    import ast
+    import sys
+    import tomllib
+
+    from kvlife.lifecycle.cli.extras import OPTIONAL_EXTRAS
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {name: _requirement_names(reqs) for name, reqs in project["optional-dependencies"].items()}
+    core = _requirement_names(project["dependencies"])
+    for module, extra in OPTIONAL_EXTRAS.items():
+        assert DISTRIBUTIONS.get(module, module) in extras[extra], (module, extra)
+    assert "numpy" in extras["live"]
+    # Every third-party module the package imports is core or an extra's (vLLM's connector runs inside vLLM).
+    imported: set[str] = set()
+    for top in ("lifecycle", "policies", "specs", "transfer"):
+        for path in (ROOT / top).rglob("*.py"):
+            if "drivers/vllm" in path.as_posix():
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    imported.update(alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m not in sys.stdlib_module_names and m != "kvlife"}
+    undeclared = {m for m in third_party if DISTRIBUTIONS.get(m, m) not in core and m not in OPTIONAL_EXTRAS}
+    assert undeclared == set(), undeclared

@@ -136,6 +136,7 @@ def handle_transfer(args: argparse.Namespace) -> int:
 
     require("torch", "live", "kvlife bench transfer")
     require("redis", "live", "kvlife bench transfer")
+    require("numpy", "live", "kvlife bench transfer")
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.transfer import transfer_bench as tb
 

@@ -173,6 +173,7 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
 
     require("torch", "live", "kvlife run --live")
     require("redis", "live", "kvlife run --live")
+    require("numpy", "live", "kvlife run --live")  # (torch's Tensor.numpy(), for the disk tier's bytes)
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.lifecycle.config import TierConfig, given_keys
     from kvlife.lifecycle.drivers.live import live_defaults, run_live
