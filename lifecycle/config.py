@@ -362,6 +362,7 @@ _tokens = _integer(1, TOKENS)
 _seed = _integer(None)
 
 # Values that are not config keys but go through the same rules.
+TEXT = _text  # a name or a path: non-empty, no NUL character
 POSITIVE_INT = _positive_int
 NON_NEGATIVE_INT = _non_negative_int
 POSITIVE_NUMBER = _number(0.0, strict=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal
 from collections.abc import Iterator
@@ -423,3 +424,58 @@ def test_every_extra_declares_what_its_code_imports() -> None:
     third_party = {m for m in imported if m not in sys.stdlib_module_names and m != "kvlife"}
     undeclared = {m for m in third_party if DISTRIBUTIONS.get(m, m) not in core and m not in OPTIONAL_EXTRAS}
     assert undeclared == set(), undeclared
+
+
+# ---- 14: the minor ones -------------------------------------------------------------------------
+def test_an_empty_workload_name_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_code(["run", "--workload", "", "--limit", "3"]) == 2  # it ran the synthetic workload
+    assert "argument --workload: must be a non-empty string" in capsys.readouterr().err
+
+
+def test_mrc_of_an_empty_file_is_refused_as_run_refuses_it(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["run", "--workload", str(empty)]) == 2
+    assert main(["mrc", str(empty)]) == 2  # it exited 0
+    assert capsys.readouterr().err.splitlines()[-1] == f"kvlife: error: {empty}: no requests"
+
+
+def test_export_refuses_to_overwrite_its_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    assert main(["run", "--limit", "5", "--trace", str(trace)]) == 0
+    kept = trace.read_bytes()
+    capsys.readouterr()
+    assert main(["export", str(trace), "--perfetto", str(trace)]) == 2
+    assert "it is an input of this command" in capsys.readouterr().err
+    assert trace.read_bytes() == kept
+
+
+def test_a_missing_profile_file_is_blamed_on_the_config_line_that_names_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[sim]\nseed = 1\nhardware = "gone.toml"\n')
+    assert main(["run", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvlife: error: {config}:3: field 'sim.hardware': cannot read hardware profile"), err
+
+
+def test_a_profile_figure_past_any_hardware_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvlife.lifecycle.profiles.catalog import _data_dir
+
+    text = (_data_dir("hardware") / "h100-sxm.toml").read_text()
+    profile = tmp_path / "hw.toml"
+    profile.write_text(re.sub(r"(?m)^host_link_gb_s = .*$", f"host_link_gb_s = {2**63 - 1}", text))
+    assert main(["run", "--limit", "3", "--hardware", str(profile)]) == 2
+    assert "field 'host_link_gb_s': must be from" in capsys.readouterr().err
+
+
+def test_a_fifo_given_as_an_input_is_refused_not_waited_on(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for argv in (["run", "--workload", str(fifo)], ["validate", str(fifo)], ["run", "--config", str(fifo)],
+                 ["calibrate", str(fifo)]):
+        with bounded(20.0):
+            assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "FIFO" in err, err

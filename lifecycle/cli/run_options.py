@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from kvlife.lifecycle.cli.parsing import UsageError
+from kvlife.lifecycle.cli.parsing import UsageError, name_or_path
 from kvlife.lifecycle.config import (
     REQUESTS,
     TIER_ORDER,
@@ -66,7 +66,7 @@ def tier_spec(text: str) -> str:
 
 def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str = str(SYNTHETIC_REQUESTS),
                        time_scale_default: str = "1, or sim.time_scale of --config") -> None:
-    parser.add_argument("--workload", metavar="NAME|PATH",
+    parser.add_argument("--workload", type=name_or_path, metavar="NAME|PATH",
                         help="mooncake-conversation (the bundled Mooncake trace), synthetic:burst (bursts of "
                              "requests for one shared prefix) or a Mooncake JSON-lines file "
                              "(.gz is read as gzip); default: the built-in synthetic workload "
@@ -76,7 +76,8 @@ def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str 
     parser.add_argument("--time-scale", type=time_scale_flag, default=None, metavar="X",
                         help=f"arrival rate multiplier, a finite number from 1e-06 to 1e+06 "
                              f"(default: {time_scale_default})")
-    parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (default: built-in config)")
+    parser.add_argument("--config", type=name_or_path, metavar="FILE.toml",
+                        help="TOML config file (default: built-in config)")
     parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
                         help="random seed (config: sim.seed; default 0)")
 

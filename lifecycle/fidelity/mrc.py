@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import attrs
 
-from kvlife.lifecycle.workloads.mooncake import iter_mooncake
+from kvlife.lifecycle.workloads.mooncake import WorkloadError, iter_mooncake
 
 BlockMode = Literal["all", "cacheable"]
 BLOCK_MODES: tuple[BlockMode, ...] = ("all", "cacheable")
@@ -105,6 +105,10 @@ def read_trace(trace: str | os.PathLike[str], limit: int | None = None, mode: Bl
                 fresh -= 1
             prompt += tuple(extra)
         blocks.append(prompt)
+    if not blocks:  # as kvlife run refuses it: an empty workload is bad input, not a curve of nothing
+        from kvlife.lifecycle.workloads.bundled import resolve_workload
+
+        raise WorkloadError(os.fspath(resolve_workload(os.fspath(trace))), None, None, "no requests")
     return Prompts(os.fspath(trace), tuple(blocks), block_tokens, mode,
                    tuple(counts) if output_blocks else None)
 

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, positive_float, positive_int
+from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, name_or_path, positive_float, positive_int
 
 KB = 1024
 MB = 1024 * KB
@@ -39,7 +39,7 @@ def _register_engine(which: Any) -> None:
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="repeats (the median is shown)")
     parser.add_argument("--reference-requests", type=positive_int, default=500, metavar="N",
                         help="requests for python-statemachine (it is ~250x slower)")
-    parser.add_argument("--workload", default=DEFAULT_ENGINE_WORKLOAD, metavar="NAME|PATH",
+    parser.add_argument("--workload", type=name_or_path, default=DEFAULT_ENGINE_WORKLOAD, metavar="NAME|PATH",
                         help="workload of part 2: a bundled name or a Mooncake JSON-lines file (.gz read as gzip)")
     parser.add_argument("--limit", type=positive_int, metavar="N",
                         help="first N requests of the workload (default: all)")

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, positive_float
+from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, name_or_path, positive_float
 from kvlife.lifecycle.config import REQUESTS, flag_type
 
 DEFAULT_PRECISION = 0.05
@@ -97,7 +97,7 @@ def register(sub: Any) -> None:
                         help="lowest scale tried: failing there reports the capacity as below it")
     parser.add_argument("--max-scale", type=time_scale_flag, default=DEFAULT_MAX_SCALE, metavar="X",
                         help="highest scale tried: meeting the SLO there reports the capacity as at least it")
-    parser.add_argument("--workload", metavar="NAME|PATH",
+    parser.add_argument("--workload", type=name_or_path, metavar="NAME|PATH",
                         help="mooncake-conversation (the bundled trace), synthetic, synthetic:burst or a Mooncake "
                              "JSON-lines file (.gz read as gzip); default: the built-in synthetic workload")
     parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",

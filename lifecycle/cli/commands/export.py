@@ -6,12 +6,12 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import add_json_flag
+from kvlife.lifecycle.cli.parsing import add_json_flag, name_or_path
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser("export", help="export a trace as a Perfetto/Chrome trace timeline")
-    parser.add_argument("trace", help="JSON-lines trace")
+    parser.add_argument("trace", type=name_or_path, help="JSON-lines trace")
     parser.add_argument("--perfetto", required=True, metavar="OUT.json",
                         help="write Chrome trace JSON here (opens in ui.perfetto.dev)")
     add_json_flag(parser, "what was written")

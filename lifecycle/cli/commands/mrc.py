@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag
+from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, name_or_path
 from kvlife.lifecycle.config import REQUESTS, flag_type
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
                     "  kvlife mrc mooncake-conversation --capacities 3M,10M,50M\n"
                     "  kvlife mrc trace.jsonl.gz --blocks cacheable --json\n"
                     "  kvlife mrc mooncake-conversation --limit 2000 --plot mrc.png")
-    parser.add_argument("trace", metavar="TRACE",
+    parser.add_argument("trace", type=name_or_path, metavar="TRACE",
                         help="a Mooncake JSON-lines file (.gz is read as gzip) or a bundled workload "
                              "(mooncake-conversation)")
     parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",

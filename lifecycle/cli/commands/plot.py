@@ -6,14 +6,14 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag
+from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag, name_or_path
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser("plot", help="plot requests by state, TTFT CDF and hit rates of a trace "
                                          "(needs kvlife[plot])")
-    parser.add_argument("trace", help="JSON-lines trace")
-    parser.add_argument("out", help="image file (png, svg, pdf)")
+    parser.add_argument("trace", type=name_or_path, help="JSON-lines trace")
+    parser.add_argument("out", type=name_or_path, help="image file (png, svg, pdf)")
     add_stack_flag(parser, help_text="replay under this stack instead of the header's (the TTFT and hit-rate "
                                      "panels come from an exact replay); " + STACK_HELP,
                    default_text="the header's stack, built-in policies only unless --allow-code")

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, add_stack_flag
+from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, add_stack_flag, name_or_path
 from kvlife.lifecycle.config import DEFAULT_MAX_POINTS, MAX_POINTS, REQUESTS, flag_type
 
 
@@ -34,10 +34,10 @@ def _register_run(which: Any) -> None:
                     "example:\n"
                     "  kvlife sweep run --limit 50 --stack baseline --stack async-lookup \\\n"
                     "      --vary sim.time_scale=0.5,1,2 -o results.jsonl --jobs 2")
-    parser.add_argument("spec", nargs="?", metavar="GRID.toml",
+    parser.add_argument("spec", nargs="?", type=name_or_path, metavar="GRID.toml",
                         help="grid spec: workload, limit, config, [set] and [grid] tables (docs/sweeps.md); "
                              "default: the flags alone")
-    parser.add_argument("-o", "--out", required=True, metavar="FILE.jsonl",
+    parser.add_argument("-o", "--out", required=True, type=name_or_path, metavar="FILE.jsonl",
                         help="results file: rows are appended; the points it already holds are not run again")
     add_stack_flag(parser, repeated=True, help_text="an axis of stacks (config: policies.stack), over the spec's; "
                                                     "comma-separated, top first: \"async-lookup,shared-loads\"")
@@ -46,13 +46,14 @@ def _register_run(which: Any) -> None:
                              "over the spec's [grid]")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="config key KEY set for every run; repeatable, over the spec's [set]")
-    parser.add_argument("--workload", metavar="NAME|PATH",
+    parser.add_argument("--workload", type=name_or_path, metavar="NAME|PATH",
                         help="mooncake-conversation, synthetic, synthetic:burst or a Mooncake JSON-lines file "
                              "(default: the spec's, else the built-in synthetic workload)")
     parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",
                         help="use only the first N requests of the workload (default: the spec's, else all)")
-    parser.add_argument("--config", metavar="FILE.toml", help="config file the points start from (default: the "
-                                                              "spec's config, else the built-in config)")
+    parser.add_argument("--config", type=name_or_path, metavar="FILE.toml",
+                        help="config file the points start from (default: the spec's config, else the built-in "
+                             "config)")
     parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
                         help="random seed, sim.seed (default: the spec's, else 0)")
     add_executor_flags(parser, "run the points")
@@ -75,8 +76,10 @@ def _register_plot(which: Any) -> None:
                     "example:\n"
                     "  kvlife sweep plot results.jsonl -o sweep.png --where policies.stack=baseline \\\n"
                     "      --heatmap x=sim.time_scale,y=tiers.host.capacity_blocks,value=ttft_p90_ms")
-    parser.add_argument("results", metavar="RESULTS.jsonl", help="a results file of kvlife sweep run")
-    parser.add_argument("-o", "--out", required=True, metavar="FILE.png", help="image file (png, svg, pdf)")
+    parser.add_argument("results", type=name_or_path, metavar="RESULTS.jsonl",
+                        help="a results file of kvlife sweep run")
+    parser.add_argument("-o", "--out", required=True, type=name_or_path, metavar="FILE.png",
+                        help="image file (png, svg, pdf)")
     parser.add_argument("--heatmap", action="append", default=[], metavar="x=COL,y=COL,value=COL",
                         help="a heatmap of column value over columns x and y; repeatable")
     parser.add_argument("--pareto", action="append", default=[], metavar="x=COL,y=COL[,label=COL]",
