@@ -10,7 +10,7 @@ from typing import Any
 
 from kvlife.policies.base import FALLBACKS, HOOK_VALUES, HOOKS, Answer, Decision, PolicyError
 from kvlife.policies.baseline import Baseline
-from kvlife.policies.watchdog import Overrun, Watch
+from kvlife.policies.watchdog import Overrun, OverrunKilled, Watch
 
 # How long one hook may run before the run is stopped (``policies.hook_budget_s``): a hook
 # answers from a view in microseconds, so seconds mean it will not return.
@@ -59,6 +59,8 @@ class PolicyStack:
                     _check_decision(name, hook, decision, fn)
                 except (PolicyError, Overrun):  # (Overrun: another watchdog's, the live loop's, passes through)
                     raise
+                except OverrunKilled as exc:  # the hook caught its HookTimeout and went on
+                    raise exc.overrun(str(exc)) from None
                 except (Exception, SystemExit) as exc:  # a user's hook (or its value's __eq__) can raise anything
                     raise PolicyError(
                         f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"

@@ -14,7 +14,8 @@ gets the watch's error raised inside it:
 * in any other thread, and where the signal is not ours, as an asynchronous exception
   (``PyThreadState_SetAsyncExc``): this ends Python code that loops, not a blocking call.
 
-A call that catches the error and goes on gets it again after another budget. The error
+A call that catches the error and goes on gets ``OverrunKilled`` after another budget: a
+BaseException, which ``except Exception`` does not catch (a bare ``except:`` still can). The error
 is a subclass of the watch's exception, made when it fires, so it can say what ran over
 (``locate``): ``PolicyStack`` raises a ``PolicyError`` naming the policy, the hook and the
 request, found in the asking frame (``sys._current_frames``).
@@ -52,13 +53,25 @@ class Overrun(Exception):
         super().__init__(*(args or (self.message,)))
 
 
+class OverrunKilled(BaseException):
+    """What a watch raises the second time in the same call: the call caught its ``Overrun``
+    (``except Exception``) and went on; this one only a bare ``except:`` catches. The owner
+    of the watch turns it back into its own error (``overrun``, the watch's class)."""
+
+    message = "a watched call ran past its time budget and caught the error it was sent"
+    overrun: type[BaseException] = Overrun
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or (self.message,)))
+
+
 class Watch:
     """One kind of watched call, made in one thread at a time. ``seq += 1`` before and
     after the call marks it (odd while it runs); when its budget runs out, ``locate()`` says
     which thread runs it and what it is, as the error's message (None: it ended), so the hot
     path records nothing else. ``error`` is the exception class the error derives from."""
 
-    __slots__ = ("__weakref__", "_seen", "_seen_at", "budget_s", "error", "fired", "ident", "locate", "seq")
+    __slots__ = ("__weakref__", "_seen", "_seen_at", "budget_s", "error", "fired", "fires", "ident", "locate", "seq")
 
     def __init__(self, budget_s: float, error: type[BaseException],
                  locate: Callable[[], tuple[int, str] | None]) -> None:
@@ -68,6 +81,7 @@ class Watch:
         self.seq = 0  # odd while a call runs
         self.ident = 0  # the thread of the call the error was sent to
         self.fired = 0  # the seq of the call the error was sent for (0: none)
+        self.fires = 0  # how often it was sent for that call
         self._seen = 0
         self._seen_at = 0.0
         _WATCHDOG.add(self)
@@ -90,7 +104,11 @@ class Watch:
         if found is None:
             return  # it returned meanwhile
         self.ident, message = found
-        error = type(self.error.__name__, (self.error,), {"message": message})
+        self.fires = self.fires + 1 if self.fired == seq else 1
+        if self.fires == 1:
+            error: type[BaseException] = type(self.error.__name__, (self.error,), {"message": message})
+        else:  # it caught the first one: one that `except Exception` does not catch
+            error = type(OverrunKilled.__name__, (OverrunKilled,), {"message": message, "overrun": self.error})
         self.fired = seq
         if self.seq != seq:
             return  # it returned meanwhile
