@@ -1041,6 +1041,8 @@ def read_toml(path: str | Path, what: str) -> tuple[dict[str, Any], str]:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
         raise toml_syntax_error(str(p), text, exc) from None
+    except RecursionError:  # arrays or tables nested thousands deep (tomllib recurses)
+        raise ConfigError(None, "TOML syntax error: arrays or tables nested too deeply", str(p)) from None
     except ValueError:  # tomllib's int() of an integer of more than 4300 digits
         raise huge_integer_error(str(p), text) from None
 

@@ -98,6 +98,8 @@ def name_or_path(text: str) -> str:
     """A name or a file path: non-empty (``--workload ""`` is no workload, not the synthetic
     one) and without a NUL character (no file name holds one)."""
     value: str = TEXT.parse(text)
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"must name something, got {value!r}")
     return value
 
 

@@ -344,6 +344,8 @@ def _parse(path: str, text: str, schema: Mapping[str, Mapping[str, Check]], opti
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError("-", f"not valid TOML: {exc}", path, toml_error_line(exc)) from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ProfileError("-", "not valid TOML: nested too deeply", path) from None
     except ValueError:  # tomllib's int() of an integer of more than 4300 digits
         from kvlife.lifecycle.config import huge_integer_line
 
@@ -422,6 +424,8 @@ def load_efficiency(path: str | Path) -> Efficiency:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError("-", f"not valid TOML: {exc}", display, toml_error_line(exc)) from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ProfileError("-", "not valid TOML: nested too deeply", display) from None
     except ValueError:  # tomllib's int() of an integer of more than 4300 digits
         from kvlife.lifecycle.config import huge_integer_line
 

@@ -202,7 +202,7 @@ def _flag_value(text: str) -> Any:
     anything else the string itself."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (ValueError, RecursionError):  # not TOML (a TOMLDecodeError is a ValueError), too long, too deep:
         return text
 
 
@@ -222,7 +222,8 @@ def parse_assignment(text: str, flag: str, many: bool) -> tuple[str, list[Any]]:
     for value in parsed:
         message = problem(key, value)
         if message is not None:
-            raise UsageError(f"argument {flag}: {key}={value}: {message}")
+            shown = value if isinstance(value, str) and len(value) <= 60 else describe(value)
+            raise UsageError(f"argument {flag}: {key}={shown}: {message}")
     return key, parsed
 
 
