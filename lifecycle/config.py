@@ -213,12 +213,13 @@ def _resolve(bound: Bound) -> Limit | None:
 def _from_text(kind: str, text: str) -> Any:
     """A command-line word as the value a TOML file would give: ints, floats, booleans."""
     if kind in ("int", "number"):
+        if not text.isascii():  # int() and float() read "٣" as 3; TOML, and kvlife, do not
+            return text
         try:
             return int(text)
         except ValueError:
             digits = text.strip().lstrip("+-").replace("_", "")
-            # More digits than int() converts: an integer that large. (isdecimal, not
-            # isdigit: a superscript or circled digit is a digit, but no integer.)
+            # More digits than int() converts: an integer that large.
             if digits.isdecimal():
                 return (-1 if text.strip().startswith("-") else 1) * 10 ** (len(digits) - 1)
         try:

@@ -327,6 +327,8 @@ _SUFFIXES = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
 def parse_size(text: str) -> int:
     """``3M``, ``500k``, ``1.5G``, ``5859``: a positive whole number (ValueError otherwise)."""
     raw = text.strip()
+    if not raw.isascii():  # (float() reads "٣" as 3)
+        raise ValueError(f"{text!r} is not a size (a number with an optional k, M or G: 3M, 500k)")
     factor = _SUFFIXES.get(raw[-1:].lower(), 1) if raw else 1
     number = raw[:-1] if factor != 1 else raw
     try:

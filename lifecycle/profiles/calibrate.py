@@ -126,12 +126,12 @@ def _row(header: list[str], cells: list[str], path: str, number: int) -> TimingR
     for name in COLUMNS[:3]:
         text = values[name]
         digits = text.lstrip("+")
-        counts[name] = int(digits) if digits.isdecimal() and len(digits) <= 9 else -1
+        counts[name] = int(digits) if digits.isascii() and digits.isdecimal() and len(digits) <= 9 else -1
         if not 0 <= counts[name] <= MAX_COUNT:
             raise ProfileError(name, f"must be an integer from 0 to 2^24 (the longest prompt), got {_shown(text)}",
                                path, number)
     try:
-        step = float(values["step_ms"])
+        step = float(values["step_ms"]) if values["step_ms"].isascii() else math.nan  # (float() reads "٣" as 3)
     except ValueError:
         step = math.nan
     if not (MIN_STEP_MS <= step <= MAX_STEP_MS):  # (NaN fails both)
