@@ -32,6 +32,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,11 +109,11 @@ def gzip_bomb(lines: bool) -> bytes:
 NUMBER_FLAGS = [["run", "--time-scale"], ["run", "--transfer-deadline"], ["run", "--hook-budget"], ["run", "--limit"],
                 ["run", "--seed"], ["run", "--device-blocks"], ["run", "--ranks"], ["run", "--tp"],
                 ["run", "--chaos"], ["compare", "--stack", "baseline", "--limit"],
-                ["capacity", "--slo", "ttft_p90=2s", "--min-scale"], ["capacity", "--slo", "ttft_p90=2s",
-                                                                      "--max-scale"],
-                ["capacity", "--slo", "ttft_p90=2s", "--stability-ratio"],
-                ["capacity", "--slo", "ttft_p90=2s", "--precision"], ["check", "--examples"],
-                ["check", "--steps"], ["bench", "soak", "--time-scale"], ["sweep", "run", "-o", "r.jsonl", "--limit"],
+                ["capacity", "--limit", "3", "--slo", "ttft_p90=2s", "--min-scale"],
+                ["capacity", "--limit", "3", "--slo", "ttft_p90=2s", "--max-scale"],
+                ["capacity", "--limit", "3", "--slo", "ttft_p90=2s", "--stability-ratio"],
+                ["capacity", "--limit", "3", "--slo", "ttft_p90=2s", "--precision"], ["check", "--examples"],
+                ["check", "--steps"], ["sweep", "run", "-o", "r.jsonl", "--limit"],
                 ["sweep", "run", "-o", "r.jsonl", "--max-points"], ["sweep", "run", "-o", "r.jsonl", "--jobs"],
                 ["mrc", "mooncake-conversation", "--limit"], ["calibrate", "x.csv", "--tp"]]
 
@@ -477,13 +478,14 @@ def run_case(case: Case, scratch: Path, timeout: float) -> dict[str, Any]:
     # GNU time writes the command's peak RSS (KiB) to a file of its own: stderr stays the command's.
     timed = ["/usr/bin/time", "-o", str(cwd / ".rss"), "-f", "%M"] if Path("/usr/bin/time").exists() else []
     proc = subprocess.Popen([*timed, sys.executable, "-m", "kvlife", *case.argv], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            start_new_session=True)  # (its own process group: a hang is killed whole)
     hung = False
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         hung = True
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
     wall = time.monotonic() - started
     try:
