@@ -17,6 +17,11 @@ from kvlife.policies.watchdog import Overrun, OverrunKilled, Watch
 DEFAULT_HOOK_BUDGET_S = 5.0
 
 
+# The longest reason a decision may give: it is written into a trace line, which a reader
+# takes only up to a bound (kvlife.lifecycle.traces.trace.record_line_max).
+REASON_MAX = 4096
+
+
 class HookTimeout(PolicyError, Overrun):
     """A hook ran past its time budget (raised inside it by ``policies.watchdog``)."""
 
@@ -127,6 +132,9 @@ def _decision_problem(hook: str, decision: object) -> str | None:
         return f"returned {type(decision).__name__}, expected Decision or None"
     if not isinstance(decision.reason, str) or not decision.reason:
         return "gave no reason string"
+    if len(decision.reason) > REASON_MAX:
+        return (f"gave a reason of {len(decision.reason):,} characters (at most {REASON_MAX:,}: it is part of a "
+                f"trace line)")
     allowed = HOOK_VALUES[hook]
     value = decision.value
     if allowed is float:

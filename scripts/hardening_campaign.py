@@ -57,6 +57,7 @@ class Case:
     names: tuple[str, ...] = ()  # one of these must appear in a refusal's line (a file, a flag)
     keep: tuple[str, ...] = ()  # files that must not change when the command does not exit 0
     marker: str | None = None  # a file whose existence means code ran that must not have
+    trigger: str | None = None  # a file the bad input writes when it acts (absent: it never did; exit 0 is fine)
     files: dict[str, bytes] = field(default_factory=dict)  # written into the case's directory first
     fifos: tuple[str, ...] = ()
     result: dict[str, Any] = field(default_factory=dict)
@@ -69,8 +70,8 @@ def huge(rng: random.Random) -> str:
 
 
 def nasty_number(rng: random.Random) -> str:
-    return rng.choice([huge(rng), huge(rng), "nan", "inf", "-inf", "1e400", "-1e400", "0", "-1", "", "x", "1_0",
-                       "0x10", "٣", "¹", "5e-324", "1e-400", "  ", "+", "1.5.2", "true", "9" * 20])
+    return rng.choice([huge(rng), huge(rng), "nan", "inf", "-inf", "1e400", "-1e400", "0", "-1", "", "x",
+                       "0x10", "٣", "¹", "1e-400", "  ", "+", "1.5.2", "true", "9" * 20])
 
 
 GOOD_LINE = {"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}
@@ -145,6 +146,8 @@ def config_cases(rng: random.Random, n: int) -> list[Case]:
         section, _, name = key.partition(".")
         value = rng.choice([huge(rng), huge(rng), "nan", "inf", "-inf", '"5"', "[1, 2]", "{a = 1}", "true",
                             "1979-05-27", "-1", "0", "1e400", "2.5"])
+        if value == "0" and name == "redis_ttl_s":  # (0: keys never expire)
+            value = "-1"
         if value in ("-1", "0", "2.5") and name in ("seed", "chaos"):
             value = huge(rng)
         if value == "2.5" and name in ("transfer_deadline_ms", "lookup_latency_ms", "gpu_memory_utilization", "mfu",
@@ -304,6 +307,9 @@ HOOK_ARGS = {"on_arrival": "req, engine", "lookup_mode": "req, engine", "lookup_
 TIERS = (b'[engine]\ndevice_blocks = 40\n[[tiers]]\nname = "host"\ncapacity_blocks = 20\nlatency_ms = 50.0\n'
          b'bandwidth_gbps = 0.5\nfailure_rate = 0.3\n[[tiers]]\nname = "disk"\ncapacity_blocks = 400\n'
          b'latency_ms = 5.0\nbandwidth_gbps = 0.5\nfailure_rate = 0.3\n')
+# A valid value of each hook (so that only the reason is wrong).
+VALID = {"on_arrival": "'none'", "lookup_mode": "'sync'", "lookup_reuse": "'consume'", "prefetch_patience": "0",
+         "admission": "'go'", "store_limit": "0", "hold_at_finish": "False", "on_load_failure": "'recompute'"}
 BODIES = {
     "spin": "while True:\n            pass",
     "sleep": "time.sleep(10**6)",
@@ -313,7 +319,7 @@ BODIES = {
     "SystemExit": "raise SystemExit(0)",
     "wrong type": "return 5",
     "nan": "return Decision(float('nan'), 'r')",
-    "huge reason": "return Decision('go', 'x' * 5_000_000)",
+    "huge reason": "return Decision({valid}, 'x' * 5_000_000)",
     "raises": "return 1 / 0",
     "recursion": "return self.{hook}({args})",
     "exit": "os._exit(0)",
@@ -326,18 +332,17 @@ def policy_cases(rng: random.Random, n: int) -> list[Case]:
     for _ in range(n):
         hook = rng.choice(sorted(HOOK_ARGS))
         how = rng.choice([b for b in BODIES if b != "exit"])
-        body = BODIES[how].format(hook=hook, args=HOOK_ARGS[hook].replace("req,", "req,").strip())
+        body = BODIES[how].format(hook=hook, args=HOOK_ARGS[hook], valid=VALID[hook])
         after = rng.randrange(0, 4)
         module = (f"import os, time\nfrom kvlife.policies.base import Decision\nclass P:\n    asked = 0\n"
                   f"    def {hook}(self, {HOOK_ARGS[hook]}):\n        P.asked += 1\n"
-                  f"        if P.asked <= {after}:\n            return None\n        {body}\n")
+                  f"        if P.asked <= {after}:\n            return None\n"
+                  f"        open('triggered', 'w').close()\n        {body}\n")
         expect = "refuse"
-        if how == "huge reason" and hook != "admission":
-            expect = "survive"  # (a string value is no answer of the other hooks: refused, or accepted as "go")
         out.append(Case("policies", f"{hook} {how} after {after}",
                         ["run", "--stack", "p.py:P,early-prefetch,async-lookup", "--config", "c.toml", "--limit", "15",
                          "--hook-budget", "0.5", "--trace", "keep.jsonl"], expect=expect,
-                        names=("policy P", "p.py"), keep=("keep.jsonl",),
+                        names=("policy P", "p.py"), keep=("keep.jsonl",), trigger="triggered",
                         files={"p.py": module.encode(), "c.toml": TIERS, "keep.jsonl": sentinel}))
     for what, text in [("a syntax error", b"class P(:\n"), ("not UTF-8", b"\xff\xfe\n"), ("no class", b"Q = 1\n"),
                        ("an import error", b"import no_such_module_kvlife\n")]:
@@ -393,7 +398,8 @@ def slo_cases(rng: random.Random, n: int) -> list[Case]:
         slo = rng.choice([f"ttft_p90={huge(rng)}ms", f"ttft_p{huge(rng)}=2s", "ttft_p90=nan", "ttft_p90=-1s",
                           "ttft_p90=inf", "tpot_p100=2s", "ttft_p0=2s", "x_p90=2s", "ttft_p90=2", "", "ttft_p90=2s,",
                           f"ttft_p90={nasty_number(rng)}s", "ttft_p90=1e400ms"])
-        out.append(Case("slos", f"--slo {slo[:30]}", ["capacity", "--slo", slo, "--limit", "3"], names=("--slo",)))
+        out.append(Case("slos", f"--slo {slo[:30]}", ["capacity", "--stack", "baseline", "--slo", slo, "--limit", "3"],
+                        names=("--slo",)))
     return out
 
 
@@ -405,7 +411,8 @@ def mrc_cases(rng: random.Random, n: int) -> list[Case]:
                                   ("--limit", nasty_number(rng)),
                                   ("--plot", rng.choice(["p.nope", "p", ".", "w.jsonl"]))])
         files = {"w.jsonl": workload_text(rng, json.dumps(GOOD_LINE), 0)}
-        out.append(Case("mrc", f"{flag} {value[:20]}", ["mrc", "w.jsonl", flag, value], names=(flag, "w.jsonl", "p."),
+        out.append(Case("mrc", f"{flag} {value[:20]}", ["mrc", "w.jsonl", flag, value],
+                        names=(flag, "w.jsonl", f"{value}:"),
                         keep=("w.jsonl",), files=files))
     return out
 
@@ -509,7 +516,7 @@ def classify(case: Case, code: int, err: str, hung: bool, cwd: Path, before: dic
     if code != 0 and any((cwd / name).read_bytes() != data if (cwd / name).exists() else True
                          for name, data in before.items()):
         return "lost"
-    if case.expect == "refuse" and code == 0:
+    if case.expect == "refuse" and code == 0 and (case.trigger is None or (cwd / case.trigger).exists()):
         return "silent"
     if code == 2:
         lines = err.rstrip("\n").split("\n")

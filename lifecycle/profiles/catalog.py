@@ -46,30 +46,41 @@ Check = Callable[[Any], str | None]  # None when fine, else the complaint
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number (an integer past a float's range is none: math.isfinite would overflow)."""
+    from kvlife.lifecycle.config import FLOAT_MAX_INT
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= FLOAT_MAX_INT if isinstance(value, int) else math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    from kvlife.lifecycle.config import describe
+
+    return describe(value)
 
 
 def _positive(value: Any) -> str | None:
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
-        return f"must be a finite positive number, got {value!r}"
+    if not _is_number(value) or value <= 0:
+        return f"must be a finite positive number, got {_shown(value)}"
     return None
 
 
 def _non_negative(value: Any) -> str | None:
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
-        return f"must be a finite non-negative number, got {value!r}"
+    if not _is_number(value) or value < 0:
+        return f"must be a finite non-negative number, got {_shown(value)}"
     return None
 
 
 def _fraction(value: Any) -> str | None:
-    if not _is_number(value) or not math.isfinite(value) or not 0 < value <= 1:
-        return f"must be a number in (0, 1], got {value!r}"
+    if not _is_number(value) or not 0 < value <= 1:
+        return f"must be a number in (0, 1], got {_shown(value)}"
     return None
 
 
 def _positive_int(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return f"must be a positive integer, got {value!r}"
+        return f"must be a positive integer, got {_shown(value)}"
     return None
 
 
@@ -92,7 +103,7 @@ def _within(check: Check, low: float, high: float, why: str) -> Check:
     def bounded(value: Any) -> str | None:
         problem = check(value)
         if problem is None and not low <= value <= high:
-            return f"must be from {low:g} to {high:g} ({why}), got {value!r}"
+            return f"must be from {low:g} to {high:g} ({why}), got {_shown(value)}"
         return problem
 
     return bounded

@@ -368,6 +368,8 @@ def check_size(grid: Grid) -> None:
                f"or raise the cap with --max-points N (or max_points in the spec)")
     if grid.max_points_origin == "spec":
         raise _Where(grid.path, grid.text).error("max_points", message, "max_points")
+    if grid.path is not None and any(a.origin in ("grid", "spec") for a in grid.axes):
+        raise _Where(grid.path, grid.text).error("grid", message, "grid")  # the spec's axes made it
     raise UsageError(message)
 
 
