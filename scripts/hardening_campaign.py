@@ -396,7 +396,7 @@ def slo_cases(rng: random.Random, n: int) -> list[Case]:
     out = []
     for _ in range(n):
         slo = rng.choice([f"ttft_p90={huge(rng)}ms", f"ttft_p{huge(rng)}=2s", "ttft_p90=nan", "ttft_p90=-1s",
-                          "ttft_p90=inf", "tpot_p100=2s", "ttft_p0=2s", "x_p90=2s", "ttft_p90=2", "", "ttft_p90=2s,",
+                          "ttft_p90=inf", "tpot_p100.5=2s", "ttft_p0=2s", "x_p90=2s", "ttft_p90=2", "", "ttft_p90=2s,",
                           f"ttft_p90={nasty_number(rng)}s", "ttft_p90=1e400ms"])
         out.append(Case("slos", f"--slo {slo[:30]}", ["capacity", "--stack", "baseline", "--slo", slo, "--limit", "3"],
                         names=("--slo",)))
