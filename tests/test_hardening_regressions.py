@@ -479,3 +479,59 @@ def test_a_fifo_given_as_an_input_is_refused_not_waited_on(tmp_path: Path, capsy
             assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "FIFO" in err, err
+
+
+# ---- 5: a gzip bomb is refused before it takes the machine's memory -----------------------
+@pytest.fixture(scope="module")
+def one_line_bomb(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """128 MiB of one line in 128 KiB (the issue's was 512 MiB in 0.5 MB)."""
+    import gzip
+
+    path = tmp_path_factory.mktemp("bomb") / "bomb.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        for _ in range(128):
+            f.write(b"a" * (1 << 20))
+    return path
+
+
+@pytest.mark.parametrize("command", [["validate"], ["run", "--workload"], ["explain", "{}", "req-0"], ["replay"],
+                                     ["mrc"]], ids=lambda c: c[0])
+def test_a_gzip_bomb_is_refused_in_bounded_memory(one_line_bomb: Path, command: list[str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import tracemalloc
+
+    argv = [command[0], str(one_line_bomb), *command[2:]] if "{}" in command else [*command, str(one_line_bomb)]
+    tracemalloc.start()
+    try:
+        code = exit_code(argv)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert code == 2
+    assert "longer than" in capsys.readouterr().err
+    assert peak < 64 << 20, f"peak {peak >> 20} MiB"  # (1.2-2.7 GB for the issue's bomb)
+
+
+# ---- 6: a trace header's sizes are no request for memory ----------------------------------
+def test_replay_refuses_a_header_that_asks_for_gigabytes(small_run: list[bytes], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    header = orjson.loads(small_run[0])
+    header["config"]["engine"]["device_blocks"] = 24_000_000
+    path = tmp_path / "bomb.jsonl"
+    path.write_bytes(b"\n".join([orjson.dumps(header), *small_run[1:60]]) + b"\n")
+    assert main(["replay", str(path)]) == 2  # (it took 3.9 GB and 54 s)
+    err = capsys.readouterr().err
+    assert "field 'config.engine.device_blocks'" in err and "rebuild the engine" in err, err
+
+
+# ---- 14: a large calibration CSV is fitted on a sample ----------------------------------------
+def test_calibrate_fits_a_large_csv_on_a_sample_and_judges_all_rows(tmp_path: Path) -> None:
+    """A 200,000-row CSV took over 90 s: every trial of the search evaluated every row."""
+    from kvlife.lifecycle.profiles.calibrate import FIT_ROWS, calibrate
+    from kvlife.lifecycle.profiles.catalog import load_hardware, load_model
+
+    path = tmp_path / "steps.csv"
+    rows = [f"{512 * (i % 4)},{1 + i % 64},{(i * 37) % 8192},{5 + (i % 97) * 0.7:.3f}" for i in range(4 * FIT_ROWS)]
+    path.write_text("prefill_tokens,decode_requests,context_tokens,step_ms\n" + "\n".join(rows) + "\n")
+    result = calibrate(path, load_model("llama-3-8b"), load_hardware("h100-sxm"))
+    assert result.rows == 4 * FIT_ROWS and result.fitted_rows == FIT_ROWS
