@@ -14,7 +14,7 @@ half-way, an error or a crash never leaves a half-written file where a good one 
 * ``check_output``: an output may not be one of the command's inputs (``kvlife export
   t.jsonl --perfetto t.jsonl`` would overwrite the trace it reads), nor a directory.
 
-A refusal is an ``OutputError``: one line naming the file.
+A refusal is an ``OutputError`` (a ``UsageError``): one line naming the file.
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from kvlife.lifecycle.cli.parsing import UsageError
 
-class OutputError(Exception):
-    """An output kvlife will not write: ``FILE: message``."""
+
+class OutputError(UsageError):
+    """An output kvlife will not write: ``FILE: message``, one line naming the command, as a
+    bad flag value is (``kvlife export: error: t.jsonl: cannot write: ...``)."""
 
     def __init__(self, path: str | Path, message: str) -> None:
         super().__init__(f"{path}: {message}")

@@ -19,7 +19,6 @@ from kvlife.lifecycle.cli import commands
 from kvlife.lifecycle.cli.extras import OPTIONAL_EXTRAS, MissingExtra
 from kvlife.lifecycle.cli.parsing import KvlifeParser, UsageError, iter_parsers, one_line
 from kvlife.lifecycle.config import ConfigError
-from kvlife.lifecycle.output_files import OutputError
 from kvlife.lifecycle.profiles.catalog import ProfileError
 from kvlife.lifecycle.traces.trace import TraceError
 from kvlife.lifecycle.workloads.mooncake import WorkloadError
@@ -27,7 +26,7 @@ from kvlife.policies.base import PolicyError
 
 __all__ = ["USER_ERRORS", "UsageError", "build_parser", "main"]
 
-USER_ERRORS = (ConfigError, WorkloadError, PolicyError, TraceError, ProfileError, OutputError)
+USER_ERRORS = (ConfigError, WorkloadError, PolicyError, TraceError, ProfileError)
 
 # The order `kvlife --help` lists the commands in; a new file in commands/ comes after these.
 ORDER = ("run", "compare", "replay", "validate", "check", "explain", "export", "plot", "spec", "policies", "bench")
