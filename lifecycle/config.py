@@ -11,9 +11,10 @@ A config file is TOML with sections ``[engine]``, ``[[tiers]]`` (one table per t
 
 Two engine values are *derived* unless set: ``engine.device_blocks`` (from the model, the
 hardware, ``sim.tp`` and ``sim.gpu_memory_utilization``, as vLLM sizes its KV cache) and
-``engine.ranks`` (= ``sim.tp``). Their defaults are ``Derived`` ints, which the simulator
-replaces (``kvlife.lifecycle.drivers.physics.resolve``); a tier's ``bandwidth_gbps`` and
-``latency_ms`` default to its link in the hardware profile.
+``engine.ranks`` (= ``sim.tp``). They are None until resolved, once, by what runs the engine
+(``kvlife.lifecycle.drivers.physics.resolve`` for a simulated run, ``live_defaults`` for a
+live one; see ``EngineConfig``); a tier's ``bandwidth_gbps`` and ``latency_ms`` default to its
+link in the hardware profile.
 
 Every bad value is a ``ConfigError`` naming the file, the line where the key is written
 (in the right ``[[tiers]]`` table when there are several) and the dotted field:
@@ -78,6 +79,8 @@ class ConfigError(Exception):
 Validator = Callable[[object, "attrs.Attribute[Any]", Any], None]
 
 INT64_MIN = -(2**63)
+# The largest integer a 64-bit float holds (any larger one, as a number, is out of range).
+FLOAT_MAX_INT = int(float.fromhex("0x1.fffffffffffffp+1023"))
 INT64_MAX = 2**63 - 1
 GIB = 1 << 30
 
@@ -210,12 +213,13 @@ def _resolve(bound: Bound) -> Limit | None:
 def _from_text(kind: str, text: str) -> Any:
     """A command-line word as the value a TOML file would give: ints, floats, booleans."""
     if kind in ("int", "number"):
+        if not text.isascii():  # int() and float() read "٣" as 3; TOML, and kvlife, do not
+            return text
         try:
             return int(text)
         except ValueError:
             digits = text.strip().lstrip("+-").replace("_", "")
-            # More digits than int() converts: an integer that large. (isdecimal, not
-            # isdigit: a superscript or circled digit is a digit, but no integer.)
+            # More digits than int() converts: an integer that large.
             if digits.isdecimal():
                 return (-1 if text.strip().startswith("-") else 1) * 10 ** (len(digits) - 1)
         try:
@@ -293,6 +297,9 @@ class Rule:
         if kind == "number":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return f"must be {self.want()}, got {describe(value)}"
+            if isinstance(value, int) and not -FLOAT_MAX_INT <= value <= FLOAT_MAX_INT:
+                # (past a float's range: comparing it with a float bound would raise OverflowError)
+                return f"must be a finite number, got {describe(value)} (past a 64-bit float's range)"
             if not math.isfinite(value):
                 return f"must be a finite number, got {value!r}"
         low, high = self.low, self.high
@@ -311,7 +318,7 @@ class Rule:
         """The attrs validator: a ConfigError naming the attribute."""
         message = self.problem(value)
         if message is not None:
-            raise ConfigError(attribute.name, message)
+            raise ConfigError(attribute.alias or attribute.name, message)
 
     def parse(self, text: str) -> Any:
         """The argparse ``type`` of a flag under this rule: the word read as a TOML value,
@@ -356,11 +363,18 @@ _tokens = _integer(1, TOKENS)
 _seed = _integer(None)
 
 # Values that are not config keys but go through the same rules.
+TEXT = _text  # a name or a path: non-empty, no NUL character
 POSITIVE_INT = _positive_int
 NON_NEGATIVE_INT = _non_negative_int
 POSITIVE_NUMBER = _number(0.0, strict=True)
 # Requests a run holds in memory (--limit, the synthetic generator's num_requests).
 REQUESTS = _integer(1, memory_bound(SIM_REQUEST_BYTES, "simulated request"))
+# The points a sweep's grid may have (kvlife.lifecycle.sweeps.grid): its spec's max_points, --max-points.
+MAX_POINTS = _integer(1, memory_bound(SIM_REQUEST_BYTES, "sweep point"))
+# ...and unless it says otherwise: a grid is expanded, checked and listed before anything
+# runs, and 8 axes of 40 values are 6.5 trillion points; 10,000 runs of a few seconds each
+# are a day of one machine's time.
+DEFAULT_MAX_POINTS = 10_000
 # The options of the synthetic generators (kvlife.lifecycle.workloads.synthetic); a pair
 # (low, high) has each element checked by its rule.
 _per_workload = _integer(1, REQUESTS.maximum)
@@ -397,23 +411,29 @@ WORKLOAD_RULES: dict[str, Rule] = {
 }
 
 
+# [policies] hook_budget_s (--hook-budget): a hook answers from a view in microseconds; one
+# that takes seconds will not return. At most a day (a longer budget is no budget).
+HOOK_BUDGET_S = _number(0.0, strict=True, maximum=Limit(86400.0, "s: a day"))
+
+
 # ---- the configuration --------------------------------------------------------------------
-class Derived(int):
-    """An int default that marks a value the user did not set.
-
-    The simulator replaces it with the value derived from the hardware and model profiles
-    (``engine.device_blocks``, ``engine.ranks``); code without profiles (a bare ``Engine``,
-    the live runtime) uses it as the plain int it is. Any value given in a file, a flag or
-    ``attrs.evolve`` is a plain int, hence "set".
-    """
-
-    def __repr__(self) -> str:
-        return f"Derived({int(self)})"
+def is_derived(engine: EngineConfig, field: str = "device_blocks") -> bool:
+    """True when ``engine``'s ``device_blocks`` (or ``ranks``) is still to be derived: not
+    set in a file, a flag or ``attrs.evolve`` (None until resolved, see ``EngineConfig``)."""
+    return getattr(engine, f"{field}_set") is None
 
 
-def is_derived(value: int) -> bool:
-    """True when ``value`` is a default still to be derived (see ``Derived``)."""
-    return isinstance(value, Derived)
+@functools.cache
+def default_device_blocks(block_tokens: int, max_batched_tokens: int) -> int:
+    """What a run with the default ``[sim]`` (h100-sxm, llama-3-8b, tp 1, 0.9 of the GPU)
+    derives for a device of ``block_tokens``-token blocks: the one default of
+    ``engine.device_blocks`` (``kvlife.lifecycle.drivers.physics.resolve`` derives it)."""
+    from kvlife.lifecycle.drivers.physics import resolve
+
+    engine = EngineConfig(block_tokens=block_tokens, max_batched_tokens=max_batched_tokens, tiers=())
+    resolved, _ = resolve(RunConfig(engine=engine))
+    assert resolved.engine.device_blocks_set is not None
+    return resolved.engine.device_blocks_set
 
 
 @attrs.frozen
@@ -449,14 +469,18 @@ def tier_order_problem(names: list[str]) -> tuple[int, str] | None:
 @attrs.frozen
 class EngineConfig:
     block_tokens: int = attrs.field(default=512, validator=_tokens)
-    # Derived by the simulator from the profiles unless set (the int is what code without
-    # profiles uses: a bare Engine, the live runtime).
-    device_blocks: int = attrs.field(
-        default=Derived(2000), validator=_integer(1, memory_bound(SIM_DEVICE_BLOCK_BYTES, "simulated device block")))
+    # engine.device_blocks and engine.ranks: None until resolved, once, by what runs the
+    # engine: a simulated run derives them from [sim] (kvlife.lifecycle.drivers.physics.resolve:
+    # the device as vLLM sizes its KV cache; ranks = sim.tp), a live run from its own defaults
+    # (drivers.live.live_defaults). The engine reads ``device_blocks`` and ``ranks`` (the
+    # properties below): an EngineConfig built by hand and never resolved gets what a run with
+    # the default [sim] derives, the one default of each.
+    device_blocks_set: int | None = attrs.field(
+        default=None, alias="device_blocks",
+        validator=_optional(_integer(1, memory_bound(SIM_DEVICE_BLOCK_BYTES, "simulated device block"))))
     max_batched_tokens: int = attrs.field(default=8192, validator=_tokens)
     max_running: int = attrs.field(default=128, validator=_positive_int)
-    # = sim.tp in a simulated run unless set.
-    ranks: int = attrs.field(default=Derived(1), validator=_integer(1, RANKS))
+    ranks_set: int | None = attrs.field(default=None, alias="ranks", validator=_optional(_integer(1, RANKS)))
     async_scheduling: bool = attrs.field(default=False, validator=_boolean)
     # A rank that has not reported a job this long after it started is declared failed
     # for that job (its blocks stay quarantined until the report does come).
@@ -493,6 +517,24 @@ class EngineConfig:
         problem = tier_order_problem([t.name for t in value])
         if problem is not None:
             raise ConfigError("tiers", problem[1])
+
+    @property
+    def device_blocks(self) -> int:
+        """The device's size in blocks: as set or resolved, else the one default
+        (``default_device_blocks``)."""
+        if self.device_blocks_set is not None:
+            return self.device_blocks_set
+        return default_device_blocks(self.block_tokens, self.max_batched_tokens)
+
+    @property
+    def ranks(self) -> int:
+        """Ranks reporting each transfer: as set or resolved, else 1 (the default sim.tp)."""
+        return self.ranks_set if self.ranks_set is not None else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a config file and a trace header spell it (``device_blocks``, ``ranks``: null
+        while unresolved)."""
+        return {_key(f): _plain(getattr(self, f.name)) for f in attrs.fields(EngineConfig)}
 
 
 def with_tier(engine: EngineConfig, name: str, field: str, value: Any) -> EngineConfig:
@@ -625,14 +667,37 @@ class RunConfig:
     sim: SimConfig = SimConfig()
     policies: tuple[str, ...] = ()
     live: LiveConfig = LiveConfig()
+    # [policies] hook_budget_s: how long one policy hook may run (kvlife.policies.watchdog);
+    # past it the run stops with one line naming the policy, the hook and the request.
+    hook_budget_s: float = attrs.field(default=5.0, validator=HOOK_BUDGET_S)
 
     def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        out = attrs.asdict(self)
+        out["engine"] = self.engine.to_dict()
+        return out
+
+
+def _key(field: attrs.Attribute[Any]) -> str:
+    """The name a config file uses for a field (its alias: ``device_blocks``, ``ranks``)."""
+    return field.alias or field.name
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    return value
+
+
+def config_keys(cls: type[Any]) -> tuple[str, ...]:
+    """The keys of a config section's class, as a file spells them."""
+    return tuple(_key(f) for f in attrs.fields(cls))
 
 
 _SECTIONS: dict[str, type[Any]] = {"engine": EngineConfig, "sim": SimConfig, "live": LiveConfig}
 _TOP_LEVEL = ("engine", "tiers", "sim", "live", "policies")
-_POLICY_KEYS = ("stack",)
+_POLICY_KEYS = ("stack", "hook_budget_s")
 
 
 # ---- one rule per field, for files and flags alike ------------------------------------------
@@ -640,7 +705,7 @@ def field_rule(field: str) -> Rule:
     """The rule of a config key: ``"engine.device_blocks"``, ``"tiers.capacity_blocks"``."""
     section, _, name = field.partition(".")
     cls = TierConfig if section == "tiers" else _SECTIONS[section]
-    rule = attrs.fields_dict(cls)[name].validator
+    rule = {_key(f): f for f in attrs.fields(cls)}[name].validator
     if not isinstance(rule, Rule):
         raise KeyError(f"{field} has no rule of its own")
     return rule
@@ -707,11 +772,19 @@ def _split_field(field: str) -> tuple[str, int, str]:
 
 def field_line(path: str | Path, field: str) -> int | None:
     """The line of a config file where ``field`` (``"tiers[1].capacity_blocks"``) is set."""
+    lines = _key_lines(path)
+    return lines.line(*_split_field(field)) if lines is not None else None
+
+
+def _key_lines(path: str | Path) -> KeyLines | None:
+    """Where the keys of a config file are written; None when it cannot be read (the
+    reader that read it first said why)."""
+    from kvlife.lifecycle.input_files import read_limited
+
     try:
-        lines = KeyLines(Path(path).read_text())
+        return KeyLines(read_limited(path).decode("utf-8"))
     except (OSError, UnicodeDecodeError):
         return None
-    return lines.line(*_split_field(field))
 
 
 def _did_you_mean(name: str, known: tuple[str, ...] | list[str]) -> str:
@@ -843,7 +916,7 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
         values = data.get(section, {})
         if not isinstance(values, dict):
             raise fail(section, f"must be a table ([{section}]), got {describe(values)}", section)
-        known = tuple(f.name for f in attrs.fields(cls) if f.name != "tiers")
+        known = tuple(k for k in config_keys(cls) if k != "tiers")
         hint = {"tiers": " (tiers are [[tiers]] tables of their own)"} if section == "engine" else None
         if section == "sim":
             hint = {key: f" (removed: {why})" for key, why in RETIRED_SIM_KEYS.items()}
@@ -892,7 +965,11 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
     if not isinstance(stack, list) or not all(isinstance(s, str) and s for s in stack):
         raise fail("policies.stack", f"must be an array of policy names, got {describe(stack)}",
                    "policies", 0, "stack")
-    config = RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live)
+    budget = policies.get("hook_budget_s", 5.0)
+    budget_problem = HOOK_BUDGET_S.problem(budget)
+    if budget_problem is not None:
+        raise fail("policies.hook_budget_s", budget_problem, "policies", 0, "hook_budget_s")
+    config = RunConfig(engine=engine, sim=sim, policies=tuple(stack), live=live, hook_budget_s=budget)
     chaos = chaos_problem(config)
     if chaos is not None:
         raise fail("sim.chaos", chaos, "sim", 0, "chaos")
@@ -912,7 +989,7 @@ def config_from_dict(data: dict[str, Any], path: str | None = None, text: str | 
         too_big = size_problem(resolved)
         if too_big is not None:
             field, message = too_big
-            if field == "engine.device_blocks" and is_derived(engine.device_blocks):
+            if field == "engine.device_blocks" and is_derived(engine):
                 message += " (engine.device_blocks is derived from sim.model and sim.hardware; set it)"
             raise fail(field, message, *_split_field(field))
     return config
@@ -969,9 +1046,11 @@ def read_toml(path: str | Path, what: str) -> tuple[dict[str, Any], str]:
     """A TOML file's table and its text (for ``KeyLines``); a ConfigError naming the file on
     anything unreadable: ``cannot read WHAT: ...``, a syntax error with its line and column,
     an integer too long to convert with its line."""
+    from kvlife.lifecycle.input_files import read_limited
+
     p = Path(path)
     try:
-        text = p.read_bytes().decode("utf-8")
+        text = read_limited(p).decode("utf-8")
     except OSError as exc:
         raise ConfigError(None, f"cannot read {what}: {exc.strerror or exc}", str(p)) from None
     except UnicodeDecodeError as exc:
@@ -980,8 +1059,21 @@ def read_toml(path: str | Path, what: str) -> tuple[dict[str, Any], str]:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as exc:
         raise toml_syntax_error(str(p), text, exc) from None
+    except RecursionError:  # arrays or tables nested thousands deep (tomllib recurses)
+        raise ConfigError(None, "TOML syntax error: arrays or tables nested too deeply", str(p)) from None
     except ValueError:  # tomllib's int() of an integer of more than 4300 digits
         raise huge_integer_error(str(p), text) from None
+
+
+def given_keys(path: str | Path) -> frozenset[str]:
+    """The keys a config file sets, dotted (``engine.max_running``, ``sim.seed``), and
+    ``tiers`` when it has ``[[tiers]]`` tables: what a run's own defaults must not override
+    (``kvlife.lifecycle.drivers.live.live_defaults``)."""
+    data, _ = read_toml(path, "config")
+    keys = {f"{section}.{key}" for section, values in data.items() if isinstance(values, dict) for key in values}
+    if "tiers" in data:
+        keys.add("tiers")
+    return frozenset(keys)
 
 
 def load_config(path: str | Path) -> RunConfig:
@@ -1008,9 +1100,8 @@ def huge_integer_error(path: str, text: str) -> ConfigError:
 def key_line(path: str | Path, key: str) -> int | None:
     """The line of a config file where ``key`` is set: "section.key" (``policies.stack``)
     or a bare key in any table; None when it cannot be found."""
-    try:
-        lines = KeyLines(Path(path).read_text())
-    except (OSError, UnicodeDecodeError):
+    lines = _key_lines(path)
+    if lines is None:
         return None
     table, _, name = key.rpartition(".")
     if table:

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvlife.policies.base import HOOK_ARITY, HOOKS, PolicyError
 from kvlife.policies.registry import BUILTIN
-from kvlife.policies.stack import PolicyStack, policy_name
+from kvlife.policies.stack import DEFAULT_HOOK_BUDGET_S, PolicyStack, policy_name
 
 ENTRY_POINT_GROUP = "kvlife.policies"
 # What running a user's policy code may raise that is reported as a PolicyError (one line,
@@ -28,7 +28,7 @@ ENTRY_POINT_GROUP = "kvlife.policies"
 # stays an interrupt.
 USER_CODE_ERRORS: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
-__all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "entry_point_policies", "is_builtin",
+__all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "check_spec", "entry_point_policies", "is_builtin",
            "load_builtin_stack", "load_policy", "load_stack", "policy_name"]
 
 
@@ -151,8 +151,29 @@ def _import_policy_module(spec: str, module_part: str) -> Any:
                           f"{hint}") from exc
 
 
-def load_stack(specs: Sequence[str]) -> PolicyStack:
-    return PolicyStack([load_policy(s) for s in specs])
+def check_spec(spec: str) -> None:
+    """What ``load_policy(spec)`` checks before it imports anything: a built-in or installed
+    name (entry-point metadata only), else ``module:Class`` with a class name and, for a
+    ``file.py``, a file that exists. A PolicyError otherwise. Imports and runs nothing
+    (``kvlife sweep run --dry-run``)."""
+    if spec in BUILTIN:
+        return
+    if ":" not in spec:
+        installed = entry_point_policies()
+        if spec not in installed:
+            known = ", ".join(sorted(BUILTIN) + sorted(installed))
+            raise PolicyError(f"unknown policy {spec!r} (built-ins: {known}; or pkg.mod:Class, file.py:Class)")
+        return
+    module_part, _, class_name = spec.rpartition(":")
+    if not module_part or not class_name.isidentifier():
+        raise PolicyError(f"policy {spec!r}: expected pkg.mod:Class or file.py:Class")
+    if module_part.endswith(".py") and not Path(module_part).is_file():
+        raise PolicyError(f"policy {spec!r}: file {module_part!r} not found")
+
+
+def load_stack(specs: Sequence[str], budget_s: float = DEFAULT_HOOK_BUDGET_S) -> PolicyStack:
+    """The stack of ``specs`` (top first); each hook runs under ``budget_s`` seconds."""
+    return PolicyStack([load_policy(s) for s in specs], budget_s)
 
 
 def is_builtin(spec: object) -> bool:
@@ -160,11 +181,11 @@ def is_builtin(spec: object) -> bool:
     return isinstance(spec, str) and spec in BUILTIN
 
 
-def load_builtin_stack(specs: Sequence[str]) -> PolicyStack:
+def load_builtin_stack(specs: Sequence[str], budget_s: float = DEFAULT_HOOK_BUDGET_S) -> PolicyStack:
     """A stack of built-in names, resolved from the registry only: no entry point is
     looked up and no module imported, whatever ``specs`` holds (a trace header's stack is
     data; see ``kvlife.lifecycle.traces.header``). Anything else is a PolicyError."""
     for spec in specs:
         if not is_builtin(spec):
             raise PolicyError(f"policy {spec!r} is not a built-in (built-ins: {', '.join(sorted(BUILTIN))})")
-    return PolicyStack([BUILTIN[s]() for s in specs])
+    return PolicyStack([BUILTIN[s]() for s in specs], budget_s)

@@ -6,17 +6,38 @@ import math
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any
 
 from kvlife.policies.base import FALLBACKS, HOOK_VALUES, HOOKS, Answer, Decision, PolicyError
 from kvlife.policies.baseline import Baseline
+from kvlife.policies.watchdog import Overrun, OverrunKilled, Watch
+
+# How long one hook may run before the run is stopped (``policies.hook_budget_s``): a hook
+# answers from a view in microseconds, so seconds mean it will not return.
+DEFAULT_HOOK_BUDGET_S = 5.0
+
+
+# The longest reason a decision may give: it is written into a trace line, which a reader
+# takes only up to a bound (kvlife.lifecycle.traces.trace.record_line_max).
+REASON_MAX = 4096
+
+
+class HookTimeout(PolicyError, Overrun):
+    """A hook ran past its time budget (raised inside it by ``policies.watchdog``)."""
+
+    message = "a policy hook ran past its time budget"
 
 
 class PolicyStack:
-    """Ask policies top-down; the first ``Decision`` wins."""
+    """Ask policies top-down; the first ``Decision`` wins. Each hook runs under a time
+    budget of ``budget_s`` seconds (``policies.watchdog``): past it, a ``HookTimeout``
+    (a ``PolicyError``) naming the policy, the hook and the request ends the run."""
 
-    def __init__(self, policies: Sequence[object]) -> None:
+    def __init__(self, policies: Sequence[object], budget_s: float = DEFAULT_HOOK_BUDGET_S) -> None:
         self.policies: tuple[object, ...] = tuple(policies) + (Baseline(),)
+        self.budget_s = budget_s
+        self._watch = Watch(budget_s, HookTimeout, self._locate_ask)
         self._chains: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {}
         for hook in HOOKS:
             chain = []
@@ -33,24 +54,59 @@ class PolicyStack:
         return tuple(policy_name(p) for p in self.policies)
 
     def ask(self, hook: str, *args: Any) -> Answer:
-        for name, fn in self._chains[hook]:
-            try:
-                decision = fn(*args)
-                if decision is None:
-                    continue
-                _check_decision(name, hook, decision, fn)
-            except PolicyError:
-                raise
-            except (Exception, SystemExit) as exc:  # a user's hook (or its value's __eq__) can raise anything
-                raise PolicyError(
-                    f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
-                    f"{_where(exc)}"
-                ) from exc
-            return Answer(name, decision.value, decision.reason)
+        watch = self._watch
+        watch.seq += 1  # (odd: a hook of this stack runs; the watchdog times it)
+        try:
+            for name, fn in self._chains[hook]:
+                try:
+                    decision = fn(*args)
+                    if decision is None:
+                        continue
+                    _check_decision(name, hook, decision, fn)
+                except (PolicyError, Overrun):  # (Overrun: another watchdog's, the live loop's, passes through)
+                    raise
+                except OverrunKilled as exc:  # the hook caught its HookTimeout and went on
+                    raise exc.overrun(str(exc)) from None
+                except (Exception, SystemExit) as exc:  # a user's hook (or its value's __eq__) can raise anything
+                    raise PolicyError(
+                        f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
+                        f"{_where(exc)}"
+                    ) from exc
+                except KeyboardInterrupt as exc:
+                    if getattr(exc, "from_signal", False):
+                        raise  # Ctrl-C or SIGTERM (kvlife.lifecycle.drivers.interrupts marks them)
+                    raise PolicyError(f"policy {name} ({_origin(fn)}): hook {hook} raised KeyboardInterrupt "
+                                      f"(not an interrupt: no signal came)") from exc
+                return Answer(name, decision.value, decision.reason)
+        finally:
+            watch.seq += 1
         fallback = FALLBACKS.get(hook)
         if fallback is not None:
             return fallback
         raise PolicyError(f"no policy in the stack answered {hook}")
+
+    def _locate_ask(self) -> tuple[int, str] | None:
+        """For the watchdog, when a hook ran past the budget: the thread asking this stack,
+        and the message naming the policy, the hook and the request (read from the asking
+        frame; None when no thread is asking any more)."""
+        for ident, frame in sys._current_frames().items():
+            found: FrameType | None = frame
+            while found is not None and not (found.f_code is _ASK_CODE and found.f_locals.get("self") is self):
+                found = found.f_back
+            if found is None:
+                continue
+            local = found.f_locals
+            name, hook, args = local.get("name", "?"), local.get("hook", "?"), local.get("args") or ()
+            fn = dict(self._chains.get(hook, ())).get(name)
+            where = f" ({_origin(fn)})" if fn is not None else ""
+            request = getattr(args[0], "request_id", None) if args else None
+            about = f" for request {request}" if isinstance(request, str) else ""
+            return ident, (f"policy {name}{where}: hook {hook} ran past its time budget of {self.budget_s:g} s{about} "
+                           f"(policies.hook_budget_s); the run was stopped")
+        return None
+
+
+_ASK_CODE = PolicyStack.ask.__code__
 
 
 def _where(exc: BaseException) -> str:
@@ -88,6 +144,9 @@ def _decision_problem(hook: str, decision: object) -> str | None:
         return f"returned {type(decision).__name__}, expected Decision or None"
     if not isinstance(decision.reason, str) or not decision.reason:
         return "gave no reason string"
+    if len(decision.reason) > REASON_MAX:
+        return (f"gave a reason of {len(decision.reason):,} characters (at most {REASON_MAX:,}: it is part of a "
+                f"trace line)")
     allowed = HOOK_VALUES[hook]
     value = decision.value
     if allowed is float:

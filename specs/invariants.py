@@ -562,8 +562,10 @@ class InvariantObserver:
 
     def _on_interrupted(self, record: dict[str, Any]) -> None:
         signal = record.get("signal")
-        if signal not in ("SIGINT", "SIGTERM"):
-            self._fail(0, f"interrupted record: field 'signal' must be 'SIGINT' or 'SIGTERM', got {signal!r}")
+        # A run an error ended part-way names the error instead of a signal (drivers.runner.error_record).
+        if signal not in ("SIGINT", "SIGTERM") and not (signal is None and isinstance(record.get("error"), str)):
+            self._fail(0, f"interrupted record: field 'signal' must be 'SIGINT' or 'SIGTERM' (or null, with an "
+                          f"'error'), got {signal!r}")
         t = record.get("t")
         if not isinstance(t, (int, float)) or isinstance(t, bool):
             self._fail(0, f"interrupted record: field 't' must be a number, got {t!r}")
@@ -832,6 +834,9 @@ class InvariantObserver:
         req.state = target
         if trigger == "lookup_submitted":
             req.lookup_epoch = req.epoch
+            if self.from_trace:
+                # A trace has no SubmitLookup commands: each lookup_submitted is one (12's bound).
+                req.lookups += 1
             self._pending_lookups.pop(rid, None)
             if self._t is not None:
                 self._pending_lookups[rid] = self._t
@@ -1835,8 +1840,9 @@ class InvariantObserver:
             # Cut short: the reports and answers this work waited for never had a chance.
             signal = self.cut.get("signal")
             t = self.cut.get("t")
+            cause = f"interrupted ({signal})" if signal is not None else f"ended by an error ({self.cut.get('error')})"
             self.unchecked.append(
-                f"run interrupted ({signal}) at t={t}: {len(open_jobs)} job(s) and {len(waiting_on_io)} "
+                f"run {cause} at t={t}: {len(open_jobs)} job(s) and {len(waiting_on_io)} "
                 f"request(s) waiting on IO were open at the cut; invariants 3 and 7 hold for the rest"
             )
             return

@@ -571,8 +571,11 @@ ZOO: tuple[ZooBug, ...] = (
            "vllm#56194", engine_factory=LateCompletion),
     ZooBug("finish_store_includes_last_token", "a finish-time store watermark that includes the never-written "
            "last token", 5, "vllm#54193", engine_factory=StoresLastTokenAtFinish),
-    # 8: admitted again, it computes from its old count over fewer blocks than its tokens need.
-    ZooBug("computed_kept_across_preemption", "cached-token counts not reset on preemption", 8,
+    # 8: admitted again, it computes from its old count over fewer blocks than its tokens need;
+    # 10: it reads blocks freed and reused under it as its own. Which one the derandomized
+    # search meets first moves with the process's incidental state (tests/test_bug_zoo.py):
+    # 10 since EngineConfig resolves device_blocks and ranks once (issue 24, item 11).
+    ZooBug("computed_kept_across_preemption", "cached-token counts not reset on preemption", 10,
            "vllm#36752", engine_factory=_with_scheduler(KeepsComputedScheduler)),
     ZooBug("async_hit_recorded_twice", "async hits recorded twice, the second as 0", 13,
            "vllm#28585", engine_factory=_with_scheduler(RecordsHitTwiceScheduler)),

@@ -65,3 +65,10 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 # is derandomized, so it is not re-loaded here); `pytest --hypothesis-profile=deep` runs ten
 # times as many examples, for occasional runs (tests/test_fuzz_inputs.py takes a quarter of either).
 settings.register_profile("deep", settings.get_profile("default"), max_examples=1000)
+
+
+def written_so_far(trace: Path) -> int:
+    """Bytes of a trace a running process is writing: it is written under a temporary name
+    beside its path until the run ends (``kvlife.lifecycle.output_files``)."""
+    found = [p for p in (trace, *trace.parent.glob(f".{trace.name}.*.tmp{trace.suffix}")) if p.exists()]
+    return max((p.stat().st_size for p in found), default=0)

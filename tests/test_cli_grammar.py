@@ -20,6 +20,7 @@ import pytest
 from kvlife.lifecycle.cli import output
 from kvlife.lifecycle.cli.main import build_parser, main
 from kvlife.lifecycle.cli.parsing import iter_parsers
+from tests.conftest import written_so_far
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_LIVE = all(importlib.util.find_spec(m) is not None for m in ("torch", "redis"))
@@ -386,7 +387,7 @@ def test_a_signal_ends_the_run_in_one_line(tmp_path: Path, sig: signal.Signals, 
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not trace.exists() or trace.stat().st_size < 100_000):
+    while time.monotonic() < deadline and written_so_far(trace) < 100_000:
         time.sleep(0.05)  # interrupt it mid-run, once the trace is being written
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)

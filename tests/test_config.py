@@ -227,7 +227,7 @@ def test_config_error_through_the_command_line_subprocess(tmp_path: Path) -> Non
 # ---- issue 12, item 4: one rule per field, bounds included ------------------------------------------
 def _rules() -> dict[str, Rule]:
     """Every config key and its rule: "engine.ranks", "tiers.failure_rate", ..."""
-    found = {f"{section}.{f.name}": field_rule(f"{section}.{f.name}")
+    found = {f"{section}.{f.alias or f.name}": field_rule(f"{section}.{f.alias or f.name}")
              for section, cls in (("engine", EngineConfig), ("sim", SimConfig), ("live", LiveConfig))
              for f in attrs.fields(cls) if f.name != "tiers"}
     found.update({f"tiers.{f.name}": field_rule(f"tiers.{f.name}") for f in attrs.fields(TierConfig)})

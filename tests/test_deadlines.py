@@ -335,6 +335,8 @@ def test_validate_and_explain_read_a_reclaim(tmp_path: Any) -> None:
         engine.handle(Abort(2.0, "a"))
         engine.handle(Tick(100.0))
         engine.handle(TransferReport(150.0, load.job_id, 1))
+        for step_id in sorted(engine.state.steps):  # a run that ended delivered every step's output
+            engine.handle(StepOutput(160.0, step_id, ()))
     report = validate(path)
     assert report.ok, report.format()
     lines = explain(path, "a")

@@ -24,6 +24,7 @@ from kvlife.lifecycle.drivers import interrupts
 from kvlife.lifecycle.traces.replay import replay
 from kvlife.lifecycle.traces.validate import validate
 from kvlife.lifecycle.workloads.synthetic import synthetic_workload
+from tests.conftest import written_so_far
 from tests.redis_server import REDIS_SERVER, RedisServer, _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +88,7 @@ def interrupted_cli_run(tmp_path: Path, signum: int) -> tuple[subprocess.Complet
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            if trace.exists() and trace.stat().st_size > 300_000:
+            if written_so_far(trace) > 300_000:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, proc.communicate()

@@ -218,7 +218,7 @@ INSIDE: dict[str, st.SearchStrategy[Any]] = {
     "live.stall_timeout_s": st.floats(0.001, 86400.0),
 }
 SECTIONS = {"engine": EngineConfig, "sim": SimConfig, "live": LiveConfig}
-FIELDS = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in attrs.fields(cls) if f.name != "tiers"]
+FIELDS = [f"{s}.{f.alias or f.name}" for s, cls in SECTIONS.items() for f in attrs.fields(cls) if f.name != "tiers"]
 TIER_FIELDS = [f.name for f in attrs.fields(TierConfig) if f.name != "name"]
 # Keys whose absence is fine but whose own value is not in INSIDE (a file: tested elsewhere).
 NOT_FUZZED = {"sim.efficiency"}

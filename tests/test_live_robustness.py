@@ -40,6 +40,7 @@ from kvlife.policies.base import Admission, Decision, EngineView, LoadView, Requ
 from kvlife.policies.loading import load_stack
 from kvlife.policies.stack import PolicyStack
 from kvlife.transfer.copy_engine import CopyEngine
+from tests.conftest import written_so_far
 from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -343,7 +344,7 @@ def test_sigint_while_redis_is_frozen_ends_in_10_s_with_a_valid_trace(tmp_path: 
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and (not trace.exists() or trace.stat().st_size < 30_000):
+            while time.monotonic() < deadline and written_so_far(trace) < 30_000:
                 time.sleep(0.05)
             assert proc.poll() is None, proc.communicate()
             assert [p.name for p in tmp.iterdir()], "the run has its temporary disk directory"

@@ -225,10 +225,15 @@ def test_json_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     assert len(result["curve"]) >= 2 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_empty_trace_has_no_nan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_empty_trace_is_refused_and_no_blocks_has_no_nan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
-    assert main(["mrc", str(empty), "--json", "--plot", str(tmp_path / "e.png")]) == 0
+    assert main(["mrc", str(empty), "--json"]) == 2  # as kvlife run refuses it (issue 24)
+    assert capsys.readouterr().err == f"kvlife: error: {empty}: no requests\n"
+    # A request whose prompt fills no block: nothing to count, and still no NaN.
+    short = tmp_path / "short.jsonl"
+    short.write_bytes(orjson.dumps({"timestamp": 0, "input_length": 100, "output_length": 4, "hash_ids": [1]}) + b"\n")
+    assert main(["mrc", str(short), "--blocks", "cacheable", "--json", "--plot", str(tmp_path / "e.png")]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["counted_blocks"] == 0 and result["max_hit_ratio"] is None
     assert [r["capacity_blocks"] for r in result["rows"]] == [None]

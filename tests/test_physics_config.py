@@ -229,5 +229,7 @@ def test_profile_gpu_without_cuda_is_one_line_exit_2(tmp_path: Path, capsys: pyt
 def test_default_config_is_still_a_plain_run_config() -> None:
     config = RunConfig()
     assert (config.sim.hardware, config.sim.model, config.sim.tp) == ("h100-sxm", "llama-3-8b", 1)
-    assert int(config.engine.device_blocks) == 2000  # what code without profiles (a bare Engine) uses
-    assert resolve(config)[0].engine.device_blocks == 821
+    # None until resolved, once; a bare Engine gets what a default run derives: one default.
+    assert config.engine.device_blocks_set is None and config.engine.ranks_set is None
+    assert resolve(config)[0].engine.device_blocks == config.engine.device_blocks == 821
+    assert resolve(config)[0].engine.ranks == config.engine.ranks == 1

@@ -53,7 +53,7 @@ def _dump(path: Path, records: list[dict[str, Any]]) -> Path:
 def test_simulated_trace_is_valid(trace: Path) -> None:
     report = validate(trace)
     assert report.ok, report.format()
-    assert report.checked == (0, 1, 2, 3, 4, 5, 7, 10, 11, 12)
+    assert report.checked == (0, 1, 2, 3, 4, 5, 7, 8, 10, 11, 12)
     data = trace.read_bytes()
     for needle in (b'"type":"transfer_report"', b'"op":"load"', b'"op":"store"', b'"kind":"free"',
                    b'"trigger":"preempted"'):
@@ -284,7 +284,9 @@ def test_free_while_a_job_moves_the_block_is_caught(trace: Path, tmp_path: Path)
     records.insert(j + 1, records.pop(k))
     report = validate(_dump(tmp_path / "bad.jsonl", records))
     assert report.findings, report.format()
-    assert {(f.invariant, f.line) for f in report.findings} == {(2, j + 2)}
+    # (Its blocks that later jobs moved are then never freed after them: 8, at the end.)
+    assert {(f.invariant, f.line) for f in report.findings if f.line is not None} == {(2, j + 2)}
+    assert {f.invariant for f in report.findings if f.line is None} <= {8}
     assert f"{record['op']} job {record['job']} still moves it" in report.findings[0].message
 
 
@@ -408,9 +410,10 @@ def test_second_inflight_load_of_a_hash_is_caught_with_sharing(bursts: tuple[Pat
     second["moves"].append([first["moves"][0][0], 10**6, first["moves"][0][2]])
     report = validate(_dump(tmp_path / "bad.jsonl", records))
     assert report.findings and report.findings[0].line == c + 1, report.format()
-    assert {f.invariant for f in report.findings} == {6}
+    # (The made-up device block is never freed: 8, at the end of the run.)
+    assert {f.invariant for f in report.findings if f.line is not None} == {6}
     assert "already loading" in report.findings[0].message
-    assert validate(tmp_path / "bad.jsonl", sharing=False).ok
+    assert {f.invariant for f in validate(tmp_path / "bad.jsonl", sharing=False).findings} == {8}
 
 
 def test_sharing_flag_checks_a_stack_that_loads_twice(bursts: tuple[Path, Path],
@@ -421,7 +424,7 @@ def test_sharing_flag_checks_a_stack_that_loads_twice(bursts: tuple[Path, Path],
     assert main(["validate", str(plain), "--sharing", "on", "--limit", "1"]) == 1
     assert "invariant 6" in capsys.readouterr().out
     assert main(["validate", str(bursts[1])]) == 0
-    assert "invariants 0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12 hold" in capsys.readouterr().out
+    assert "invariants 0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12 hold" in capsys.readouterr().out
 
 
 def test_trace_without_block_records_is_not_misjudged(trace: Path, tmp_path: Path) -> None:

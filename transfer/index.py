@@ -152,6 +152,17 @@ class TierIndex:
             else:
                 self._drop(block)
 
+    @classmethod
+    def adopting(cls, name: str, capacity_blocks: int, eviction: str,
+                 blocks: Iterable[tuple[BlockHash, int]]) -> TierIndex:
+        """A new index already holding ``blocks`` ((hash, slot) pairs, adopted in that order):
+        the engine's index of a disk tier that recovered them, in the live run and in its
+        replay alike."""
+        index = cls(name, capacity_blocks, eviction)
+        for block, slot in blocks:
+            index.adopt(block, slot)
+        return index
+
     def adopt(self, block: BlockHash, slot: int) -> None:
         """Register a readable block already sitting in ``slot`` (a disk tier recovering
         the file a previous run left)."""

@@ -11,7 +11,7 @@ import importlib
 from kvlife.lifecycle.cli.parsing import UsageError
 
 # Optional dependencies -> the extra that installs them (pyproject.toml).
-OPTIONAL_EXTRAS = {"torch": "live", "redis": "live", "matplotlib": "plot", "ray": "ray"}
+OPTIONAL_EXTRAS = {"torch": "live", "redis": "live", "numpy": "live", "matplotlib": "plot", "ray": "ray"}
 
 
 class MissingExtra(UsageError):

@@ -63,19 +63,26 @@ def build_parser() -> KvlifeParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from kvlife.lifecycle.drivers.interrupts import exit_code, install_sigterm_handler, signal_name
+    from kvlife.lifecycle.drivers.interrupts import (
+        exit_code,
+        install_sigint_handler,
+        install_sigterm_handler,
+        signal_name,
+    )
 
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     install_sigterm_handler()  # SIGTERM raises Terminated, a KeyboardInterrupt
+    install_sigint_handler()  # Ctrl-C raises Interrupted: marked, unlike a policy's own KeyboardInterrupt
     try:
         return _main(argv)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the drivers closed their traces
         print(f"kvlife: interrupted ({signal_name(exc)})", file=sys.stderr)
         return exit_code(exc)
     finally:
-        # Called in-process (tests, a notebook): leave the caller's SIGTERM handling as it was.
-        if previous is not None and signal.getsignal(signal.SIGTERM) is not previous:
-            signal.signal(signal.SIGTERM, previous)
+        # Called in-process (tests, a notebook): leave the caller's signal handling as it was.
+        for signum, handler in previous.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
 
 
 def _main(argv: Sequence[str] | None) -> int:

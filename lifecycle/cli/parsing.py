@@ -16,7 +16,7 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kvlife.lifecycle.config import NON_NEGATIVE_INT, POSITIVE_INT, POSITIVE_NUMBER
+from kvlife.lifecycle.config import NON_NEGATIVE_INT, POSITIVE_INT, POSITIVE_NUMBER, TEXT
 
 
 class UsageError(Exception):
@@ -91,6 +91,15 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (and at most 2^63 - 1)."""
     value: int = NON_NEGATIVE_INT.parse(text)
+    return value
+
+
+def name_or_path(text: str) -> str:
+    """A name or a file path: non-empty (``--workload ""`` is no workload, not the synthetic
+    one) and without a NUL character (no file name holds one)."""
+    value: str = TEXT.parse(text)
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"must name something, got {value!r}")
     return value
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import tomllib
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
 
-from kvlife.lifecycle.cli.parsing import UsageError
+from kvlife.lifecycle.cli.parsing import UsageError, name_or_path
 from kvlife.lifecycle.config import (
     REQUESTS,
     TIER_ORDER,
@@ -69,7 +68,7 @@ def tier_spec(text: str) -> str:
 
 def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str = str(SYNTHETIC_REQUESTS),
                        time_scale_default: str = "1, or sim.time_scale of --config") -> None:
-    parser.add_argument("--workload", metavar="NAME|PATH",
+    parser.add_argument("--workload", type=name_or_path, metavar="NAME|PATH",
                         help="mooncake-conversation (the bundled Mooncake trace), synthetic:burst (bursts of "
                              "requests for one shared prefix) or a Mooncake JSON-lines file "
                              "(.gz is read as gzip); default: the built-in synthetic workload "
@@ -83,7 +82,8 @@ def add_workload_flags(parser: argparse.ArgumentParser, synthetic_requests: str 
                         help="the mean arrival rate in requests/s, instead of --time-scale: recorded and spread "
                              "arrivals are scaled to it, poisson and gamma arrivals drawn at it "
                              "(config: sim.request_rate; default: the workload's own rate x the time scale)")
-    parser.add_argument("--config", metavar="FILE.toml", help="TOML config file (default: built-in config)")
+    parser.add_argument("--config", type=name_or_path, metavar="FILE.toml",
+                        help="TOML config file (default: built-in config)")
     parser.add_argument("--seed", type=flag_type("sim.seed"), metavar="N",
                         help="random seed (config: sim.seed; default 0)")
 
@@ -208,7 +208,7 @@ def apply_sim(args: argparse.Namespace, config: RunConfig) -> RunConfig:
         if path and is_fit_error(exc.field, exc.message):  # the key of the file that made the block too big
             field = next((f for f in FIT_FIELDS if field_line(path, f) is not None), field)
         raise ConfigError(field, exc.message, path, field_line(path, field) if path else None) from None
-    check_sizes(args, resolved, derived=is_derived(config.engine.device_blocks))
+    check_sizes(args, resolved, derived=is_derived(config.engine))
     return config
 
 
@@ -271,9 +271,11 @@ def apply_sizes(args: argparse.Namespace, config: RunConfig) -> RunConfig:
 
 
 def _file_sets(path: str, key: str) -> bool:
+    from kvlife.lifecycle.input_files import read_limited
+
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
+        data = tomllib.loads(read_limited(path).decode("utf-8"))
+    except (OSError, ValueError):  # (a TOMLDecodeError and a UnicodeDecodeError are ValueErrors)
         return False
     sim = data.get("sim")
     return isinstance(sim, dict) and key in sim
@@ -365,7 +367,7 @@ def stream_workload(args: argparse.Namespace, config: RunConfig,
     from kvlife.lifecycle.workloads.bundled import resolve_workload
     from kvlife.lifecycle.workloads.mooncake import count_requests
 
-    size = count_requests(resolve_workload(args.workload), limit=args.limit)
+    size = count_requests(resolve_workload(args.workload), limit=args.limit, block_tokens=config.engine.block_tokens)
     return _file_requests(args, config, scale), size, workload_name(args)
 
 

@@ -6,7 +6,10 @@ the trace, shuts its runtime down and re-raises. The command line then exits 130
 or 143 (SIGTERM) with one line.
 
 - ``Terminated`` is the KeyboardInterrupt SIGTERM raises once ``install_sigterm_handler``
-  ran; a plain KeyboardInterrupt is SIGINT.
+  ran; ``Interrupted`` the one SIGINT raises once ``install_sigint_handler`` ran (the command
+  line installs both); a plain KeyboardInterrupt is SIGINT too. Both carry ``from_signal``:
+  a policy hook that raises KeyboardInterrupt itself is a policy error, not an interrupt
+  (``kvlife.policies.stack.PolicyStack.ask`` tells them apart by it).
 - ``held()`` holds both signals while a driver runs: a signal that would raise anywhere
   (in the middle of an engine call, half-way through a trace line) is kept instead, and
   the driver raises it at its next ``gate.check()``, between engine calls, so the trace
@@ -32,6 +35,15 @@ class Terminated(KeyboardInterrupt):
 
     signal_name = "SIGTERM"
     exit_code = 143
+    from_signal = True
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) as kvlife's handler raises it: marked as coming from the signal."""
+
+    signal_name = "SIGINT"
+    exit_code = 130
+    from_signal = True
 
 
 def signal_name(exc: BaseException) -> str:
@@ -54,6 +66,18 @@ def install_sigterm_handler() -> None:
         signal.signal(signal.SIGTERM, _raise_terminated)
 
 
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted()
+
+
+def install_sigint_handler() -> None:
+    """SIGINT raises ``Interrupted`` where it would raise a KeyboardInterrupt anyway (Python's
+    default handler; an ignored SIGINT stays ignored). Main thread only."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupted)
+
+
 _Handler = Callable[[int, FrameType | None], Any] | int | None
 
 
@@ -69,7 +93,7 @@ class StopGate:
     def _hold(self, signum: int, frame: FrameType | None) -> None:
         if self.pending is not None:
             raise self.pending  # a second signal: stop now, wherever we are
-        self.pending = Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+        self.pending = Terminated() if signum == signal.SIGTERM else Interrupted()
 
     def check(self) -> None:
         """Raise the held signal, if any. Call it between engine calls."""
@@ -80,10 +104,11 @@ class StopGate:
     def install(self) -> bool:
         if threading.current_thread() is not threading.main_thread():
             return False
-        raising = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _raise_terminated}
-        for signum, handler in raising.items():
+        raising = {signal.SIGINT: (signal.default_int_handler, _raise_interrupted),
+                   signal.SIGTERM: (_raise_terminated,)}
+        for signum, handlers in raising.items():
             current = signal.getsignal(signum)
-            if current is handler:
+            if current in handlers:
                 self._previous[signum] = current
                 signal.signal(signum, self._hold)
         return bool(self._previous)

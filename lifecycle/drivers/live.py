@@ -29,10 +29,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import torch
@@ -58,15 +58,23 @@ from kvlife.lifecycle.engine.events import (
 )
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.stack import PolicyStack
+from kvlife.policies.watchdog import Overrun, Watch
 from kvlife.transfer.breaker import CircuitBreaker
 from kvlife.transfer.content import fill_block, verify_block
 from kvlife.transfer.copy_engine import CopyEngine, Move
 from kvlife.transfer.disk_tier import DiskTier
 from kvlife.transfer.host_pool import HostPool
+from kvlife.transfer.index import TierIndex
 from kvlife.transfer.layout import BlockGeometry, DeviceKV, ModelShape
 from kvlife.transfer.redis_tier import RedisTier
 
 TierBytes = HostPool | DiskTier | RedisTier
+
+
+class LoopStalled(Overrun):
+    """The live loop stood still past ``live.stall_timeout_s`` (raised in it by the watchdog)."""
+
+    message = "the live run's loop stood still"
 
 
 @attrs.define
@@ -384,9 +392,33 @@ class LiveRuntime:
             self.shutdown()  # what was opened before the error: files, sockets, the temp dir
             raise
         self._stops = {w.request_id: stop_rule(w.output_length, config.sim.max_output_tokens) for w in workload}
-        # A named disk path is recovered on open: corrupt slots it dropped are warnings now.
+        # A named disk path is recovered on open: the blocks every rank recovered, in the same
+        # slot, are in the engine's disk index from the start (the trace header lists them, so
+        # a replay starts from the same index); corrupt slots dropped are warnings now.
+        self.recovered = self._recovered()
+        if self.recovered:
+            tiers = [TierIndex.adopting(t.name, t.capacity_blocks, t.eviction, self.recovered.get(t.name, ()))
+                     for t in engine_config.tiers]
+            self.engine = Engine(engine_config, policies, tiers=tiers, recorder=recorder)
         for worker in self.ranks:
             self._drain_tiers(worker)
+
+    def _recovered(self) -> dict[str, list[tuple[int, int]]]:
+        """Per tier, the (block hash, slot) pairs every rank's tier recovered from an earlier
+        run into the same slot, by slot: what the engine may serve (a block some rank lacks
+        is not served; its slots are written over)."""
+        found: dict[str, list[tuple[int, int]]] = {}
+        for name in ("disk",):
+            tiers = [w.tiers.get(name) for w in self.ranks]
+            if not tiers or not all(isinstance(t, DiskTier) for t in tiers):
+                continue
+            per_rank = [cast(DiskTier, t).recovered for t in tiers]
+            common = set(per_rank[0].items())
+            for recovered in per_rank[1:]:
+                common &= set(recovered.items())
+            if common:
+                found[name] = sorted(common, key=lambda pair: pair[1])
+        return found
 
     @property
     def uses_redis(self) -> bool:
@@ -453,9 +485,13 @@ class LiveRuntime:
     def run(self) -> SimResult:
         """Run the workload to the end, or until the watchdog stops it. Ctrl-C / SIGTERM:
         shut down, write the ``interrupted`` record last, re-raise."""
+        stuck = False
         with interrupts.held() as gate:
             try:
                 events = self._loop(gate)
+            except LoopStalled as exc:  # the loop itself was stuck (see _loop): cut where it stood
+                stuck, events = True, 0
+                self._stop_stuck(exc)
             except KeyboardInterrupt as exc:
                 open_work = {"steps": len(self._steps), "lookups": len(self._pending_lookups)}
                 try:
@@ -468,14 +504,47 @@ class LiveRuntime:
                 raise
             finally:
                 self.shutdown()
-        self.engine.check_invariants()
+        if not stuck:  # (a loop stopped inside an engine call left it half-way)
+            self.engine.check_invariants()
         stranded = self.stranded if self.stalled is not None else self.engine.stranded()
         return SimResult(self.engine, self.workload, self.engine.now, events, stranded)
+
+    def _stop_stuck(self, exc: LoopStalled) -> None:
+        """The watchdog thread stopped a loop that stood still (a stall the loop cannot see
+        itself): everything unfinished is stranded, and the trace ends with a cut that names
+        why (the engine may be half-way through a call: it is not fed again)."""
+        from kvlife.lifecycle.drivers.runner import error_record
+
+        unfinished = [f"{rid}:{req.state}" for rid, req in self.engine.requests.items() if req.state != "finished"]
+        self.stranded = unfinished + [f"{w.request_id}:not_arrived" for w in self.workload[self._next_arrival:]]
+        self.stalled = {"reason": str(exc), "idle_s": self.live.stall_timeout_s, "stranded": len(self.stranded),
+                        "steps_in_flight": len(self._steps),
+                        "jobs_open": sum(1 for job in self.engine.jobs.values() if not job.timed_out)}
+        try:
+            self.shutdown()
+        finally:
+            self._cut = True
+            if self.engine.recorder is not None:
+                self.engine.recorder(error_record(self.engine.now, exc))
 
     def _loop(self, gate: interrupts.StopGate) -> int:
         for worker in self.ranks:
             worker.start()
         start = time.monotonic()
+        stall_s = self.live.stall_timeout_s
+        # The watchdog thread (kvlife.policies.watchdog) stops a loop that stands still: one
+        # iteration longer than the stall timeout (seq odd from here, +2 per iteration).
+        main = threading.get_ident()
+        watch = Watch(stall_s, LoopStalled, lambda: (main, f"no progress for {stall_s:g} s of wall time: the run's "
+                                                             f"loop stood still (live.stall_timeout_s)")
+                      if watch.seq & 1 else None)
+        watch.seq = 1
+        try:
+            return self._iterate(gate, start, watch)
+        finally:
+            watch.seq += 1  # even: not watched any more
+
+    def _iterate(self, gate: interrupts.StopGate, start: float, watch: Watch) -> int:
         events = 0
         arrivals = self.workload
         engine = self.engine
@@ -485,6 +554,7 @@ class LiveRuntime:
         stall_s = self.live.stall_timeout_s
         last_progress = start
         while True:
+            watch.seq += 2
             gate.check()
             wall = time.monotonic()
             now = (wall - start) * 1000.0
@@ -812,22 +882,41 @@ class LiveRuntime:
         self.failed_requests.extend(victims)
 
 
-def live_defaults(config: RunConfig, explicit_config: bool) -> RunConfig:
-    """Without a config file, a live run is sized for a laptop: a small model shape, two
-    ranks, a host tier and a disk tier in a temporary directory, short outputs."""
-    if explicit_config:
-        return config
-    from kvlife.lifecycle.config import EngineConfig, TierConfig
+# A live run's own defaults (sized for a laptop): (config key, value). Each applies where
+# neither the config file nor a flag set the key.
+LIVE_DEFAULTS: tuple[tuple[str, Any], ...] = (
+    ("engine.device_blocks", 64),
+    ("engine.max_running", 16),
+    ("engine.ranks", 2),
+    ("engine.transfer_deadline_ms", DEFAULT_REPORT_DEADLINE_MS),
+    ("tiers", None),  # a host tier of 96 blocks and a disk tier of 384 in a temporary directory
+    ("sim.max_output_tokens", 24),
+)
 
-    engine = EngineConfig(
-        device_blocks=64,
-        max_batched_tokens=8192,
-        max_running=16,
-        ranks=2,
-        transfer_deadline_ms=DEFAULT_REPORT_DEADLINE_MS,
-        tiers=(TierConfig("host", capacity_blocks=96), TierConfig("disk", capacity_blocks=384)),
-    )
-    return attrs.evolve(config, engine=engine, sim=attrs.evolve(config.sim, max_output_tokens=24))
+
+def live_defaults(config: RunConfig, given: Collection[str] = ()) -> RunConfig:
+    """A live run's config: a small model shape, two ranks, a host tier and a disk tier in a
+    temporary directory, short outputs (``LIVE_DEFAULTS``), each where ``given`` (the keys
+    the config file sets: ``kvlife.lifecycle.config.given_keys``) does not set it; an empty
+    config file changes nothing. The engine's device size and ranks are resolved here, once."""
+    from kvlife.lifecycle.config import TierConfig
+
+    engine_values: dict[str, Any] = {}
+    sim_values: dict[str, Any] = {}
+    for key, value in LIVE_DEFAULTS:
+        if key in given:
+            continue
+        section, _, name = key.partition(".")
+        if key == "tiers":
+            engine_values["tiers"] = (TierConfig("host", capacity_blocks=96), TierConfig("disk", capacity_blocks=384))
+        elif section == "engine":
+            engine_values[name] = value
+        else:
+            sim_values[name] = value
+    engine = attrs.evolve(config.engine, **engine_values)
+    # Resolved once: set in the file, else the live default above.
+    engine = attrs.evolve(engine, device_blocks=engine.device_blocks, ranks=engine.ranks)
+    return attrs.evolve(config, engine=engine, sim=attrs.evolve(config.sim, **sim_values))
 
 
 @attrs.define
@@ -863,19 +952,39 @@ class LiveOutcome:
 
 def run_live(config: RunConfig, workload: list[WorkloadRequest], stack: PolicyStack | None = None,
              trace_path: str | Path | None = None, time_scale: float = 1.0,
-             progress: Callable[[int, int], None] | None = None, workload_name: str = "live") -> LiveOutcome:
+             progress: Callable[[int, int], None] | None = None, workload_name: str = "live",
+             inputs: Collection[str | Path | None] = ()) -> LiveOutcome:
     from kvlife.lifecycle.drivers.runner import recording, require_requests
     from kvlife.lifecycle.metrics import summarize
     from kvlife.policies.loading import load_stack
 
     require_requests(workload, workload_name)
-    stack = stack if stack is not None else load_stack(config.policies)
+    # A hook runs at most half the stall watchdog's wait: one that never returns is named as such.
+    stack = stack if stack is not None else load_stack(config.policies,
+                                                        min(config.hook_budget_s, config.live.stall_timeout_s / 2))
     config = with_report_deadline(config)  # before the header: a replay uses the same deadline
     started = time.perf_counter()
     meta = {"name": workload_name, "requests": len(workload)}
-    with interrupts.held(), recording(trace_path, config, stack, workload=meta, driver="live") as writer:
-        runtime = LiveRuntime(config, workload, stack, writer.record if writer else None, time_scale, progress)
-        result = runtime.run()
+    # The runtime opens (and recovers) its tiers before the header is written: the header
+    # lists the disk slots it recovered. What it records meanwhile waits for the header.
+    early: list[dict[str, Any]] = []
+    sink: list[Callable[[dict[str, Any]], None]] = [early.append]
+    with interrupts.held():
+        runtime = LiveRuntime(config, workload, stack, (lambda record: sink[0](record)) if trace_path else None,
+                              time_scale, progress)
+        try:
+            header: dict[str, Any] = {"workload": meta, "driver": "live"}
+            if runtime.recovered:
+                header["recovered"] = {tier: [list(pair) for pair in pairs]
+                                       for tier, pairs in runtime.recovered.items()}
+            with recording(trace_path, config, stack, inputs, **header) as writer:
+                if writer is not None:
+                    for record in early:
+                        writer.record(record)
+                    sink[0] = writer.record
+                result = runtime.run()
+        finally:
+            runtime.shutdown()
     wall = time.perf_counter() - started
     summary = summarize(result, wall, runtime.block_bytes)
     # The engine's warnings and the driver's (tier events, rank errors), one count per name.

@@ -132,9 +132,9 @@ def resolve(config: RunConfig) -> tuple[RunConfig, Physics]:
     # engine.max_running (128) caps admissions; it is not what vLLM profiles with.
     capacity = device_capacity(model, hardware, engine.block_tokens, sim.tp, sim.gpu_memory_utilization,
                                max_num_batched_tokens=engine.max_batched_tokens)
-    derived = is_derived(engine.device_blocks)
-    device_blocks = capacity.blocks if derived else int(engine.device_blocks)
-    ranks = sim.tp if is_derived(engine.ranks) else int(engine.ranks)
+    derived = is_derived(engine)
+    device_blocks = capacity.blocks if derived else engine.device_blocks
+    ranks = sim.tp if is_derived(engine, "ranks") else engine.ranks
     efficiency = efficiency_of(config, hardware)
     block_bytes = kv_bytes_per_block(model, engine.block_tokens, sim.tp) * sim.tp
     physics = Physics(

@@ -66,16 +66,36 @@ class RunOutcome:
 
 @contextlib.contextmanager
 def recording(
-    trace_path: str | Path | None, config: RunConfig, stack: PolicyStack, **header: Any
+    trace_path: str | Path | None, config: RunConfig, stack: PolicyStack,
+    inputs: Iterable[str | Path | None] = (), **header: Any
 ) -> Iterator[TraceWriter | None]:
     """A trace writer with its header written (None without a path), closed on the way
-    out whatever happens (an error, Ctrl-C, SIGTERM), so what was recorded stays valid."""
+    out whatever happens (an error, Ctrl-C, SIGTERM), so what was recorded stays valid.
+
+    The trace becomes ``trace_path`` when the run completes or is interrupted cleanly
+    (``TraceWriter``). A run refused part-way (a bad workload line, a policy error, a hook
+    past its time budget) ends its trace with an ``interrupted`` record that names the
+    error instead of a signal (``error_record``), so the trace so far validates; it is
+    kept only where no file was: an existing trace is never replaced by a refused run.
+    ``inputs``: the run's input files (a workload, a config), which the trace may not be."""
     if trace_path is None:
         yield None
         return
-    with TraceWriter(trace_path) as writer:
+    with TraceWriter(trace_path, inputs) as writer:
         writer.write_header(config.to_dict(), list(stack.names), config.sim.seed, **header)
-        yield writer
+        try:
+            yield writer
+        except Exception as exc:
+            writer.record(error_record(writer.last_t(), exc))
+            raise
+
+
+def error_record(t: float, exc: BaseException) -> dict[str, Any]:
+    """The last record of a trace whose run an error ended part-way: an ``interrupted``
+    record with ``error`` (the one-line message) where a signal's name would be; its
+    handling may have been cut inside an engine call (``clean`` false)."""
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    return {"kind": "interrupted", "t": t, "signal": None, "error": message[:2000], "clean": False}
 
 
 def require_requests(workload: Iterable[WorkloadRequest], name: str) -> Iterable[WorkloadRequest]:
@@ -107,6 +127,7 @@ def run_workload(
     engine_factory: Callable[..., Engine] | None = None,
     breakdown: bool = False,
     goodput: Mapping[str, float] | None = None,
+    inputs: Iterable[str | Path | None] = (),
 ) -> RunOutcome:
     """Simulate ``workload`` (a list, or a stream in arrival order whose length ``size`` is
     given when known: the trace header and progress report it). The trace header holds the
@@ -120,11 +141,13 @@ def run_workload(
     ``breakdown``: keep a row per request (``outcome.rows``,
     ``kvlife.lifecycle.breakdown``; its phases come from the records, so the engine records
     even without a trace: about 10 % more time) and add ``latency_breakdown_ms`` to the
-    summary; ``goodput``: the per-request SLO of the summary's ``goodput`` field."""
+    summary; ``goodput``: the per-request SLO of the summary's ``goodput`` field;
+    ``inputs``: the files the run reads (the workload, the config), which ``trace_path``
+    may not be."""
     if size is None and isinstance(workload, Sequence):
         size = len(workload)
     workload = require_requests(workload, workload_name)
-    stack = stack if stack is not None else load_stack(config.policies)
+    stack = stack if stack is not None else load_stack(config.policies, config.hook_budget_s)
     config, physics = resolve(config)
     setup = physics.summary(device_blocks_origin)
     setup["completions"] = config.sim.completions
@@ -132,7 +155,7 @@ def run_workload(
     started = time.perf_counter()  # wall time of the run, reported, never fed to the core
     meta = {"name": workload_name, "requests": size}
     clock = PhaseClock() if breakdown else None
-    with interrupts.held(), recording(trace_path, config, stack, workload=meta, setup=setup) as writer:
+    with interrupts.held(), recording(trace_path, config, stack, inputs, workload=meta, setup=setup) as writer:
         recorder = both(writer.record if writer else None, clock.record if clock else None)
         sim = Simulator(config, workload, stack, recorder, progress, size=size,
                         keep_requests=keep_requests or engine_factory is not None, engine_factory=engine_factory)

@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import attrs
 
-from kvlife.lifecycle.workloads.mooncake import iter_mooncake
+from kvlife.lifecycle.workloads.mooncake import WorkloadError, iter_mooncake
 
 BlockMode = Literal["all", "cacheable"]
 BLOCK_MODES: tuple[BlockMode, ...] = ("all", "cacheable")
@@ -105,6 +105,10 @@ def read_trace(trace: str | os.PathLike[str], limit: int | None = None, mode: Bl
                 fresh -= 1
             prompt += tuple(extra)
         blocks.append(prompt)
+    if not blocks:  # as kvlife run refuses it: an empty workload is bad input, not a curve of nothing
+        from kvlife.lifecycle.workloads.bundled import resolve_workload
+
+        raise WorkloadError(os.fspath(resolve_workload(os.fspath(trace))), None, None, "no requests")
     return Prompts(os.fspath(trace), tuple(blocks), block_tokens, mode,
                    tuple(counts) if output_blocks else None)
 
@@ -323,6 +327,8 @@ _SUFFIXES = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
 def parse_size(text: str) -> int:
     """``3M``, ``500k``, ``1.5G``, ``5859``: a positive whole number (ValueError otherwise)."""
     raw = text.strip()
+    if not raw.isascii():  # (float() reads "٣" as 3)
+        raise ValueError(f"{text!r} is not a size (a number with an optional k, M or G: 3M, 500k)")
     factor = _SUFFIXES.get(raw[-1:].lower(), 1) if raw else 1
     number = raw[:-1] if factor != 1 else raw
     try:
@@ -349,11 +355,12 @@ def default_capacities_tokens(distinct: int, block_tokens: int) -> list[int]:
 
 # ---- the plot ------------------------------------------------------------------------------
 def plot_curve(curve: MissRatioCurve, out: str | Path, marked: Sequence[int] = ()) -> None:
-    """``curve_figure`` written to ``out`` (its format checked first)."""
-    from kvlife.lifecycle.traces.plot import image_format, save
+    """``curve_figure`` written to ``out`` (its format checked first, and that it is not the
+    trace it was measured on)."""
+    from kvlife.lifecycle.traces.plot import check_image, save
 
-    fmt = image_format(out)
-    save(curve_figure(curve, marked), out, fmt)
+    check_image(out, (curve.name,))
+    save(curve_figure(curve, marked), out, (curve.name,))
 
 
 def curve_figure(curve: MissRatioCurve, marked: Sequence[int] = ()) -> Any:

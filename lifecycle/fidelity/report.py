@@ -185,6 +185,11 @@ def render(report: Report, existing: str | None) -> str:
 
 
 def write_report(report: Report, path: str | Path) -> None:
+    """Write the report's blocks into the document at ``path`` (the rest of it kept), through
+    a temporary file renamed over it: a failed write leaves the document as it was."""
+    from kvlife.lifecycle.input_files import read_limited
+    from kvlife.lifecycle.output_files import write_output
+
     target = Path(path)
-    existing = target.read_text(encoding="utf-8") if target.exists() else None
-    target.write_text(render(report, existing), encoding="utf-8")
+    existing = read_limited(target).decode("utf-8") if target.exists() else None
+    write_output(target, render(report, existing).encode("utf-8"))

@@ -35,6 +35,9 @@ COLUMNS = ("prefill_tokens", "decode_requests", "context_tokens", "step_ms")
 PARAMETERS = ("mfu", "attention", "mbu", "overhead_ms")
 # A factor whose term never reaches this share of any measured step is not identifiable.
 _VISIBLE = 0.02
+# The fit uses at most this many rows (every k-th of a larger file; 4 factors need far fewer):
+# each trial of the search evaluates every row (a 200,000-row file took over 90 s).
+FIT_ROWS = 5000
 
 
 @attrs.frozen
@@ -53,57 +56,94 @@ class FitResult:
     rms_relative_error: float
     max_relative_error: float
     fixed: tuple[str, ...]  # factors the data could not identify (kept at their start values)
+    fitted_rows: int = 0  # the rows the fit used: all of them, or every k-th past FIT_ROWS
+
+
+# What a measured row may hold: a step of at most 2^24 tokens of prefill and of context (the
+# longest prompt a config allows, kvlife.lifecycle.config.TOKENS) and as many decodes; a step
+# time from a nanosecond (below it, no GPU step; 1/t^2 weights underflow) to 11.6 days.
+MAX_COUNT = 1 << 24
+MIN_STEP_MS = 1e-6
+MAX_STEP_MS = 1e9
+# A line of a timing CSV is four numbers: anything past this is no row.
+MAX_LINE = 4096
 
 
 def read_timings(path: str | Path) -> list[TimingRow]:
-    """Rows of a timing CSV; ``ProfileError`` naming file, line and column on bad input."""
+    """Rows of a timing CSV; ``ProfileError`` naming file, line and column on bad input.
+    Read through ``kvlife.lifecycle.input_files`` (a regular file, lines of at most
+    ``MAX_LINE`` bytes), as UTF-8."""
+    from kvlife.lifecycle.input_files import READ_ERRORS, Lines, error_line, read_error_message
+
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ProfileError("-", f"cannot read timings: {exc.strerror}", str(p)) from None
-    numbered = [(n, line) for n, line in enumerate(text.splitlines(), 1)
-                if line.strip() and not line.lstrip().startswith("#")]
-    if not numbered:
-        raise ProfileError("-", f"no header (expected {','.join(COLUMNS)})", str(p))
-    header_line, header_text = numbered[0]
-    header = [h.strip() for h in next(csv.reader([header_text]))]
-    for name in header:
-        if name not in COLUMNS:
-            raise ProfileError(name, f"unknown column (expected {','.join(COLUMNS)})", str(p), header_line)
-    for name in COLUMNS:
-        if name not in header:
-            raise ProfileError(name, "missing column", str(p), header_line)
-    if len(set(header)) != len(header):
-        raise ProfileError("-", "duplicate column in header", str(p), header_line)
+    lines = Lines(p, MAX_LINE, "a row of four numbers is far shorter")
     rows: list[TimingRow] = []
-    for number, line in numbered[1:]:
-        cells = [c.strip() for c in next(csv.reader([line]))]
-        if len(cells) != len(header):
-            raise ProfileError("-", f"expected {len(header)} columns, got {len(cells)}", str(p), number)
-        values = dict(zip(header, cells, strict=True))
-        counts: dict[str, int] = {}
-        for name in COLUMNS[:3]:
+    header: list[str] | None = None
+    header_line = 0
+    try:
+        for number, raw in lines:
             try:
-                counts[name] = int(values[name])
-            except ValueError:
-                counts[name] = -1
-            if counts[name] < 0:
-                raise ProfileError(name, f"must be a non-negative integer, got {values[name]!r}", str(p), number)
-        try:
-            step = float(values["step_ms"])
-        except ValueError:
-            step = math.nan
-        if not math.isfinite(step) or step <= 0:
-            raise ProfileError("step_ms", f"must be a finite positive number, got {values['step_ms']!r}",
-                               str(p), number)
-        if counts["prefill_tokens"] == 0 and counts["decode_requests"] == 0:
-            raise ProfileError("prefill_tokens", "a step needs prefill tokens or decode requests", str(p), number)
-        rows.append(TimingRow(number, counts["prefill_tokens"], counts["decode_requests"],
-                              counts["context_tokens"], step))
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ProfileError("-", f"not UTF-8 text (byte {exc.start} of the line)", str(p), number) from None
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                cells = [c.strip() for c in next(csv.reader([line]))]
+            except csv.Error as exc:
+                raise ProfileError("-", f"not a CSV row: {exc}", str(p), number) from None
+            if header is None:
+                header, header_line = cells, number
+                _check_header(header, str(p), header_line)
+                continue
+            rows.append(_row(header, cells, str(p), number))
+    except READ_ERRORS as exc:
+        raise ProfileError("-", f"cannot read timings: {read_error_message(exc)}", str(p),
+                           error_line(exc, None)) from None
+    if header is None:
+        raise ProfileError("-", f"no header (expected {','.join(COLUMNS)})", str(p))
     if not rows:
         raise ProfileError("-", "no timing rows", str(p))
     return rows
+
+
+def _check_header(header: list[str], path: str, line: int) -> None:
+    for name in header:
+        if name not in COLUMNS:
+            raise ProfileError(name, f"unknown column (expected {','.join(COLUMNS)})", path, line)
+    for name in COLUMNS:
+        if name not in header:
+            raise ProfileError(name, "missing column", path, line)
+    if len(set(header)) != len(header):
+        raise ProfileError("-", "duplicate column in header", path, line)
+
+
+def _row(header: list[str], cells: list[str], path: str, number: int) -> TimingRow:
+    if len(cells) != len(header):
+        raise ProfileError("-", f"expected {len(header)} columns, got {len(cells)}", path, number)
+    values = dict(zip(header, cells, strict=True))
+    counts: dict[str, int] = {}
+    for name in COLUMNS[:3]:
+        text = values[name]
+        digits = text.lstrip("+")
+        counts[name] = int(digits) if digits.isascii() and digits.isdecimal() and len(digits) <= 9 else -1
+        if not 0 <= counts[name] <= MAX_COUNT:
+            raise ProfileError(name, f"must be an integer from 0 to 2^24 (the longest prompt), got {_shown(text)}",
+                               path, number)
+    try:
+        step = float(values["step_ms"]) if values["step_ms"].isascii() else math.nan  # (float() reads "٣" as 3)
+    except ValueError:
+        step = math.nan
+    if not (MIN_STEP_MS <= step <= MAX_STEP_MS):  # (NaN fails both)
+        raise ProfileError("step_ms", f"must be a number of ms from {MIN_STEP_MS:g} (a nanosecond) to "
+                                      f"{MAX_STEP_MS:g} (11.6 days), got {_shown(values['step_ms'])}", path, number)
+    if counts["prefill_tokens"] == 0 and counts["decode_requests"] == 0:
+        raise ProfileError("prefill_tokens", "a step needs prefill tokens or decode requests", path, number)
+    return TimingRow(number, counts["prefill_tokens"], counts["decode_requests"], counts["context_tokens"], step)
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 # --- the fit ----------------------------------------------------------------------------------
@@ -143,7 +183,18 @@ def _predict(theta: Sequence[float], t: _Terms) -> float:
 
 
 def _objective(theta: Sequence[float], terms: Sequence[_Terms]) -> float:
-    return sum(((_predict(theta, t) - t[5]) / t[5]) ** 2 for t in terms)
+    """The sum of squared relative errors: ``_predict`` inlined (it runs once per row per
+    trial of the search)."""
+    a, b, c, o = theta
+    total = 0.0
+    for linear, attention, weights, kv, comm, t in terms:
+        compute, memory = a * linear, c * weights
+        first = compute if compute >= memory else memory
+        compute, memory = b * attention, c * kv
+        second = compute if compute >= memory else memory
+        error = (first + second + comm + o - t) / t
+        total += error * error
+    return total
 
 
 def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float] | None:
@@ -263,7 +314,10 @@ def fit_efficiency(
     if not rows:
         raise ProfileError("-", "no timing rows to fit")
     cost = StepCostModel(model, hardware, tp)
-    terms = _terms(rows, cost, include_comm)
+    all_terms = _terms(rows, cost, include_comm)
+    # More rows than FIT_ROWS: fit on every k-th (deterministic), judge the fit on all.
+    stride = -(-len(all_terms) // FIT_ROWS)
+    terms = all_terms[::stride]
     initial = start if start is not None else hardware.efficiency
     theta0 = [1.0 / initial.mfu, 1.0 / initial.attention, 1.0 / initial.mbu, initial.overhead_ms]
     # Which factors can the data see? A term must reach _VISIBLE of some row's time while within
@@ -297,7 +351,7 @@ def fit_efficiency(
         if value < best_value:
             best, best_value = theta, value
     best = _refine(best, terms, free)
-    errors = [abs(_predict(best, t) - t[5]) / t[5] for t in terms]
+    errors = [abs(_predict(best, t) - t[5]) / t[5] for t in all_terms]
     efficiency = Efficiency(mfu=1.0 / best[0], attention=1.0 / best[1], mbu=1.0 / best[2], overhead_ms=best[3])
     return FitResult(
         efficiency=efficiency,
@@ -305,6 +359,7 @@ def fit_efficiency(
         rms_relative_error=math.sqrt(sum(e * e for e in errors) / len(errors)),
         max_relative_error=max(errors),
         fixed=tuple(PARAMETERS[j] for j in range(4) if j not in free),
+        fitted_rows=len(terms),
     )
 
 
@@ -351,5 +406,7 @@ def calibrate(
     rows = read_timings(csv_path)
     result = fit_efficiency(rows, model, hardware, tp, include_comm=include_comm)
     if out is not None:
-        Path(out).write_text(efficiency_toml(result, model, hardware, tp, str(csv_path)))
+        from kvlife.lifecycle.output_files import write_output
+
+        write_output(out, efficiency_toml(result, model, hardware, tp, str(csv_path)).encode(), inputs=(csv_path,))
     return result

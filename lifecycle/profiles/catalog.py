@@ -46,30 +46,41 @@ Check = Callable[[Any], str | None]  # None when fine, else the complaint
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number (an integer past a float's range is none: math.isfinite would overflow)."""
+    from kvlife.lifecycle.config import FLOAT_MAX_INT
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= FLOAT_MAX_INT if isinstance(value, int) else math.isfinite(value)
+
+
+def _shown(value: Any) -> str:
+    from kvlife.lifecycle.config import describe
+
+    return describe(value)
 
 
 def _positive(value: Any) -> str | None:
-    if not _is_number(value) or not math.isfinite(value) or value <= 0:
-        return f"must be a finite positive number, got {value!r}"
+    if not _is_number(value) or value <= 0:
+        return f"must be a finite positive number, got {_shown(value)}"
     return None
 
 
 def _non_negative(value: Any) -> str | None:
-    if not _is_number(value) or not math.isfinite(value) or value < 0:
-        return f"must be a finite non-negative number, got {value!r}"
+    if not _is_number(value) or value < 0:
+        return f"must be a finite non-negative number, got {_shown(value)}"
     return None
 
 
 def _fraction(value: Any) -> str | None:
-    if not _is_number(value) or not math.isfinite(value) or not 0 < value <= 1:
-        return f"must be a number in (0, 1], got {value!r}"
+    if not _is_number(value) or not 0 < value <= 1:
+        return f"must be a number in (0, 1], got {_shown(value)}"
     return None
 
 
 def _positive_int(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return f"must be a positive integer, got {value!r}"
+        return f"must be a positive integer, got {_shown(value)}"
     return None
 
 
@@ -83,6 +94,28 @@ def _flag(value: Any) -> str | None:
     if not isinstance(value, bool):
         return f"must be true or false, got {value!r}"
     return None
+
+
+def _within(check: Check, low: float, high: float, why: str) -> Check:
+    """``check``, and the value from ``low`` to ``high`` (``why`` says where the bounds come from):
+    a profile is data, and a figure of 2^63 GB/s only overflows the step cost downstream."""
+
+    def bounded(value: Any) -> str | None:
+        problem = check(value)
+        if problem is None and not low <= value <= high:
+            return f"must be from {low:g} to {high:g} ({why}), got {_shown(value)}"
+        return problem
+
+    return bounded
+
+
+# Bounds of a profile's figures, far outside any real GPU, link or model (each names its reason).
+_GB_S = _within(_positive, 1e-6, 1e6, "GB/s: 1 kB/s to 1 PB/s, over 500x NVLink 5's 1.8 TB/s per GPU")
+_FLOPS = _within(_positive, 1e9, 1e18, "FLOP/s: 1e18 is 400x a B200's dense bf16 peak")
+_BYTES = _within(_positive_int, 1 << 20, 1 << 50, "bytes: 1 MiB to 1 PiB of device memory")
+_LATENCY = _within(_non_negative, 0, 1e9, "11.6 days in ms, or 1e9 us: no latency is longer")
+_DIMENSION = _within(_positive_int, 1, 1 << 24, "2^24: far above any released model's width or vocabulary")
+_LAYERS = _within(_positive_int, 1, 1 << 16, "2^16 layers: far above any released model")
 
 
 def _dtype(value: Any) -> str | None:
@@ -200,31 +233,31 @@ _HARDWARE_SCHEMA: dict[str, dict[str, Check]] = {
     "": {
         "name": _text,
         "description": _text,
-        "peak_bf16_flops": _positive,
-        "hbm_bytes": _positive_int,
-        "hbm_bandwidth_gb_s": _positive,
+        "peak_bf16_flops": _FLOPS,
+        "hbm_bytes": _BYTES,
+        "hbm_bandwidth_gb_s": _GB_S,
         "host_link": _text,
-        "host_link_gb_s": _positive,
+        "host_link_gb_s": _GB_S,
         "interconnect": _text,
-        "interconnect_gb_s": _positive,
-        "allreduce_latency_us": _non_negative,
+        "interconnect_gb_s": _GB_S,
+        "allreduce_latency_us": _LATENCY,
     },
-    "nvme": {"read_gb_s": _positive, "write_gb_s": _positive, "latency_ms": _non_negative},
-    "network": {"gb_s": _positive, "latency_ms": _non_negative},
-    "efficiency": {"mfu": _fraction, "attention": _fraction, "mbu": _fraction, "overhead_ms": _non_negative},
+    "nvme": {"read_gb_s": _GB_S, "write_gb_s": _GB_S, "latency_ms": _LATENCY},
+    "network": {"gb_s": _GB_S, "latency_ms": _LATENCY},
+    "efficiency": {"mfu": _fraction, "attention": _fraction, "mbu": _fraction, "overhead_ms": _LATENCY},
 }
 
 _MODEL_SCHEMA: dict[str, dict[str, Check]] = {
     "": {
         "name": _text,
         "hf_id": _text,
-        "num_layers": _positive_int,
-        "hidden_size": _positive_int,
-        "num_attention_heads": _positive_int,
-        "num_kv_heads": _positive_int,
-        "head_dim": _positive_int,
-        "intermediate_size": _positive_int,
-        "vocab_size": _positive_int,
+        "num_layers": _LAYERS,
+        "hidden_size": _DIMENSION,
+        "num_attention_heads": _DIMENSION,
+        "num_kv_heads": _DIMENSION,
+        "head_dim": _DIMENSION,
+        "intermediate_size": _DIMENSION,
+        "vocab_size": _DIMENSION,
         "dtype": _dtype,
         "tie_word_embeddings": _flag,
         "attention_bias": _flag,
@@ -270,11 +303,18 @@ def _read(kind: str, name_or_path: str | Path, what: str) -> tuple[str, str]:
     text_name = str(name_or_path)
     is_path = isinstance(name_or_path, Path) or "/" in text_name or text_name.endswith(".toml")
     if is_path:
+        from kvlife.lifecycle.input_files import read_limited
+
         path = Path(name_or_path)
+        # A file that cannot be read is the fault of whatever named it (a flag, a config key):
+        # the error names the key (``what``), and the caller says where it was set.
         try:
-            return str(path), path.read_text()
+            return str(path), read_limited(path).decode("utf-8")
         except OSError as exc:
-            raise ProfileError("-", f"cannot read {what} profile: {exc.strerror}", str(path)) from None
+            raise ProfileError(what, f"cannot read {what} profile {str(path)!r}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ProfileError(what, f"cannot read {what} profile {str(path)!r}: not UTF-8 text (byte "
+                                     f"{exc.start})") from None
     known = list_profiles()[kind]
     if text_name not in known:
         raise ProfileError(what, f"unknown {what} profile {text_name!r} (known: {', '.join(known)}; or give a path)")
@@ -315,6 +355,8 @@ def _parse(path: str, text: str, schema: Mapping[str, Mapping[str, Check]], opti
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError("-", f"not valid TOML: {exc}", path, toml_error_line(exc)) from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ProfileError("-", "not valid TOML: nested too deeply", path) from None
     except ValueError:  # tomllib's int() of an integer of more than 4300 digits
         from kvlife.lifecycle.config import huge_integer_line
 
@@ -393,6 +435,8 @@ def load_efficiency(path: str | Path) -> Efficiency:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError("-", f"not valid TOML: {exc}", display, toml_error_line(exc)) from None
+    except RecursionError:  # arrays or tables nested thousands deep
+        raise ProfileError("-", "not valid TOML: nested too deeply", display) from None
     except ValueError:  # tomllib's int() of an integer of more than 4300 digits
         from kvlife.lifecycle.config import huge_integer_line
 

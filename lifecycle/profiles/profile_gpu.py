@@ -207,5 +207,7 @@ def write_csv(out: str | Path, rows: Iterable[tuple[int, int, int, float]], note
     lines = [f"# kvlife profile-gpu: {note}, {time.strftime('%Y-%m-%d')}",
              "prefill_tokens,decode_requests,context_tokens,step_ms"]
     lines += [f"{p},{d},{c},{ms:.4f}" for p, d, c, ms in rows]
-    path.write_text("\n".join(lines) + "\n")
+    from kvlife.lifecycle.output_files import write_output
+
+    write_output(path, ("\n".join(lines) + "\n").encode())
     return path

@@ -36,8 +36,9 @@ from kvlife.lifecycle.sweeps.executors import Executor
 from kvlife.lifecycle.sweeps.points import Percentile, Point, percentile_column, stack_text
 
 METRICS = ("ttft", "tpot")
-_OBJECTIVE = re.compile(r"(?P<metric>[a-z][a-z0-9]*)_p(?P<q>\d+(?:\.\d+)?)")
-_VALUE = re.compile(r"(?P<number>\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(?P<unit>ms|s)", re.IGNORECASE)
+# (re.ASCII: \d would match any Unicode digit, and float() would read "٣" as 3.)
+_OBJECTIVE = re.compile(r"(?P<metric>[a-z][a-z0-9]*)_p(?P<q>\d+(?:\.\d+)?)", re.ASCII)
+_VALUE = re.compile(r"(?P<number>\d+(?:\.\d+)?(?:e[+-]?\d+)?)\s*(?P<unit>ms|s)", re.IGNORECASE | re.ASCII)
 
 # Exact: the threshold is within the precision; at_least: every scale tried up to the maximum
 # met the SLO; below: the minimum scale already failed.

@@ -38,6 +38,8 @@ import attrs
 
 from kvlife.lifecycle.cli.parsing import UsageError
 from kvlife.lifecycle.config import (
+    DEFAULT_MAX_POINTS,
+    MAX_POINTS,
     PROFILE_ERROR_KEYS,
     REQUESTS,
     ConfigError,
@@ -51,7 +53,7 @@ from kvlife.lifecycle.config import (
 )
 from kvlife.lifecycle.sweeps.points import CONFIG_KEYS, Point, apply, known_key, order_for_apply, problem, stack_names
 
-TOP_LEVEL = ("workload", "limit", "config", "set", "grid")
+TOP_LEVEL = ("workload", "limit", "config", "max_points", "set", "grid")
 
 
 @attrs.frozen
@@ -73,6 +75,8 @@ class Grid:
     fixed: dict[str, Any] = attrs.field(factory=dict)  # config key -> value ([set], --set, --seed)
     fixed_origin: dict[str, str] = attrs.field(factory=dict)  # config key -> "set" or the flag
     axes: tuple[Axis, ...] = ()
+    max_points: int = DEFAULT_MAX_POINTS
+    max_points_origin: str = "default"  # "spec" (the spec's max_points), "--max-points" or "default"
 
     def size(self) -> int:
         total = 1
@@ -162,6 +166,10 @@ def spec_from_dict(data: Mapping[str, Any], path: str | None = None, text: str |
         if path is not None and not Path(config_path).is_absolute():
             config_path = str(Path(path).parent / config_path)
         config = load_config(config_path)
+    max_points = data.get("max_points", DEFAULT_MAX_POINTS)
+    message = MAX_POINTS.problem(max_points)
+    if message is not None:
+        raise where.error("max_points", message, "max_points")
     fixed: dict[str, Any] = {}
     for section in ("set", "grid"):
         table = data.get(section, {})
@@ -184,7 +192,8 @@ def spec_from_dict(data: Mapping[str, Any], path: str | None = None, text: str |
                 if message is not None:
                     raise where.error(f"{field}[{i}]", message, section, key)
             axes.append(Axis(key, tuple(value), "grid"))
-    return Grid(path, text, workload, limit, config, fixed, {k: "set" for k in fixed}, tuple(axes))
+    return Grid(path, text, workload, limit, config, fixed, {k: "set" for k in fixed}, tuple(axes), max_points,
+                "spec" if "max_points" in data else "default")
 
 
 # ---- flags ----------------------------------------------------------------------------------------
@@ -193,7 +202,7 @@ def _flag_value(text: str) -> Any:
     anything else the string itself."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (ValueError, RecursionError):  # not TOML (a TOMLDecodeError is a ValueError), too long, too deep:
         return text
 
 
@@ -213,13 +222,14 @@ def parse_assignment(text: str, flag: str, many: bool) -> tuple[str, list[Any]]:
     for value in parsed:
         message = problem(key, value)
         if message is not None:
-            raise UsageError(f"argument {flag}: {key}={value}: {message}")
+            shown = value if isinstance(value, str) and len(value) <= 60 else describe(value)
+            raise UsageError(f"argument {flag}: {key}={shown}: {message}")
     return key, parsed
 
 
 def with_flags(grid: Grid, *, workload: str | None = None, limit: int | None = None, config: str | None = None,
                seed: int | None = None, stacks: Sequence[str] | None = None, vary: Sequence[str] = (),
-               sets: Sequence[str] = ()) -> Grid:
+               sets: Sequence[str] = (), max_points: int | None = None) -> Grid:
     """The flags over the spec: each replaces what the spec says of the same thing."""
     axes = list(grid.axes)
     fixed = dict(grid.fixed)
@@ -237,6 +247,9 @@ def with_flags(grid: Grid, *, workload: str | None = None, limit: int | None = N
         changes["workload"] = workload
     if limit is not None:
         changes["limit"] = limit
+    if max_points is not None:
+        changes["max_points"] = max_points
+        changes["max_points_origin"] = "--max-points"
     if config is not None:
         changes["config"] = load_config(config)
     if seed is not None:
@@ -291,6 +304,7 @@ def expand(grid: Grid) -> list[Point]:
     from kvlife.lifecycle.drivers.physics import resolve
     from kvlife.lifecycle.profiles import ProfileError
 
+    check_size(grid)
     base = grid.config
     for key in order_for_apply(list(grid.fixed)):
         try:
@@ -341,15 +355,42 @@ def expand(grid: Grid) -> list[Point]:
     return points
 
 
-def check_stacks(grid: Grid, points: Sequence[Point]) -> None:
-    """Load every stack the points use: a bad policy name fails before any run."""
+def check_size(grid: Grid) -> None:
+    """A grid of more points than its cap is refused before a point is made (the product of
+    the axes' lengths, computed, not expanded)."""
+    size = grid.size()
+    if size <= grid.max_points:
+        return
+    shape = " x ".join(f"{len(a.values):,} {a.key}" for a in grid.axes)
+    how = {"spec": "the spec's max_points", "--max-points": "--max-points"}.get(grid.max_points_origin,
+                                                                                "the default cap")
+    message = (f"the grid has {size:,} points ({shape}), more than {how} of {grid.max_points:,}: narrow an axis, "
+               f"or raise the cap with --max-points N (or max_points in the spec)")
+    if grid.max_points_origin == "spec":
+        raise _Where(grid.path, grid.text).error("max_points", message, "max_points")
+    if grid.path is not None and any(a.origin in ("grid", "spec") for a in grid.axes):
+        raise _Where(grid.path, grid.text).error("grid", message, "grid")  # the spec's axes made it
+    raise UsageError(message)
+
+
+def check_stacks(grid: Grid, points: Sequence[Point], imports: bool = True) -> None:
+    """Load every stack the points use: a bad policy name fails before any run. Without
+    ``imports`` (``--dry-run``), check the names only: no policy module is imported."""
     from kvlife.policies.base import PolicyError
-    from kvlife.policies.loading import load_stack
+    from kvlife.policies.loading import check_spec, load_stack
 
     axis = next((a for a in grid.axes if a.key == "policies.stack"), None)
+    checked: set[tuple[str, ...]] = set()
     for point in points:
+        if point.config.policies in checked:
+            continue
+        checked.add(point.config.policies)
         try:
-            load_stack(point.config.policies)
+            if imports:
+                load_stack(point.config.policies)
+            else:
+                for spec in point.config.policies:
+                    check_spec(spec)
         except PolicyError as exc:
             index = None
             if axis is not None:

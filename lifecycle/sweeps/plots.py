@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,9 @@ import attrs
 from kvlife.lifecycle.cli.parsing import UsageError
 
 Row = dict[str, Any]
+# The largest magnitude a plotted value may have: matplotlib takes differences of the
+# values on an axis (its range, its margins), which overflow a float past about 1.8e308.
+PLOTTABLE = 1e300
 
 
 @attrs.frozen
@@ -73,12 +76,19 @@ def parse_where(text: str) -> tuple[str, str]:
     return name.strip(), value.strip()
 
 
-def _check_column(rows: Sequence[Row], column: str, flag: str) -> None:
+def _check_column(rows: Sequence[Row], column: str, flag: str, plotted: bool = False) -> None:
+    """``column`` is in the results; ``plotted``: its numbers are within ``PLOTTABLE``."""
     known = list(rows[0]) if rows else []
     if column not in known:
         close = difflib.get_close_matches(column, known, n=1, cutoff=0.6)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise UsageError(f"argument {flag}: no column {column!r} in the results{hint}")
+    if plotted:
+        for r in rows:
+            value = _number(r.get(column))
+            if value is not None and not abs(value) <= PLOTTABLE:
+                raise UsageError(f"argument {flag}: {column} is {value:g} in row {r.get('key')}: too large to plot "
+                                 f"(at most {PLOTTABLE:g} in magnitude)")
 
 
 def _matches(value: Any, text: str) -> bool:
@@ -111,7 +121,7 @@ def _order(values: Sequence[Any]) -> list[Any]:
 def heatmap_cells(rows: Sequence[Row], spec: Heatmap) -> tuple[list[Any], list[Any], list[list[float | None]]]:
     """(x values, y values, grid[y][x] of the value column); UsageError when a cell has two rows."""
     for column, name in ((spec.x, "x"), (spec.y, "y"), (spec.value, "value")):
-        _check_column(rows, column, f"--heatmap {name}")
+        _check_column(rows, column, f"--heatmap {name}", plotted=name == "value")
     xs, ys = _order([r[spec.x] for r in rows]), _order([r[spec.y] for r in rows])
     cells: dict[tuple[Any, Any], Row] = {}
     for r in rows:
@@ -132,6 +142,8 @@ def heatmap_cells(rows: Sequence[Row], spec: Heatmap) -> tuple[list[Any], list[A
 def _number(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
+    if isinstance(value, int) and abs(value) > PLOTTABLE:
+        return math.inf  # (float() of a larger int may overflow)
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -139,7 +151,7 @@ def pareto_front(rows: Sequence[Row], spec: Pareto) -> list[Row]:
     """The rows no other row beats: at least as good in both columns, better in one (rows
     without both values are left out). Sorted by x."""
     for column, name in ((spec.x, "x"), (spec.y, "y")):
-        _check_column(rows, column, f"--pareto {name}")
+        _check_column(rows, column, f"--pareto {name}", plotted=True)
 
     def score(r: Row) -> tuple[float, float] | None:
         x, y = _number(r.get(spec.x)), _number(r.get(spec.y))
@@ -231,11 +243,12 @@ def _formatter() -> Any:
     return FuncFormatter(lambda value, _: readable(value))
 
 
-def draw(rows: Sequence[Row], heatmaps: Sequence[Heatmap], paretos: Sequence[Pareto], out: str | Path) -> None:
-    """``figure_of`` written to ``out``."""
+def draw(rows: Sequence[Row], heatmaps: Sequence[Heatmap], paretos: Sequence[Pareto], out: str | Path,
+         inputs: Iterable[str | Path | None] = ()) -> None:
+    """``figure_of`` written to ``out`` (``inputs``: the results file, which ``out`` may not be)."""
     from kvlife.lifecycle.traces.plot import save
 
-    save(figure_of(rows, heatmaps, paretos), out)
+    save(figure_of(rows, heatmaps, paretos), out, inputs)
 
 
 def capacity_figure(results: Sequence[Any], objectives: Sequence[Any]) -> Any:
@@ -277,8 +290,9 @@ def capacity_figure(results: Sequence[Any], objectives: Sequence[Any]) -> Any:
     return fig
 
 
-def draw_capacity(results: Sequence[Any], objectives: Sequence[Any], out: str | Path) -> None:
-    """``capacity_figure`` written to ``out``."""
+def draw_capacity(results: Sequence[Any], objectives: Sequence[Any], out: str | Path,
+                  inputs: Iterable[str | Path | None] = ()) -> None:
+    """``capacity_figure`` written to ``out`` (``inputs``: the files the searches read)."""
     from kvlife.lifecycle.traces.plot import save
 
-    save(capacity_figure(results, objectives), out)
+    save(capacity_figure(results, objectives), out, inputs)

@@ -25,6 +25,7 @@ import attrs
 import orjson
 
 from kvlife.lifecycle.config import (
+    FLOAT_MAX_INT,
     TIER_ORDER,
     ConfigError,
     EngineConfig,
@@ -34,20 +35,20 @@ from kvlife.lifecycle.config import (
     TierConfig,
     describe,
     field_rule,
-    is_derived,
     with_tier,
 )
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 
 # The [sim] keys of a run's inputs; [live] is for live runs only and is not a sweep input.
-_ENGINE_KEYS = tuple(f.name for f in attrs.fields(EngineConfig) if f.name != "tiers")
+# (column, attribute): device_blocks and ranks are None until resolved (EngineConfig).
+_ENGINE_KEYS = tuple((f.alias or f.name, f.name) for f in attrs.fields(EngineConfig) if f.name != "tiers")
 _SIM_KEYS = tuple(f.name for f in attrs.fields(SimConfig))
 _TIER_KEYS = tuple(f.name for f in attrs.fields(TierConfig) if f.name != "name")
 
 # Every config key a sweep may vary, in column order.
 CONFIG_KEYS: tuple[str, ...] = (
     ("policies.stack",)
-    + tuple(f"engine.{k}" for k in _ENGINE_KEYS)
+    + tuple(f"engine.{k}" for k, _ in _ENGINE_KEYS)
     + tuple(f"tiers.{t}.{k}" for t in TIER_ORDER for k in _TIER_KEYS)
     + tuple(f"sim.{k}" for k in _SIM_KEYS)
 )
@@ -96,9 +97,8 @@ class Point:
         config = self.config
         row: dict[str, Any] = {"workload": self.workload, "limit": self.limit,
                                "policies.stack": stack_text(config.policies)}
-        for key in _ENGINE_KEYS:
-            value = getattr(config.engine, key)
-            row[f"engine.{key}"] = None if isinstance(value, int) and is_derived(value) else value
+        for key, attribute in _ENGINE_KEYS:
+            row[f"engine.{key}"] = getattr(config.engine, attribute)
         tiers = {t.name: t for t in config.engine.tiers}
         for name in TIER_ORDER:
             for key in _TIER_KEYS:
@@ -139,7 +139,8 @@ def normalize(key: str, value: Any) -> Any:
     if key == "policies.stack":
         return stack_names(value)
     rule = _rule(key)
-    if rule is not None and rule.kind == "number" and isinstance(value, int) and not isinstance(value, bool):
+    if rule is not None and rule.kind == "number" and isinstance(value, int) and not isinstance(value, bool) \
+            and abs(value) <= FLOAT_MAX_INT:  # (a larger one stays an int: the rule refuses it in words)
         return float(value)
     return value
 

@@ -22,8 +22,12 @@ import orjson
 
 from kvlife.lifecycle.cli.output import plain
 from kvlife.lifecycle.config import ConfigError
+from kvlife.lifecycle.input_files import READ_ERRORS, Lines, error_line, read_error_message
+from kvlife.lifecycle.output_files import atomic_output
 
 Row = dict[str, Any]
+# The longest results row read back: a row is every input and output of one run, a few KiB.
+MAX_ROW_BYTES = 1 << 20
 
 
 def encode(row: Mapping[str, Any]) -> bytes:
@@ -38,32 +42,37 @@ class ResultsFile:
         """The rows already written, by key (a later row of a key wins). A last line without
         its newline (the sweep was killed while writing it) is ignored, and with ``repair`` cut
         off the file. A line that is not a JSON object with a key is a ConfigError naming the
-        file and line."""
+        file and line. Read through ``kvlife.lifecycle.input_files`` (a regular file, each
+        row at most ``MAX_ROW_BYTES``)."""
         if not self.path.exists():
             return {}
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise ConfigError(None, f"cannot read results: {exc.strerror or exc}", str(self.path)) from None
-        if data and not data.endswith(b"\n"):
-            cut = data.rfind(b"\n") + 1
-            if repair:
-                with self.path.open("r+b") as f:
-                    f.truncate(cut)
-            data = data[:cut]
+        lines = Lines(self.path, MAX_ROW_BYTES, "a results row is a few KiB")
         rows: dict[str, Row] = {}
-        for number, line in enumerate(data.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise ConfigError(None, f"not a results row (JSON): {exc}", str(self.path), number) from None
-            if not isinstance(row, dict) or not isinstance(row.get("key"), str):
-                raise ConfigError("key", "not a results row: an object with a \"key\" is expected",
-                                  str(self.path), number)
-            rows[row["key"]] = row
+        last: tuple[int, bytes] | None = None
+        try:
+            for number, line in lines:
+                if last is not None:
+                    self._add(rows, *last)
+                last = (number, line) if line.strip() else None
+        except READ_ERRORS as exc:
+            raise ConfigError(None, f"cannot read results: {read_error_message(exc)}", str(self.path),
+                              error_line(exc, None)) from None
+        if last is not None and lines.ended_with_newline:
+            self._add(rows, *last)
+        elif last is not None and repair:  # a row cut short by a kill: cut it off the file
+            with self.path.open("r+b") as f:
+                f.truncate(max(0, f.seek(0, os.SEEK_END) - len(last[1])))
         return rows
+
+    def _add(self, rows: dict[str, Row], number: int, line: bytes) -> None:
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(None, f"not a results row (JSON): {exc}", str(self.path), number) from None
+        if not isinstance(row, dict) or not isinstance(row.get("key"), str):
+            raise ConfigError("key", "not a results row: an object with a \"key\" is expected",
+                              str(self.path), number)
+        rows[row["key"]] = row
 
     def append(self, row: Mapping[str, Any]) -> None:
         """One row, written and flushed in one call."""
@@ -73,14 +82,13 @@ class ResultsFile:
             f.flush()
 
     def rewrite(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        """Replace the file with ``rows`` (atomically: a temporary file renamed over it)."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with tmp.open("wb") as f:
+        """Replace the file with ``rows`` (atomically: a temporary file renamed over it,
+        ``kvlife.lifecycle.output_files``)."""
+        with atomic_output(self.path) as tmp, tmp.open("wb") as f:
             for row in rows:
                 f.write(encode(row))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path)
 
 
 def read_rows(path: str | Path) -> list[Row]:

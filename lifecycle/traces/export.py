@@ -196,10 +196,14 @@ def chrome_trace(timeline: Timeline) -> dict[str, Any]:
 
 
 def export_perfetto(trace: str | Path, out: str | Path) -> int:
-    """Write the Chrome trace JSON; returns the number of events."""
+    """Write the Chrome trace JSON (through a temporary file renamed over ``out``, which
+    may not be the trace itself); returns the number of events."""
+    from kvlife.lifecycle.output_files import check_output, write_output
+
+    check_output(out, (trace,))  # before reading: the trace is what would be overwritten
     data = chrome_trace(read_timeline(trace))
     try:
-        Path(out).write_bytes(orjson.dumps(data))
+        write_output(out, orjson.dumps(data), (trace,))
     except OSError as exc:
         raise TraceError(str(out), None, f"cannot write: {exc.strerror}") from None
     return len(data["traceEvents"])

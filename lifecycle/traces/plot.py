@@ -15,10 +15,11 @@ not by the specs that loaded them; numbers on axes are plain (``readable``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvlife.lifecycle.output_files import atomic_output
 from kvlife.lifecycle.traces.export import read_timeline
 from kvlife.lifecycle.traces.trace import TraceError
 from kvlife.specs.lifecycle import STATES
@@ -64,6 +65,16 @@ def image_format(out: str | Path) -> str:
     if fmt not in supported:
         what = f"unsupported image extension '{suffix}'" if suffix else "no image extension"
         raise TraceError(str(out), None, f"{what}; supported: {', '.join('.' + s for s in supported)}")
+    return fmt
+
+
+def check_image(out: str | Path, inputs: Iterable[str | Path | None] = ()) -> str:
+    """Before any work: the image format of ``out`` (``image_format``), and ``out`` is not
+    one of the command's ``inputs`` (``kvlife.lifecycle.output_files.check_output``)."""
+    from kvlife.lifecycle.output_files import check_output
+
+    fmt = image_format(out)
+    check_output(out, inputs)
     return fmt
 
 
@@ -148,15 +159,22 @@ def fit(fig: Figure, tries: int = 6) -> None:
                             height + (grow_h if dy > 0.0 or grow_h > 1.2 else 0.0))
 
 
-def save(fig: Figure, out: str | Path, fmt: str | None = None) -> None:
-    """Fit, write and close ``fig``; a file that cannot be written is a TraceError."""
+def save(fig: Figure, out: str | Path, inputs: Iterable[str | Path | None] = ()) -> None:
+    """Fit, write and close ``fig``, in the format ``out``'s extension names, through a
+    temporary file renamed over it (``kvlife.lifecycle.output_files``): a failed drawing
+    leaves what was there. A file that cannot be written, or a value matplotlib cannot lay
+    out (an axis range past a float's), is one line naming the image (a TraceError)."""
     import matplotlib.pyplot as plt
 
     try:
+        fmt = check_image(out, inputs)
         fit(fig)
-        fig.savefig(out, format=fmt or image_format(out))
+        with atomic_output(out, inputs) as temp:
+            fig.savefig(temp, format=fmt)
     except OSError as exc:
-        raise TraceError(str(out), None, f"cannot write: {exc.strerror}") from None
+        raise TraceError(str(out), None, f"cannot write: {exc.strerror or exc}") from None
+    except (ValueError, OverflowError) as exc:
+        raise TraceError(str(out), None, f"cannot draw: {' '.join(str(exc).split())}") from None
     finally:
         plt.close(fig)
 
@@ -186,9 +204,11 @@ def _run_label(path: Path, header: Mapping[str, Any], others: Sequence[Path]) ->
 
 def plot(traces: str | Path | Sequence[str | Path], out: str | Path, *, allow_code: bool = False,
          stack: Sequence[str] | None = None) -> None:
-    """``trace_figure`` written to ``out`` (its format checked first)."""
-    fmt = image_format(out)
-    save(trace_figure(traces, allow_code=allow_code, stack=stack), out, fmt)
+    """``trace_figure`` written to ``out`` (its format checked first, and that it is none of
+    the traces)."""
+    inputs = (traces,) if isinstance(traces, str | Path) else tuple(traces)
+    check_image(out, inputs)
+    save(trace_figure(traces, allow_code=allow_code, stack=stack), out, inputs)
 
 
 def trace_figure(traces: str | Path | Sequence[str | Path], *, allow_code: bool = False,
@@ -299,5 +319,5 @@ def cdf_figure(series: Mapping[str, Sequence[RequestRow]], title: str = "") -> F
 
 def plot_cdfs(series: Mapping[str, Sequence[RequestRow]], out: str | Path, title: str = "") -> None:
     """``cdf_figure`` written to ``out`` (its format checked first)."""
-    fmt = image_format(out)
-    save(cdf_figure(series, title), out, fmt)
+    check_image(out)
+    save(cdf_figure(series, title), out)

@@ -25,6 +25,7 @@ generated in an exact replay) and simulates it under both stacks.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -36,7 +37,13 @@ import orjson
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.engine.events import BadEvent, StepOutput
 from kvlife.lifecycle.metrics import format_value
-from kvlife.lifecycle.traces.header import header_config, trace_stack, workload_size
+from kvlife.lifecycle.traces.header import (
+    allocation_problem,
+    header_config,
+    recovered_slots,
+    trace_stack,
+    workload_size,
+)
 from kvlife.lifecycle.traces.inputs import read_input
 from kvlife.lifecycle.traces.trace import TraceError, is_driver_record, parse_record, read_header, render_record
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
@@ -44,9 +51,18 @@ from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 
 def config_from_header(header: dict[str, Any], path: str = "trace", line: int = 1) -> RunConfig:
     """Rebuild the RunConfig a trace was recorded with (header ``config`` = RunConfig.to_dict()),
-    checked as a config file is (``kvlife.lifecycle.traces.header.header_config``)."""
+    checked as a config file is (``kvlife.lifecycle.traces.header.header_config``), and
+    refused when the engine it describes would take more memory than the trace justifies
+    (``header.allocation_problem``)."""
     config = header_config(header, path, line)
     assert config is not None  # required: a missing config is a TraceError
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    problem = allocation_problem(config, size)
+    if problem is not None:
+        raise TraceError(path, line, f"field '{problem[0]}': {problem[1]}")
     return config
 
 
@@ -82,15 +98,21 @@ def replay(path: str | Path, stop_at_divergence: bool = True, *, allow_code: boo
     its name in ``named``. ``stack`` replays under a stack the user named instead."""
     from kvlife.lifecycle.engine.core import Engine
     from kvlife.policies.loading import load_stack
+    from kvlife.transfer.index import TierIndex
 
     p = str(path)
     header, header_line, lines = read_header(path)
     config = config_from_header(header, p, header_line)
     expected_requests = workload_size(header, p, header_line)
-    policies = load_stack(stack) if stack is not None else trace_stack(
-        config.policies, p, header_line, allow_code=allow_code, named=named)
+    policies = load_stack(stack, config.hook_budget_s) if stack is not None else trace_stack(
+        config.policies, p, header_line, allow_code=allow_code, named=named, budget_s=config.hook_budget_s)
     produced: deque[bytes] = deque()
-    engine = Engine(config.engine, policies, recorder=lambda record: produced.append(render_record(record)))
+    # A live run's kept disk tier starts with the blocks it recovered (the header lists them).
+    recovered = recovered_slots(header, config, p, header_line)
+    tiers = [TierIndex.adopting(t.name, t.capacity_blocks, t.eviction, recovered.get(t.name, ()))
+             for t in config.engine.tiers] if recovered else None
+    engine = Engine(config.engine, policies, tiers=tiers,
+                    recorder=lambda record: produced.append(render_record(record)))
     inputs = 0
     number = header_line
     divergence: Divergence | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -24,7 +24,7 @@ import orjson
 import structlog
 
 from kvlife.lifecycle.engine import records
-from kvlife.lifecycle.workloads.bundled import READ_ERRORS, open_binary, read_error_message
+from kvlife.lifecycle.input_files import READ_ERRORS, Lines, error_line, read_error_message
 
 SCHEMA_VERSION = 1
 
@@ -62,15 +62,30 @@ PIPELINE: tuple[Any, ...] = (
 
 class TraceWriter:
     """Writes records to a JSON-lines file; use as a context manager so that whatever
-    was recorded before an error is flushed and the file stays valid line by line."""
+    was recorded before an error is flushed and the file stays valid line by line.
 
-    def __init__(self, path: str | Path) -> None:
+    The records go to a temporary file beside ``path`` (``kvlife.lifecycle.output_files``),
+    which becomes ``path`` when the run ends: replacing what was there when it completed
+    (the block ended normally, or ``close()``) or was interrupted cleanly (Ctrl-C or
+    SIGTERM, its ``interrupted`` record saying ``clean``); only where no file was when it
+    was refused part-way (an error): a refused run never replaces an existing trace.
+    ``inputs`` are the run's input files, which the trace may not be."""
+
+    def __init__(self, path: str | Path, inputs: Iterable[str | Path | None] = ()) -> None:
+        from kvlife.lifecycle.output_files import OutputError, PendingOutput
+
         self.path = Path(path)
         try:
-            self._stream: IO[bytes] = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+            self._pending = PendingOutput(self.path, inputs)
+            self._stream: IO[bytes] = self._pending.open()
+        except OutputError as exc:
+            message = str(exc).split(": ", 1)[-1].removeprefix("cannot write: ")
+            raise TraceError(str(path), None, f"cannot write trace: {message}") from None
         except OSError as exc:
+            self._pending.discard()
             raise TraceError(str(path), None, f"cannot write trace: {exc.strerror}") from None
         self.lines = 0
+        self._last: bytes = b""
 
     def write_header(self, config: dict[str, Any], policies: list[str], seed: int, **extra: Any) -> None:
         self.record(records.header(SCHEMA_VERSION, config, policies, seed, **extra))
@@ -81,17 +96,43 @@ class TraceWriter:
             out = processor(None, "record", out)
         # One write per line: an interrupt between two writes must not leave half a line.
         self._stream.write(out)
+        self._last = out
         self.lines += 1
 
-    def close(self) -> None:
+    def last_t(self) -> float:
+        """The time of the last record written (0 when it has none)."""
+        try:
+            t = orjson.loads(self._last).get("t") if self._last else None
+        except (orjson.JSONDecodeError, AttributeError):
+            t = None
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+    def close(self, complete: bool = True) -> bool:
+        """Close the file and put it at ``path``: replacing what was there when the run is
+        ``complete`` (or cut cleanly), else only where no file was. Returns whether the
+        trace is at ``path`` now."""
         if not self._stream.closed:
             self._stream.close()
+        if self._pending.done:
+            return False
+        if complete:
+            self._pending.commit()
+            return True
+        return self._pending.commit_if_absent()
+
+    def _cut_cleanly(self) -> bool:
+        try:
+            last = orjson.loads(self._last) if self._last else None
+        except orjson.JSONDecodeError:
+            return False
+        return isinstance(last, dict) and last.get("kind") == "interrupted" and last.get("clean") is True
 
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        complete = kind is None or (issubclass(kind, KeyboardInterrupt) and self._cut_cleanly())
+        self.close(complete)
 
 
 def render_record(record: dict[str, Any]) -> bytes:
@@ -115,20 +156,79 @@ def is_driver_record(record: dict[str, Any]) -> bool:
     return kind == "interrupted" or (kind == "warning" and record.get("origin") == "driver")
 
 
-def iter_lines(path: str | Path) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line without its newline) for every non-empty line; a ``.gz``
-    file is decompressed on the fly."""
-    p = Path(path)
-    number = 0
-    try:
-        with open_binary(p) as stream:
-            for number, raw in enumerate(stream, 1):
-                line = raw.rstrip(b"\r\n")
+# The header line: the config, the stack, the workload and (a live run on a kept disk
+# tier) the slots it recovered. The lines after it are bounded by what the header says.
+HEADER_LINE_MAX = 16 << 20
+_TOKENS_MAX = 1 << 24  # the longest prompt a config allows (kvlife.lifecycle.config.TOKENS)
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A size from a header that has not been checked yet: a non-negative int, else ``default``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
+
+
+def _table(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def record_line_max(header: dict[str, Any]) -> int:
+    """The longest record line a run with this header can write: 1 MiB plus 64 bytes for
+    each thing one record may list: every device block (a free, a job's moves), every tier
+    slot, every running request (a step), every block of the longest prompt (an arrival,
+    a lookup answer) and every request of the workload (a live run's stall warning)."""
+    config: dict[str, Any] = _table(header.get("config"))
+    engine: dict[str, Any] = _table(config.get("engine"))
+    found = engine.get("tiers")
+    tiers: list[Any] = found if isinstance(found, list) else []
+    workload: dict[str, Any] = _table(header.get("workload"))
+    items = (_count(engine.get("device_blocks"), 1 << 20) + _count(engine.get("max_running"), 1 << 10)
+             + sum(_count(t.get("capacity_blocks")) for t in tiers if isinstance(t, dict))
+             + -(-_TOKENS_MAX // max(1, _count(engine.get("block_tokens"), 1)))
+             + _count(workload.get("requests")))
+    return (1 << 20) + 64 * items
+
+
+class TraceLines:
+    """The non-empty lines of a trace, as (line number, raw line without its newline); a
+    ``.gz`` file is decompressed on the fly. Read through ``kvlife.lifecycle.input_files``:
+    the header line is at most ``HEADER_LINE_MAX``, and once ``bound_by(header)`` is called,
+    each later line at most ``record_line_max(header)``. Anything unreadable is a
+    ``TraceError`` naming the file and line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lines = Lines(self.path, HEADER_LINE_MAX, "a trace header is at most this long")
+        self._iter = self._read()
+
+    def bound_by(self, header: dict[str, Any]) -> None:
+        self._lines.set_max_line(record_line_max(header), "the longest record this trace's header allows")
+
+    @property
+    def ended_with_newline(self) -> bool:
+        """Once read to the end: whether the last line had its newline (a run cut mid-write
+        leaves a last line without one)."""
+        return self._lines.ended_with_newline
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        return self._iter
+
+    def __next__(self) -> tuple[int, bytes]:
+        return next(self._iter)
+
+    def _read(self) -> Iterator[tuple[int, bytes]]:
+        try:
+            for number, line in self._lines:
                 if line.strip():
                     yield number, line
-    except READ_ERRORS as exc:
-        where = number + 1 if number else None
-        raise TraceError(str(p), where, f"cannot read trace: {read_error_message(exc)}") from None
+        except READ_ERRORS as exc:
+            number = self._lines.number
+            where = error_line(exc, number + 1 if number else None)
+            raise TraceError(str(self.path), where, f"cannot read trace: {read_error_message(exc)}") from None
+
+
+def iter_lines(path: str | Path) -> TraceLines:
+    """(line number, raw line without its newline) for every non-empty line (see ``TraceLines``)."""
+    return TraceLines(path)
 
 
 _NOT_A_NUMBER = object()  # what json's parse_constant makes of NaN, Infinity, -Infinity
@@ -197,23 +297,29 @@ def parse_record(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
     return parsed
 
 
-def read_header(path: str | Path) -> tuple[dict[str, Any], int, Iterator[tuple[int, bytes]]]:
-    """The checked header, its line number, and the remaining (line number, raw) lines."""
+def read_header(path: str | Path) -> tuple[dict[str, Any], int, TraceLines]:
+    """The checked header, its line number, and the remaining (line number, raw) lines
+    (each bounded by what the header allows)."""
     lines = iter_lines(path)
     first = next(lines, None)
     if first is None:
         raise TraceError(str(path), None, "empty trace: missing header")
-    return parse_header(path, *first), first[0], lines
+    header = parse_header(path, *first)
+    lines.bound_by(header)
+    return header, first[0], lines
 
 
 def read_trace(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (line number, record); raises TraceError naming the line on bad input."""
     p = Path(path)
-    for number, raw in iter_lines(p):
+    lines = iter_lines(p)
+    for number, raw in lines:
         try:
             record = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise not_json(str(p), number, raw, exc) from None
         if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
             raise TraceError(str(p), number, "field 'kind': missing (not a trace record)")
+        if record["kind"] == "header":
+            lines.bound_by(record)
         yield number, record

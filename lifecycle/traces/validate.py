@@ -3,7 +3,10 @@
 Every line is checked; the first offending line is named and the rest are still checked
 and counted. Format problems (non-JSON, unknown kinds, bad input events, time going
 backwards) are findings of "invariant 0"; spec and invariant checks (1-7; 6 only when
-the stack shares loads) come from the independent observer in ``kvlife.specs.invariants``.
+the stack shares loads) come from the independent observer in ``kvlife.specs.invariants``;
+records missing or repeated (an input without the records it must cause, step ids, repeated
+decisions, frees and evictions, tier capacities, the header's request count) from
+``kvlife.lifecycle.traces.structure`` (invariants 0 and 8).
 A truncated last line (a crash mid-write) is reported and everything before it is still
 used; the end-of-run checks (invariant 7) are skipped then, since the run did not end.
 A run cut short by Ctrl-C or SIGTERM ends with an ``interrupted`` record: the work open at
@@ -14,23 +17,25 @@ cut is checked as usual, and a record after it is a finding.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import orjson
 
-from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.config import EngineConfig, RunConfig
 from kvlife.lifecycle.engine.events import BadEvent, input_from_record
-from kvlife.lifecycle.traces.header import header_config
+from kvlife.lifecycle.traces.header import header_config, recovered_slots, workload_size
 from kvlife.lifecycle.traces.inputs import check_input_values
+from kvlife.lifecycle.traces.structure import TraceStructure
 from kvlife.lifecycle.traces.trace import KNOWN_KINDS, TraceError, iter_lines, parse_header
-from kvlife.lifecycle.workloads.bundled import open_binary
 from kvlife.specs.invariants import INVARIANTS, InvariantObserver, Violation
 
 # Checkable from trace records alone; 6 only applies when the stack shares loads, and 8
-# needs the pools' counters (see specs/invariants.py).
-CHECKED_FROM_TRACE = (0, 1, 2, 3, 4, 5, 6, 7, 10, 11, 12)
+# from the records (frees, evictions, tier capacities: kvlife.lifecycle.traces.structure),
+# not from the pools' counters, which a trace does not hold.
+CHECKED_FROM_TRACE = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12)
 # Stacks that join in-flight loads, recognised by name in the header (no policy code is
 # imported to validate a trace).
 SHARING_POLICIES = frozenset({"shared-loads"})
@@ -78,7 +83,7 @@ class ValidationReport:
                 why.append(f"{', '.join(map(str, self.skipped))} not (fully) checked: see the notes")
             if not self.sharing and 6 not in self.skipped:
                 why.append("6 not checked: the stack does not share loads (--sharing on)")
-            why.append("8 needs the pools' counters")
+            why.append("8 from the records: frees, evictions and tier capacities")
             out.append(f"valid: every transition legal; invariants {checked} hold ({'; '.join(why)})")
         return "\n".join(out)
 
@@ -93,25 +98,21 @@ def sharing_from_header(header: dict[str, Any]) -> bool:
 
 
 def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
-    """``sharing``: check invariant 6; None decides from the header's policy stack."""
+    """``sharing``: check invariant 6; None decides from the header's policy stack. The
+    trace is read as a stream (one line ahead, to recognise a truncated last line), so
+    memory does not grow with its length."""
     p = str(path)
-    lines = list(iter_lines(path))
-    if not lines:
+    lines = iter_lines(path)
+    first = next(lines, None)
+    if first is None:
         raise TraceError(p, None, "empty trace: missing header")
+    # A crash mid-write leaves a last line that is not JSON and has no newline.
+    following = next(lines, None)
+    if following is None and not lines.ended_with_newline and _truncated(first[1]):
+        raise TraceError(p, first[0], "missing header: the only line is truncated")
     findings: list[Violation] = []
     notes: list[str] = []
-    truncated: int | None = None
-    # A crash mid-write leaves a last line that is not JSON and has no newline.
-    last_number, last_raw = lines[-1]
-    if _ends_without_newline(p):
-        try:
-            orjson.loads(last_raw)
-        except orjson.JSONDecodeError:
-            truncated = last_number
-            lines = lines[:-1]
-    if not lines:
-        raise TraceError(p, truncated, "missing header: the only line is truncated")
-    number, raw = lines[0]
+    number, raw = first
     header: dict[str, Any] | None
     try:
         header = parse_header(p, number, raw)
@@ -123,15 +124,17 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     # A header's config is checked as a config file is (bad values are bad input, exit 2);
     # a trace from another tool may have none.
     run_config = header_config(header, p, number, required=False) if header is not None else None
-    if header is not None and run_config is not None:
-        config = run_config.engine
-        body = lines[1:]
-    else:
-        if header is not None:
+    body_first: tuple[int, bytes] | None = following
+    if header is not None:
+        lines.bound_by(header)
+        if run_config is None:
             findings.append(Violation(0, "field 'config': missing from the header", number))
-            body = lines[1:]
-        else:
-            body = lines
+    else:
+        body_first = first  # no header: every line is a record
+        following = None
+    if run_config is not None:
+        config = run_config.engine
+    else:
         config = EngineConfig()
         notes.append(f"no usable header: assuming {config.ranks} rank(s) and {config.block_tokens}-token blocks")
     if sharing is None:
@@ -146,8 +149,22 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
         transfer_deadline_ms=config.transfer_deadline_ms, reclaim_deadline_ms=config.reclaim_deadline_ms,
         max_async_lookups=config.max_async_lookups,
     )
+    structure = _structure(header, run_config, p, number)
+    if header is not None and run_config is not None:
+        for tier, slots in recovered_slots(header, run_config, p, number).items():
+            observer.seed_tier(tier, [block for block, _slot in slots])
     last_t = float("-inf")
-    for number, raw in body:
+    truncated: int | None = None
+    last_used = number
+    body = _with_first(body_first, lines) if body_first is not None else iter(())
+    pending = next(body, None)
+    while pending is not None:
+        number, raw = pending
+        pending = next(body, None)
+        if pending is None and not lines.ended_with_newline and _truncated(raw):
+            truncated = number
+            break
+        last_used = number
         try:
             record = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -174,6 +191,8 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
             if problem is not None:
                 findings.append(Violation(0, problem, number))
                 continue
+        if structure is not None:
+            structure.feed(record, number)
         before = len(observer.violations)
         observer.feed_record(record, number)
         findings.extend(observer.violations[before:])
@@ -183,10 +202,43 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     else:
         observer.end_input()
     findings.extend(observer.violations[before:])
+    if structure is not None:
+        structure.finish(complete=truncated is None)
+        findings.extend(structure.findings)
+        notes += structure.notes
     findings.sort(key=lambda f: (f.line is None, f.line or 0))
     notes += observer.unchecked
-    return ValidationReport(p, body[-1][0] if body else 1, tuple(findings), truncated, tuple(notes), sharing,
-                            tuple(sorted(observer.skipped)))
+    skipped = set(observer.skipped) | ({8} if structure is None else structure.skipped)
+    if structure is None:
+        notes.append("records of another connector, or no usable header: invariant 8 (frees, evictions, tier "
+                     "capacities) and the record counts were not checked")
+    return ValidationReport(p, last_used, tuple(findings), truncated, tuple(notes), sharing, tuple(sorted(skipped)))
+
+
+def _with_first(first: tuple[int, bytes], rest: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    yield first
+    yield from rest
+
+
+def _truncated(raw: bytes) -> bool:
+    """A last line without its newline that is not JSON: the run stopped mid-write."""
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return True
+    return False
+
+
+def _structure(header: dict[str, Any] | None, config: RunConfig | None, path: str,
+               line: int) -> TraceStructure | None:
+    """The structure check for a kvlife trace (``kvlife.lifecycle.traces.structure``); None
+    for a trace without a usable header or recorded from another connector."""
+    if header is None or config is None or str(header.get("source", "")).startswith("vllm:"):
+        return None
+    capacities = {t.name: t.capacity_blocks for t in config.engine.tiers}
+    recovered = {tier: [block for block, _slot in slots]
+                 for tier, slots in recovered_slots(header, config, path, line).items()}
+    return TraceStructure(capacities, workload_size(header, path, line), recovered)
 
 
 def _input_problem(record: dict[str, Any]) -> str | None:
@@ -223,19 +275,3 @@ def _chunk_problem(record: dict[str, Any], config: EngineConfig) -> str | None:
                 return (f"step {record.get('step')}: field '{field}': chunk {chunk} is outside 0..{limit:,} tokens "
                         f"(the device's {config.device_blocks:,} blocks x {config.block_tokens:,} tokens)")
     return None
-
-
-def _ends_without_newline(path: str) -> bool:
-    if path.endswith(".gz"):
-        # No seeking from the end in a gzip stream: read it through (iter_lines just did).
-        last = b""
-        with open_binary(path) as stream:
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
-                last = chunk[-1:]
-        return last not in (b"", b"\n")
-    with open(path, "rb") as stream:
-        stream.seek(0, 2)
-        if stream.tell() == 0:
-            return False
-        stream.seek(-1, 2)
-        return stream.read(1) != b"\n"

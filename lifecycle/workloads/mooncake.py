@@ -25,14 +25,9 @@ from typing import TypedDict
 import attrs
 import orjson
 
-from kvlife.lifecycle.config import WORKLOAD_RULES
-from kvlife.lifecycle.workloads.bundled import (
-    BUNDLED,
-    READ_ERRORS,
-    open_binary,
-    read_error_message,
-    resolve_workload,
-)
+from kvlife.lifecycle.config import TOKENS, WORKLOAD_RULES
+from kvlife.lifecycle.input_files import READ_ERRORS, Lines, error_line, read_error_message
+from kvlife.lifecycle.workloads.bundled import BUNDLED, resolve_workload
 
 UINT64_MAX = 2**64 - 1  # the largest hash id (kvlife.lifecycle.config.WORKLOAD_RULES)
 
@@ -44,6 +39,7 @@ __all__ = [
     "describe",
     "iter_mooncake",
     "load_mooncake",
+    "max_line_bytes",
 ]
 
 
@@ -175,20 +171,28 @@ def iter_mooncake(
     return _stream(path, limit, block_tokens, time_scale)
 
 
-def count_requests(path: str | os.PathLike[str], *, limit: int | None = None) -> int:
+def count_requests(path: str | os.PathLike[str], *, limit: int | None = None, block_tokens: int = 512) -> int:
     """How many requests ``iter_mooncake(path, limit=limit)`` yields if every line is valid:
     the non-blank lines, counted without decoding them (a cheap first pass, for a
     progress total and the trace header). Raises ``WorkloadError`` when the file cannot
-    be read."""
-    _check_arguments(limit, 1, 1.0)
+    be read (or a line is longer than one of ``block_tokens`` can be)."""
+    _check_arguments(limit, block_tokens, 1.0)
     count = 0
-    with _opened(path) as (handle, _):
-        for raw in handle:
+    with _opened(path, block_tokens) as (lines, _):
+        for _number, raw in lines:
             if limit is not None and count >= limit:
                 break
             if raw.strip():
                 count += 1
     return count
+
+
+def max_line_bytes(block_tokens: int) -> int:
+    """The longest line a well-formed workload of this block size holds: its hash ids (at
+    most the longest prompt, 2^24 tokens, over the block size) at 48 bytes each (20
+    digits, a comma, a space, and as much again of other white space), and 64 KiB for
+    the other fields. A longer line is refused unread (``kvlife.lifecycle.input_files``)."""
+    return (64 << 10) + 48 * -(-int(TOKENS.value) // block_tokens)
 
 
 def _check_arguments(limit: int | None, block_tokens: int, time_scale: float) -> None:
@@ -210,31 +214,33 @@ def _check_arguments(limit: int | None, block_tokens: int, time_scale: float) ->
 
 
 @contextlib.contextmanager
-def _opened(path: str | os.PathLike[str]) -> Iterator[tuple[Iterable[bytes], str]]:
-    """The workload's lines and the name errors give it (for a bundled name, the packaged
-    file); an error opening or reading it (a truncated gzip shows only when read) is a
-    ``WorkloadError`` naming the file."""
+def _opened(path: str | os.PathLike[str], block_tokens: int) -> Iterator[tuple[Lines, str]]:
+    """The workload's lines (each within ``max_line_bytes``) and the name errors give it
+    (for a bundled name, the packaged file); an error opening or reading it (a truncated
+    gzip shows only when read, a line too long when it is reached) is a ``WorkloadError``
+    naming the file, and the line when there is one."""
     resolved = resolve_workload(os.fspath(path))
     name = os.fspath(resolved)
+    lines = Lines(resolved, max_line_bytes(block_tokens),
+                  f"the longest line a workload of {block_tokens}-token blocks can hold")
     try:
-        with open_binary(resolved) as handle:
-            yield handle, name
+        yield lines, name
     except READ_ERRORS as exc:
         message = f"cannot read: {read_error_message(exc)}"
         if isinstance(exc, FileNotFoundError) and os.sep not in os.fspath(path):
             message += f" (and not a bundled workload: {', '.join(BUNDLED)})"
-        raise WorkloadError(name, None, None, message) from exc
+        raise WorkloadError(name, error_line(exc, None), None, message) from exc
 
 
 def _stream(
     path: str | os.PathLike[str], limit: int | None, block_tokens: int, time_scale: float
 ) -> Iterator[WorkloadRequest]:
-    with _opened(path) as (handle, name):
-        yield from _read_requests(handle, name, limit, block_tokens, time_scale)
+    with _opened(path, block_tokens) as (lines, name):
+        yield from _read_requests(lines, name, limit, block_tokens, time_scale)
 
 
 def _read_requests(
-    lines: Iterable[bytes],
+    lines: Iterable[tuple[int, bytes]],
     name: str,
     limit: int | None,
     block_tokens: int,
@@ -243,7 +249,7 @@ def _read_requests(
     count = 0
     previous_timestamp: float = 0.0
     previous_line = 0
-    for line_number, raw in enumerate(lines, start=1):
+    for line_number, raw in lines:
         if limit is not None and count >= limit:
             break
         if not raw.strip():

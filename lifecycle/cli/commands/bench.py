@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, positive_float, positive_int
+from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, name_or_path, positive_float, positive_int
+from kvlife.lifecycle.config import REQUESTS
 
 KB = 1024
 MB = 1024 * KB
@@ -39,7 +40,7 @@ def _register_engine(which: Any) -> None:
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="repeats (the median is shown)")
     parser.add_argument("--reference-requests", type=positive_int, default=500, metavar="N",
                         help="requests for python-statemachine (it is ~250x slower)")
-    parser.add_argument("--workload", default=DEFAULT_ENGINE_WORKLOAD, metavar="NAME|PATH",
+    parser.add_argument("--workload", type=name_or_path, default=DEFAULT_ENGINE_WORKLOAD, metavar="NAME|PATH",
                         help="workload of part 2: a bundled name or a Mooncake JSON-lines file (.gz read as gzip)")
     parser.add_argument("--limit", type=positive_int, metavar="N",
                         help="first N requests of the workload (default: all)")
@@ -77,11 +78,15 @@ def parse_size(text: str) -> int:
     units = {"K": KB, "M": MB}
     clean = text.strip().upper().removesuffix("B")
     try:
+        if not clean.isascii():  # (int() reads "٣" as 3)
+            raise ValueError(clean)
         value = int(clean[:-1]) * units[clean[-1]] if clean and clean[-1] in units else int(clean)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size like 64K or 1M, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a size like 64K or 1M, got {text[:40]!r}") from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"sizes must be positive, got {text[:40]!r}")
+    if value > 1 << 30:  # a KV block of Llama-3-70B at 512 tokens is 160 MiB
+        raise argparse.ArgumentTypeError(f"sizes must be at most 1G (no KV block is larger), got {text[:40]!r}")
     return value
 
 
@@ -133,6 +138,7 @@ def handle_transfer(args: argparse.Namespace) -> int:
 
     require("torch", "live", "kvlife bench transfer")
     require("redis", "live", "kvlife bench transfer")
+    require("numpy", "live", "kvlife bench transfer")
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.transfer import transfer_bench as tb
 
@@ -172,11 +178,17 @@ def _soak_sizes(text: str) -> list[int]:
     for part in text.split(","):
         clean = part.strip().lower()
         try:
+            if not clean.isascii():  # (int() reads "٣" as 3)
+                raise ValueError(clean)
             size = int(clean[:-1]) * 1000 if clean.endswith("k") else int(clean)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected request counts like 12000,50k,100k, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected request counts like 12000,50k,100k, got {text[:40]!r}") \
+                from None
         if size <= 0:
-            raise argparse.ArgumentTypeError(f"request counts must be positive, got {part.strip()!r}")
+            raise argparse.ArgumentTypeError(f"request counts must be positive, got {part.strip()[:40]!r}")
+        problem = REQUESTS.problem(size)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{part.strip()[:40]}: {problem}")
         sizes.append(size)
     return sizes
 

@@ -37,9 +37,12 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from kvlife.lifecycle.drivers.physics import hardware_profile, model_profile
+    from kvlife.lifecycle.output_files import check_output
     from kvlife.lifecycle.profiles.calibrate import calibrate
     from kvlife.lifecycle.profiles.derived import check_tp
 
+    if args.output is not None:  # before the fit: an output that would destroy an input is refused first
+        check_output(args.output, (args.csv, args.model, args.hardware))
     model = model_profile(args.model)
     hardware = hardware_profile(args.hardware)
     check_tp(model, args.tp)
@@ -49,13 +52,16 @@ def handle(args: argparse.Namespace) -> int:
     factors = {"mfu": e.mfu, "attention": e.attention, "mbu": e.mbu, "overhead_ms": e.overhead_ms}
     if args.json:
         output.emit("calibrate", csv=args.csv, model=model.name, hardware=hardware.name, tp=args.tp,
-                    rows=result.rows, efficiency=factors,
+                    rows=result.rows, fitted_rows=result.fitted_rows, efficiency=factors,
                     profile_efficiency={"mfu": start.mfu, "attention": start.attention, "mbu": start.mbu,
                                         "overhead_ms": start.overhead_ms},
                     rms_relative_error=result.rms_relative_error, max_relative_error=result.max_relative_error,
                     fixed=list(result.fixed), output=args.output)
         return 0
-    print(f"kvlife calibrate: {args.csv}, {result.rows} steps of {model.name} on {hardware.name}, tp {args.tp}")
+    sample = f" (fitted on every {-(-result.rows // result.fitted_rows)}th: {result.fitted_rows:,})" \
+        if result.fitted_rows < result.rows else ""
+    print(f"kvlife calibrate: {args.csv}, {result.rows:,} steps{sample} of {model.name} on {hardware.name}, "
+          f"tp {args.tp}")
     print(f"{'factor':<12} {'fitted':>9} {'profile':>9}")
     for name, value in factors.items():
         note = "  (not identifiable from these steps: kept)" if name in result.fixed else ""

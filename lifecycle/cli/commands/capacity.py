@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, positive_float, positive_int
+from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, add_stack_flag, name_or_path, positive_float
 from kvlife.lifecycle.config import REQUESTS, flag_type
 
 DEFAULT_PRECISION = 0.05
@@ -37,10 +37,29 @@ def ratio_type(text: str) -> float:
     return value
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, else the machine's count)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def jobs_type(text: str) -> int:
+    """``--jobs N``: 1 to the CPUs this process may use (more processes than CPUs only wait)."""
+    from kvlife.lifecycle.config import Limit, Rule
+
+    rule = Rule("int", low=1, maximum=Limit(usable_cpus(), "the CPUs this process may use"))
+    value: int = rule.parse(text)
+    return value
+
+
 def add_executor_flags(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--jobs", type=positive_int, default=1, metavar="N",
-                        help=f"{what} in N local processes at once (with --ray and no address: the CPUs of the "
-                             "local Ray)")
+    parser.add_argument("--jobs", type=jobs_type, default=1, metavar="N",
+                        help=f"{what} in N local processes at once, at most the CPUs this process may use, and no "
+                             "more than there are runs (with --ray and no address: the CPUs of the local Ray)")
     parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                         help=f"{what} on Ray (needs kvlife[ray]): 'auto' joins the running cluster, HOST:PORT or "
                              "ray://HOST:PORT a given one, no address starts a local Ray (default: no Ray)")
@@ -78,7 +97,7 @@ def register(sub: Any) -> None:
                         help="lowest scale tried: failing there reports the capacity as below it")
     parser.add_argument("--max-scale", type=time_scale_flag, default=DEFAULT_MAX_SCALE, metavar="X",
                         help="highest scale tried: meeting the SLO there reports the capacity as at least it")
-    parser.add_argument("--workload", metavar="NAME|PATH",
+    parser.add_argument("--workload", type=name_or_path, metavar="NAME|PATH",
                         help="mooncake-conversation (the bundled trace), synthetic, synthetic:burst or a Mooncake "
                              "JSON-lines file (.gz read as gzip); default: the built-in synthetic workload")
     parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",
@@ -117,6 +136,10 @@ def handle(args: argparse.Namespace) -> int:
         from kvlife.lifecycle.cli.extras import require
 
         require("matplotlib", "plot", "kvlife capacity --plot")
+        from kvlife.lifecycle.cli.commands.run import run_inputs
+        from kvlife.lifecycle.traces.plot import check_image
+
+        check_image(args.plot, run_inputs(args))  # before the runs
     executor_check(args)
     config = apply_sim(args, apply_sizes(args, load_run_config(args, use_stack=False)))
     origin = "--device-blocks" if args.device_blocks is not None else None
@@ -132,7 +155,7 @@ def handle(args: argparse.Namespace) -> int:
 
     from kvlife.lifecycle.sweeps.executors import make_executor
 
-    executor = make_executor(args.jobs, args.ray)
+    executor = make_executor(min(args.jobs, len(points)), args.ray)  # the stacks' searches run side by side
     try:
         with progress_bar("kvlife capacity", unit="run") as bar:
             runs = 0
@@ -150,7 +173,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.plot:
         from kvlife.lifecycle.sweeps.plots import draw_capacity
 
-        draw_capacity(results, args.slo, args.plot)
+        draw_capacity(results, args.slo, args.plot, run_inputs(args))
     workload: dict[str, Any] = {"name": name, "requests": len(recorded), "requests_per_s": rate}
     if args.json:
         rows = []

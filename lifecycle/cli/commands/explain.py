@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import STACK_HELP, UsageError, add_json_flag, add_stack_flag
+from kvlife.lifecycle.cli.parsing import STACK_HELP, UsageError, add_json_flag, add_stack_flag, name_or_path
 from kvlife.lifecycle.config import POSITIVE_INT
 
 
@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
                     "  kvlife explain run.jsonl req-17\n"
                     "  kvlife explain run.jsonl req-17 --brief\n"
                     "  kvlife explain run.jsonl --slowest 10")
-    parser.add_argument("trace", help="JSON-lines trace")
+    parser.add_argument("trace", type=name_or_path, help="JSON-lines trace")
     parser.add_argument("request", nargs="?", help="request id, e.g. req-17 (not with --slowest)")
     parser.add_argument("--brief", action="store_true", help="one line: the request's time per phase, its prompt "
                                                              "tokens by source and its policies' answers")

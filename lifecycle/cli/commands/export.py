@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag
+from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag, name_or_path
 
 
 def register(sub: Any) -> None:
@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
                     "  kvlife export run.jsonl --otlp spans.json\n"
                     "  curl -X POST -H 'Content-Type: application/json' --data @spans.json "
                     "http://localhost:4318/v1/traces")
-    parser.add_argument("trace", help="JSON-lines trace")
+    parser.add_argument("trace", type=name_or_path, help="JSON-lines trace")
     fmt = parser.add_mutually_exclusive_group(required=True)
     fmt.add_argument("--perfetto", metavar="OUT.json",
                      help="write Chrome trace JSON here (opens in ui.perfetto.dev; no default: give this or --otlp)")

@@ -44,8 +44,10 @@ def handle(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_file():
         raise UsageError(f"--out {args.out}: not a file")
     if out.exists():  # refuse a document whose markers do not match before minutes of runs
+        from kvlife.lifecycle.input_files import read_limited
+
         try:
-            check_document(out.read_text(encoding="utf-8"))
+            check_document(read_limited(out).decode("utf-8"))
         except (DocumentError, OSError, UnicodeDecodeError) as exc:
             raise UsageError(f"--out {args.out}: {exc}") from None
     plan = QUICK if args.quick else FULL

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag
+from kvlife.lifecycle.cli.parsing import UsageError, add_json_flag, name_or_path
 from kvlife.lifecycle.config import REQUESTS, flag_type
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
                     "  kvlife mrc mooncake-conversation --capacities 3M,10M,50M\n"
                     "  kvlife mrc trace.jsonl.gz --blocks cacheable --json\n"
                     "  kvlife mrc mooncake-conversation --limit 2000 --plot mrc.png")
-    parser.add_argument("trace", metavar="TRACE",
+    parser.add_argument("trace", type=name_or_path, metavar="TRACE",
                         help="a Mooncake JSON-lines file (.gz is read as gzip) or a bundled workload "
                              "(mooncake-conversation)")
     parser.add_argument("--limit", type=REQUESTS.parse, metavar="N",
@@ -81,9 +81,10 @@ def handle(args: argparse.Namespace) -> int:
         from kvlife.lifecycle.cli.extras import require
 
         require("matplotlib", "plot", "kvlife mrc --plot")
-        from kvlife.lifecycle.traces.plot import image_format
+        from kvlife.lifecycle.traces.plot import check_image
+        from kvlife.lifecycle.workloads.bundled import resolve_workload
 
-        image_format(args.plot)  # a bad extension is refused before the work
+        check_image(args.plot, (resolve_workload(args.trace),))  # a bad extension is refused before the work
     start = time.perf_counter()
     prompts = mrc.read_trace(args.trace, args.limit, args.blocks, args.block_tokens, args.output_blocks)
     read_s = time.perf_counter() - start

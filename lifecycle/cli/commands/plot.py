@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag
+from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag, name_or_path
 
 
 def register(sub: Any) -> None:
@@ -16,8 +16,8 @@ def register(sub: Any) -> None:
                             description="Plot requests running and waiting over time, the TTFT CDF and the prefix "
                                         "hit rate per tier of each trace, one colour per trace, labelled by its "
                                         "policies.\n\nexample:\n  kvlife plot base.jsonl shared.jsonl both.png")
-    parser.add_argument("trace", nargs="+", help="JSON-lines trace(s)")
-    parser.add_argument("out", help="image file (png, svg, pdf)")
+    parser.add_argument("trace", nargs="+", type=name_or_path, help="JSON-lines trace(s)")
+    parser.add_argument("out", type=name_or_path, help="image file (png, svg, pdf)")
     add_stack_flag(parser, help_text="replay under this stack instead of the header's (the TTFT and hit-rate "
                                      "panels come from an exact replay); " + STACK_HELP,
                    default_text="the header's stack, built-in policies only unless --allow-code")

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag
+from kvlife.lifecycle.cli.parsing import STACK_HELP, add_json_flag, add_stack_flag, name_or_path
 
 
 def register(sub: Any) -> None:
@@ -15,7 +15,7 @@ def register(sub: Any) -> None:
                             description="Re-feed a trace's recorded inputs to a fresh engine: identical, or the "
                                         "first diverging line (exit 1). With --stack: what-if, the same workload "
                                         "under the recorded stack and under this one, side by side.")
-    parser.add_argument("trace", help="JSON-lines trace written by kvlife run --trace")
+    parser.add_argument("trace", type=name_or_path, help="JSON-lines trace written by kvlife run --trace")
     add_stack_flag(parser, help_text="what-if: simulate the recorded workload under this stack too; " + STACK_HELP,
                    default_text="exact replay")
     parser.add_argument("--allow-code", action="store_true",

@@ -24,7 +24,7 @@ from kvlife.lifecycle.cli.run_options import (
     stream_workload,
     time_scale,
 )
-from kvlife.lifecycle.config import ConfigError, RunConfig, chaos_problem, flag_type, key_line
+from kvlife.lifecycle.config import HOOK_BUDGET_S, ConfigError, RunConfig, chaos_problem, flag_type, key_line
 
 LIVE_SYNTHETIC_REQUESTS = 200
 LIVE_SYNTHETIC_TIME_SCALE = 20.0
@@ -62,6 +62,9 @@ def register(sub: Any) -> None:
     parser.add_argument("--transfer-deadline", type=flag_type("engine.transfer_deadline_ms"), metavar="MS",
                         help="a rank that has not reported a transfer this long after it started is declared "
                              "failed for it (config: engine.transfer_deadline_ms; default: none)")
+    parser.add_argument("--hook-budget", type=HOOK_BUDGET_S.parse, metavar="S",
+                        help="how long one policy hook may run: past it the run stops with one line naming the "
+                             "policy, the hook and the request (config: policies.hook_budget_s; default 5)")
     checks = parser.add_argument_group("adversarial and checked runs (simulated; docs/replay-and-check.md)")
     checks.add_argument("--chaos", type=flag_type("sim.chaos"), metavar="SEED",
                         help="an adversarial driver: rank reports, lookup answers and step outputs delayed, "
@@ -104,6 +107,8 @@ def handle(args: argparse.Namespace) -> int:
         if given:
             raise UsageError(f"{given[0]} applies to simulated runs")
     config = load_run_config(args)
+    if args.hook_budget is not None:
+        config = attrs.evolve(config, hook_budget_s=args.hook_budget)
     if args.transfer_deadline is not None:
         config = attrs.evolve(config, engine=attrs.evolve(config.engine, transfer_deadline_ms=args.transfer_deadline))
     if args.live:
@@ -134,7 +139,8 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     origin = "--device-blocks" if args.device_blocks is not None else None
     with progress_bar("kvlife run", total=size) as progress:
         outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name,
-                               device_blocks_origin=origin, size=size, breakdown=True, goodput=args.goodput)
+                               device_blocks_origin=origin, size=size, breakdown=True, goodput=args.goodput,
+                               inputs=run_inputs(args))
     rows_written = None
     if out is not None and outcome.rows is not None:
         from kvlife.lifecycle.breakdown import save_csv
@@ -185,6 +191,13 @@ def _requests_out(path: str | None) -> str | None:
     return path
 
 
+def run_inputs(args: argparse.Namespace) -> tuple[str | None, ...]:
+    """The files a run reads (a workload file, the config), which its trace may not be."""
+    from kvlife.lifecycle.workloads.bundled import resolve_workload
+
+    return (str(resolve_workload(args.workload)) if args.workload else None, args.config)
+
+
 def _apply_checks(args: argparse.Namespace, config: RunConfig) -> RunConfig:
     """--chaos and --check over the config; a chaos run without a transfer deadline is a
     one-line error naming the flag (or the config key) that asked for chaos."""
@@ -208,12 +221,13 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
 
     require("torch", "live", "kvlife run --live")
     require("redis", "live", "kvlife run --live")
+    require("numpy", "live", "kvlife run --live")  # (torch's Tensor.numpy(), for the disk tier's bytes)
     from kvlife.lifecycle.cli.progress import progress_bar
-    from kvlife.lifecycle.config import TierConfig
+    from kvlife.lifecycle.config import TierConfig, given_keys
     from kvlife.lifecycle.drivers.live import live_defaults, run_live
     from kvlife.lifecycle.metrics import format_summary
 
-    config = apply_sizes(args, live_defaults(config, explicit_config=bool(args.config)))
+    config = apply_sizes(args, live_defaults(config, given_keys(args.config) if args.config else ()))
     live = config.live
     if args.disk_path is not None:
         live = attrs.evolve(live, disk_path=args.disk_path)
@@ -232,9 +246,14 @@ def _run_live(args: argparse.Namespace, config: RunConfig) -> int:
     default_scale = 1.0 if args.workload else LIVE_SYNTHETIC_TIME_SCALE
     scale, config = time_scale(args, config, default_scale)
     workload, name = load_workload(args, config, 1.0, synthetic_requests=LIVE_SYNTHETIC_REQUESTS)
+    from kvlife.policies.loading import load_stack
+
+    # A hook runs at most half the stall watchdog's wait (live.stall_timeout_s): a hook that
+    # never returns is named as such, before the watchdog finds the whole loop standing still.
+    stack = load_stack(config.policies, min(config.hook_budget_s, config.live.stall_timeout_s / 2))
     with progress_bar("kvlife run --live", total=len(workload)) as progress:
-        outcome = run_live(config, workload, trace_path=args.trace, time_scale=scale, progress=progress,
-                           workload_name=name)
+        outcome = run_live(config, workload, stack, trace_path=args.trace, time_scale=scale, progress=progress,
+                           workload_name=name, inputs=run_inputs(args))
     # 1: a check found a problem (mismatches, stranded requests, failed steps, rank errors).
     exit_code = outcome.exit_code
     for problem in outcome.problems():

@@ -6,12 +6,12 @@ import argparse
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import add_json_flag, non_negative_int
+from kvlife.lifecycle.cli.parsing import add_json_flag, name_or_path, non_negative_int
 
 
 def register(sub: Any) -> None:
     parser = sub.add_parser("validate", help="check a trace from any source against the spec")
-    parser.add_argument("trace", help="JSON-lines trace")
+    parser.add_argument("trace", type=name_or_path, help="JSON-lines trace")
     parser.add_argument("--limit", type=non_negative_int, default=20, metavar="N", help="findings to list")
     parser.add_argument("--sharing", choices=("auto", "on", "off"), default="auto",
                         help="check invariant 6 (no two in-flight loads of one block); auto: when "
