@@ -343,7 +343,7 @@ def test_a_bare_engine_and_a_run_share_one_default() -> None:
     assert config.engine.device_blocks_set is None and config.engine.ranks_set is None
     derived = resolve(config)[0].engine
     engine = Engine(EngineConfig(), PolicyStack([]))
-    assert engine.state.pool.capacity == derived.device_blocks == 821  # it was 2,000 against 821
+    assert engine.pool.capacity == derived.device_blocks == 821  # it was 2,000 against 821
     assert engine.ranks.world_size == derived.ranks == 1
 
 
