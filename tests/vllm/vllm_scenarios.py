@@ -57,6 +57,20 @@ def warm_tier(driver: VllmDriver, first: str = "r0", filler: str = "filler") -> 
     evict(driver, filler)
 
 
+# OffloadingConnector as vLLM's own tests configure it (no recorder).
+OFFLOADING = SchedulerSpec(block_size=BS, num_blocks=10, connector="OffloadingConnector", module_path=None,
+                           extra={"cpu_bytes_to_use": 1 << 20, "block_size": BS})
+
+
+def run_a_tier_hit(driver: VllmDriver) -> None:
+    """r0 computes and stores the prefix, a filler evicts it from the device, r1 loads it."""
+    warm_tier(driver)
+    driver.add("r1", PREFIX + [200], 2)
+    run_until(driver, lambda: driver.status("r1") is None)
+    run_until(driver, driver.idle)
+    driver.drain()
+
+
 def evict(driver: VllmDriver, filler: str = "filler") -> None:
     """A request that takes every device block (130 tokens, 9 blocks of 10 - the null block)."""
     driver.add(filler, list(range(1000, 1130)), 2)

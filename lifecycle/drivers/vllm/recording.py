@@ -27,12 +27,19 @@ hashes are vLLM's (``block_hash_int``), so a later turn holding an earlier one's
 recorded under the same names. The trace is for validate, explain, export and plot: inside a
 pass its inputs are ordered as vLLM calls the connector, so it is not replayed by ``kvlife
 replay`` (a trace of kvlife's own driver is).
+
+Recording never breaks the connector it wraps: an error while recording a call (a sequence
+of vLLM's calls the core does not model) ends the recording, with a ``recording_stopped``
+warning naming the call and the error as the trace's last record and in vLLM's log; the inner
+connector goes on serving every call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -62,6 +69,8 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
 
 # The key under which a recorded connector's stats carry the inner connector's spec, so the
 # class-level stats hook (which vLLM calls with the data alone) builds the inner's stats class.
@@ -177,13 +186,31 @@ class RecordingConnector(KVConnectorBase_V1):
         self.reuses: dict[str, int] = {}
         self.requests: dict[str, Request] = {}
 
+    @contextlib.contextmanager
+    def _observing(self, call: str) -> Iterator[ConnectorAPI | None]:
+        """Record what ``call`` showed, if recording: an error there ends the recording (a
+        ``recording_stopped`` warning is the trace's last record) and never reaches vLLM,
+        which the inner connector serves as before."""
+        api = self.api
+        try:
+            yield api
+        except Exception as exc:  # the recorder must not break the connector it wraps
+            self.api = None
+            error = f"{type(exc).__name__}: {exc}"
+            logger.warning("RecordingConnector: recording stopped at %s (%s); %s keeps running unrecorded", call,
+                           error, type(self.inner).__name__)
+            if self.writer is not None and api is not None:
+                self.writer.record(records.warning(api.core.state.now, "recording_stopped", call=call, error=error))
+            self.close()
+
     # ---- observed scheduler hooks ------------------------------------------------------------
     def _named(self, request: Request) -> _Named:
         return _Named(request, self.names.get(request.request_id, request.request_id))
 
     def on_new_request(self, request: Request) -> None:
-        if self.api is not None:
-            self._arrive(request)
+        with self._observing("on_new_request") as api:
+            if api is not None:
+                self._arrive(request)
         self.inner.on_new_request(request)
 
     def _arrive(self, request: Request) -> None:
@@ -203,46 +230,49 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         result = self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
-        api = self.api
-        if api is not None:
-            if request.request_id not in self.names:
-                self._arrive(request)
-            why = getattr(self.inner, "kvlife_pending_reason", None)
-            deferred = why is not None and why(request.request_id) == "defer"
-            api.observe_matched(self._named(request), num_computed_tokens, result, self.tier, deferred)
+        with self._observing("get_num_new_matched_tokens") as api:
+            if api is not None:
+                if request.request_id not in self.names:
+                    self._arrive(request)
+                why = getattr(self.inner, "kvlife_pending_reason", None)
+                deferred = why is not None and why(request.request_id) == "defer"
+                api.observe_matched(self._named(request), num_computed_tokens, result, self.tier, deferred)
         return result
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         self.inner.update_state_after_alloc(request, blocks, num_external_tokens)
-        api = self.api
-        if api is not None:
-            ids = blocks.get_block_ids()[0]
-            name = self.names[request.request_id]
-            self.blocks.hold(name, ids)
-            api.update_state_after_alloc(self._named(request), ids, num_external_tokens)
+        with self._observing("update_state_after_alloc") as api:
+            if api is not None:
+                ids = blocks.get_block_ids()[0]
+                name = self.names[request.request_id]
+                self.blocks.hold(name, ids)
+                api.update_state_after_alloc(self._named(request), ids, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = self.inner.build_connector_meta(scheduler_output)
-        api = self.api
-        if api is not None:
-            named = _NamedOutput(scheduler_output, self.names)
-            for rid in sorted(named.preempted_req_ids):
-                self.blocks.release(rid, api.core.state.now)
-            for new in named.scheduled_new_reqs:
-                self.blocks.hold(new.req_id, new.block_ids[0], replace=True)
-            cached = named.scheduled_cached_reqs
-            for i, rid in enumerate(cached.req_ids):
-                ids = cached.new_block_ids[i]
-                if ids is not None:
-                    self.blocks.hold(rid, ids[0], replace=rid in cached.resumed_req_ids)
-            api.build_connector_meta(named)
-            api.core.observe_jobs(self._jobs(meta))
-            for job_id in sorted(getattr(meta, "jobs_to_flush", None) or ()):
-                job = api.core.state.jobs.get(int(job_id))
-                if job is not None and job.kind == "store" and not job.flushed:
-                    job.flushed = True
-                    api.core.state.stats.flushed_stores += 1
+        with self._observing("build_connector_meta") as api:
+            if api is not None:
+                self._observe_step(api, scheduler_output, meta)
         return meta
+
+    def _observe_step(self, api: ConnectorAPI, scheduler_output: SchedulerOutput, meta: KVConnectorMetadata) -> None:
+        named = _NamedOutput(scheduler_output, self.names)
+        for rid in sorted(named.preempted_req_ids):
+            self.blocks.release(rid, api.core.state.now)
+        for new in named.scheduled_new_reqs:
+            self.blocks.hold(new.req_id, new.block_ids[0], replace=True)
+        cached = named.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            ids = cached.new_block_ids[i]
+            if ids is not None:
+                self.blocks.hold(rid, ids[0], replace=rid in cached.resumed_req_ids)
+        api.build_connector_meta(named)
+        api.core.observe_jobs(self._jobs(meta))
+        for job_id in sorted(getattr(meta, "jobs_to_flush", None) or ()):
+            job = api.core.state.jobs.get(int(job_id))
+            if job is not None and job.kind == "store" and not job.flushed:
+                job.flushed = True
+                api.core.state.stats.flushed_stores += 1
 
     def _jobs(self, meta: Any) -> list[tuple[int, str, str, tuple[BlockMove, ...]]]:
         api = self.api
@@ -272,22 +302,25 @@ class RecordingConnector(KVConnectorBase_V1):
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self.inner.update_connector_output(connector_output)
-        api = self.api
-        if api is not None:
-            api.update_connector_output(_NamedConnectorOutput(connector_output, self._reports(connector_output),
-                                                              self.names))
-            now = api.core.state.now
-            for rid in sorted(connector_output.finished_sending or ()):
-                self.blocks.release(self.names.get(rid, rid), now)
-            for rid in sorted(connector_output.finished_recving or ()):
-                name = self.names.get(rid, rid)
-                req = api.core.state.requests.get(name)
-                if req is not None and req.state == "finished":
-                    self.blocks.release(name, now)  # aborted while loading: vLLM freed it now
-                vllm_request = self.requests.get(rid)
-                if vllm_request is not None and getattr(vllm_request, "num_computed_tokens", 1) == 0 \
-                        and req is not None and req.state != "finished":
-                    self.blocks.release(name, now)  # a failed load with nothing valid: vLLM frees its blocks
+        with self._observing("update_connector_output") as api:
+            if api is not None:
+                self._observe_output(api, connector_output)
+
+    def _observe_output(self, api: ConnectorAPI, connector_output: KVConnectorOutput) -> None:
+        api.update_connector_output(_NamedConnectorOutput(connector_output, self._reports(connector_output),
+                                                          self.names))
+        now = api.core.state.now
+        for rid in sorted(connector_output.finished_sending or ()):
+            self.blocks.release(self.names.get(rid, rid), now)
+        for rid in sorted(connector_output.finished_recving or ()):
+            name = self.names.get(rid, rid)
+            req = api.core.state.requests.get(name)
+            if req is not None and req.state == "finished":
+                self.blocks.release(name, now)  # aborted while loading: vLLM freed it now
+            vllm_request = self.requests.get(rid)
+            if vllm_request is not None and getattr(vllm_request, "num_computed_tokens", 1) == 0 \
+                    and req is not None and req.state != "finished":
+                self.blocks.release(name, now)  # a failed load with nothing valid: vLLM frees its blocks
 
     def _reports(self, output: KVConnectorOutput) -> list[tuple[int, int, tuple[int, ...]]]:
         """The workers' per-rank reports: kvlife's, or OffloadingConnector's per-step counts."""
@@ -315,20 +348,21 @@ class RecordingConnector(KVConnectorBase_V1):
             held, params = self.inner.request_finished_all_groups(request, block_ids)
         else:
             held, params = self.inner.request_finished(request, block_ids[0])
-        api = self.api
-        if api is not None and request.request_id in self.names:
-            name = self.names[request.request_id]
-            was = api.core.state.requests[name].state if name in api.core.state.requests else None
-            api.request_finished(self._named(request), block_ids[0], held=held)
-            self.requests.pop(request.request_id, None)
-            if not held and was != "loading":  # vLLM keeps a loading request's blocks until its load reports
-                self.blocks.release(name, api.core.state.now)
+        with self._observing("request_finished") as api:
+            if api is not None and request.request_id in self.names:
+                name = self.names[request.request_id]
+                was = api.core.state.requests[name].state if name in api.core.state.requests else None
+                api.request_finished(self._named(request), block_ids[0], held=held)
+                self.requests.pop(request.request_id, None)
+                if not held and was != "loading":  # vLLM keeps a loading request's blocks until its load reports
+                    self.blocks.release(name, api.core.state.now)
         return held, params
 
     def take_events(self) -> Iterable[Any]:
         events = self.inner.take_events()
-        if self.api is not None:
-            self.api.take_events()
+        with self._observing("take_events") as api:
+            if api is not None:
+                api.take_events()
         return events
 
     def shutdown(self) -> None:

@@ -1,0 +1,1 @@
+"""vLLM's own tests as kvlife's peer suite (docs/vllm.md): run by ``scripts/vllm-peer-suite.sh``."""
