@@ -354,7 +354,9 @@ def detect_sharing(stack: Any) -> bool:
 
 
 # The store policies whose store_limit the observer knows as a rule (13: stores offered).
-STORE_RULES = {"baseline": "confirmed", "placeholder-safe-stores": "confirmed", "naive-stores-unsafe": "computed"}
+# The engine clamps every limit to the tokens step outputs confirmed (``jobs.maybe_store``),
+# so even naive-stores-unsafe's limit (every scheduled token) stores up to those.
+STORE_RULES = {"baseline": "confirmed", "placeholder-safe-stores": "confirmed", "naive-stores-unsafe": "confirmed"}
 
 
 def store_rule(stack: Any) -> str | None:

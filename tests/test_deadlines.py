@@ -32,7 +32,7 @@ from kvlife.lifecycle.engine.events import (
 from kvlife.policies.base import Decision
 from kvlife.policies.loading import load_policy
 from kvlife.policies.stack import PolicyStack
-from kvlife.specs.invariants import InvariantObserver
+from kvlife.specs.invariants import InvariantObserver, Settings
 from kvlife.specs.model_check import AsyncLookups
 
 BT = 4
@@ -54,11 +54,11 @@ def _engine(config: EngineConfig, stack: PolicyStack, records: list[dict[str, An
 
 def _observer(config: EngineConfig, records: list[dict[str, Any]], **deadlines: float) -> InvariantObserver:
     """The independent observer over ``records`` as a trace (validate's mode)."""
-    observer = InvariantObserver(
-        config.ranks, config.block_tokens, from_trace=True,
+    observer = InvariantObserver(Settings.of(
+        config, live=False,
         lookup_deadline_ms=deadlines.get("lookup", config.lookup_deadline_ms),
         transfer_deadline_ms=deadlines.get("transfer", config.transfer_deadline_ms),
-        reclaim_deadline_ms=deadlines.get("reclaim", config.reclaim_deadline_ms))
+        reclaim_deadline_ms=deadlines.get("reclaim", config.reclaim_deadline_ms)))
     for record in records:
         observer.feed_record(record)
     observer.end_input()  # close the last handling (its end-of-tick checks)

@@ -197,11 +197,16 @@ class Provenance(Observer):
                 self.device[move.device] = attrs.evolve(source)  # type: ignore[index]
 
     def _joined(self, job: Job, move: Move) -> Content:
-        """What a join copied: its owner's block, once the owner landed it."""
+        """What a join copied: its owner's block, once the owner landed it on the rank (the
+        workers order a join after its owner; the engine may hear the owner's report after
+        the join's: then the join's own report carries the owner's failures)."""
         owner = self.picture.jobs.get(job.after) if job.after is not None else None
-        if owner is not None and (not owner.complete or owner.timed_out or move.block_hash in owner.failed):
-            return Content(None, bad=f"join job {job.job_id} copied block {move.block_hash} before its owner, load "
-                                     f"job {owner.job_id}, landed it")
+        if owner is not None and not owner.complete:
+            landing = self.sources.get(owner.job_id, {}).get(move.block_hash)
+            return attrs.evolve(landing) if landing is not None else Content(move.block_hash, self.bt, self.bt)
+        if owner is not None and (owner.timed_out or move.block_hash in owner.failed):
+            return Content(None, bad=f"join job {job.job_id} copied block {move.block_hash}, which its owner, load "
+                                     f"job {owner.job_id}, failed to land")
         found = [m.device for m in owner.moves or () if m.block_hash == move.block_hash] if owner else []
         source = found[0] if found else move.slot
         content = self.device.get(source, UNKNOWN) if source is not None else UNKNOWN
@@ -209,6 +214,15 @@ class Provenance(Observer):
             return Content(None, bad=f"join job {job.job_id} copied device block {source}, which "
                                      f"{content.describe(self.bt, move.block_hash)}")
         return attrs.evolve(content)
+
+    def on_start_load(self, ev: Event) -> None:
+        """Live: a join's command names the load it follows (its record says which), or the
+        workers may copy the owner's blocks before that load landed in them."""
+        job, command = ev.job, ev.data
+        if job is not None and job.after is not None and getattr(command, "after", None) != job.after:
+            self.fail(10, f"join job {job.job_id} copies the device blocks load job {job.after} brings, but its "
+                          f"command names {getattr(command, 'after', None)} to follow: the workers may copy them "
+                          f"before that load landed")
 
     def _landed_store(self, job: Job) -> None:
         reads = self.sources.pop(job.job_id, {})
