@@ -46,6 +46,11 @@ class EngineProbe:
         finish = getattr(self.request(rid), "finish_ms", None)
         return float(finish) if isinstance(finish, int | float) else None
 
+    def generated(self, rid: str) -> int | None:
+        """Tokens its metrics count as generated (None: not known)."""
+        count = getattr(self.request(rid), "generated", None)
+        return count if isinstance(count, int) else None
+
     def preemptions(self, rid: str) -> int | None:
         count = getattr(self.request(rid), "preemptions", None)
         return count if isinstance(count, int) else None

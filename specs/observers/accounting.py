@@ -247,8 +247,9 @@ class Tiers(Observer):
 
 
 class Counters(Observer):
-    """13: the engine's counters, its per-request metrics, lookup_reuse counts and prefetch
-    waits agree with the records; 8: the engine's block accounting holds."""
+    """13: the engine's counters, its per-request metrics (finish time, preemptions, tokens
+    generated), lookup_reuse counts and prefetch waits agree with the records; 8: the
+    engine's block accounting holds."""
 
     invariants = (8, 13)
 
@@ -325,13 +326,17 @@ class Counters(Observer):
     def _metrics_differ(self, rid: str, req: Req) -> bool:
         probe = self.ctx.probe
         assert probe is not None
-        kept, counted = probe.finish_time(rid), probe.preemptions(rid)
+        kept, counted, generated = probe.finish_time(rid), probe.preemptions(rid), probe.generated(rid)
         if req.state == "finished" and kept is not None and kept != self.finished_at.get(rid):
             self.fail(13, f"{rid}: the engine's metrics keep finish time {kept}, the trace says it finished at "
                           f"t={self.finished_at.get(rid)}")
             return True
         if counted is not None and counted != req.preemptions:
             self.fail(13, f"{rid}: the engine counts {counted} preemptions of it, the trace has {req.preemptions}")
+            return True
+        if self.settings.live and generated is not None and generated != req.generated:
+            self.fail(13, f"{rid}: the engine counts {generated} generated tokens, its step outputs delivered "
+                          f"{req.generated}")
             return True
         return False
 
