@@ -13,7 +13,6 @@ the one adapter, ``kvlife.specs.engine_probe.EngineProbe``, or not at all (a tra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import attrs
@@ -151,7 +150,3 @@ def cdiv(a: int, b: int) -> int:
 
 def missing_ranks(ranks: int, reported: set[int]) -> list[int]:
     return sorted(set(range(ranks)) - reported)
-
-
-def first(items: Sequence[Any]) -> Any:
-    return items[0] if items else None

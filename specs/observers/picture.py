@@ -197,9 +197,6 @@ class Picture:
     def input_is(self, kind: str) -> bool:
         return self.input is not None and self.input.type == kind
 
-    def queue(self) -> list[str]:
-        return self.holding + self.waiting
-
     def live_prefetch(self, req: Req) -> tuple[Job, float] | None:
         """``req``'s prefetch of its current epoch, in flight and not given up, with its
         patience deadline; None if it has none."""

@@ -21,8 +21,6 @@ request fails only where the spec of the run says it may.
 
 from __future__ import annotations
 
-import attrs
-
 from kvlife.specs.observers.base import Context, Event, Observer, cdiv
 from kvlife.specs.observers.picture import Job, Req
 from kvlife.specs.table import TABLE
@@ -31,21 +29,12 @@ from kvlife.specs.table import TABLE
 _IGNORABLE = frozenset({"finished", "sending"})
 
 
-@attrs.define(slots=True)
-class _Loads:
-    """A request's loads of its current epoch: those still open, and whether one failed."""
-
-    epoch: int
-    open: set[int] = attrs.Factory(set)
-    failed: bool = False
-
-
 class Transitions(Observer):
     invariants = (1,)
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.loads: dict[str, _Loads] = {}
+        self.failed_in: dict[str, int] = {}  # rid -> the epoch in which a load of it failed
         self.submitted: dict[str, float] = {}  # rid -> when its pending lookup was submitted
         self.must_fail: dict[str, bool] = {}  # rid -> an applied step output has come since (fail policy)
         self.must_move: set[str] = set()  # recompute policy: load_failed due in this handling
@@ -68,7 +57,6 @@ class Transitions(Observer):
         if target == "finished":
             self.must_fail.pop(req.rid, None)
             self.must_move.discard(req.rid)
-            self.loads.pop(req.rid, None)
         if ev.source == "lookup_pending":
             self.submitted.pop(req.rid, None)
 
@@ -151,15 +139,6 @@ class Transitions(Observer):
             self.refusal_due.add(str(ev.get("req")))
 
     # ---- loads ----------------------------------------------------------------------------------
-    def on_job(self, ev: Event) -> None:
-        job, req = ev.job, ev.req
-        if job is None or req is None or job.kind != "load":
-            return
-        loads = self.loads.get(req.rid)
-        if loads is None or loads.epoch != req.epoch:
-            loads = self.loads[req.rid] = _Loads(req.epoch)
-        loads.open.add(job.job_id)
-
     def on_job_complete(self, ev: Event) -> None:
         job = ev.job
         assert job is not None
@@ -168,15 +147,15 @@ class Transitions(Observer):
             self._load_ended(job, failed=bool(job.failed & moved) or (job.moves is None and bool(job.failed)))
 
     def _load_ended(self, job: Job, failed: bool) -> None:
-        """A load of a loading request ended (reported, or given up at its deadline)."""
+        """A load of a loading request ended (reported, or given up at its deadline): once
+        its request's last load of the epoch ended, a failure leads where the policy says."""
         req = self.picture.requests.get(job.rid)
-        loads = self.loads.get(job.rid)
-        if req is None or loads is None or req.state != "loading" or loads.epoch != job.epoch \
-                or job.job_id not in loads.open:
+        if req is None or req.state != "loading" or job.epoch != req.epoch or job not in req.loads:
             return
-        loads.open.discard(job.job_id)
-        loads.failed = loads.failed or failed
-        if loads.open or not loads.failed:
+        if failed:
+            self.failed_in[req.rid] = req.epoch
+        if self.failed_in.get(req.rid) != req.epoch \
+                or any(j is not job and j.open and not j.timed_out for j in req.loads):
             return
         policy = self.settings.kv_load_failure_policy
         if policy == "recompute":
