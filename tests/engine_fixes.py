@@ -4,6 +4,13 @@ an engine without them (the bug zoo's variants build on ``FixedEngine``). The re
 is not edited: the fixes are proposals for issue 22; ``tests/test_model_check.py`` keeps a
 strict xfail on the real engine that starts to pass once they land.
 
+0. With no tier (plain vLLM, no connector) no request ever leaves ``waiting``: the
+   scheduler calls the connector only when one is configured, and the request states are
+   the connector core's. Steps schedule requests in ``waiting`` and ``completed`` moves them
+   from there (invariant 1; ``kvlife run --tier host=0 --limit 20 --trace T; kvlife
+   validate T``: 31 findings). Not fixed here; the checker's no-tier worlds are drawn with
+   weight 0 until it is (``specs/model_check.py``).
+
 1. A pass that preempts a request runs the connector core's deadlines (``core.tick``, at
    the pass's first connector call: after the running loop) after the scheduler freed the
    preempted request's blocks. A store of that request given up at its deadline in that
