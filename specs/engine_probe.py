@@ -184,6 +184,10 @@ class EngineProbe:
         return ((state.next_job_id, self.engine.scheduler.next_step_id)
                 + tuple((r.state, r.epoch, r.computed) for r in self.engine.requests.values()))
 
+    def held_requests(self) -> list[str]:
+        """The requests the engine still holds (with retention on, none once all finished)."""
+        return sorted(self.engine.requests)
+
     def kept_for_nothing(self) -> str | None:
         """Retention on: a finished request the engine still holds though nothing refers to
         it any more (no hold, no store or load of it, no prefetch it waits on)."""

@@ -1047,9 +1047,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         stranded = self.probe.stranded()
         if stranded:
             self._raise(Violation(7, f"engine.stranded() after drain: {stranded}"))
-        if self.retention and self.engine.requests:
-            held = sorted(self.engine.requests)[:5]
-            self._raise(Violation(7, f"stranded: requests {held} ({len(self.engine.requests)} in all) are still held "
+        held_requests = self.probe.held_requests()
+        if self.retention and held_requests:
+            held = held_requests[:5]
+            self._raise(Violation(7, f"stranded: requests {held} ({len(held_requests)} in all) are still held "
                                      f"after every request finished and every job ended: retention never let go of "
                                      f"them"))
         for name, busy in self.probe.busy_tiers().items():
