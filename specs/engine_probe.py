@@ -23,6 +23,25 @@ class EngineProbe:
     def __init__(self, engine: Any, retired: Mapping[str, Any] | None = None) -> None:
         self.engine = engine
         self.retired: Mapping[str, Any] = retired if retired is not None else {}
+        # With watch_admissions: each request's last admission answer and the pass it came in.
+        self._admissions: dict[str, tuple[int, Any]] | None = None
+
+    def watch_admissions(self) -> None:
+        """Note each admission answer with the pass (step id) it was given in. A request
+        whose lookup brings nothing is not asked at all, so its last recorded decision may
+        be a deferral of an earlier pass; only this tells it from one of the last pass."""
+        lifecycle, scheduler = self.engine.core.lifecycle, self.engine.scheduler
+        ask = lifecycle.ask
+        admissions: dict[str, tuple[int, Any]] = {}
+        self._admissions = admissions
+
+        def watched(req: Any, hook: str, *args: Any) -> Any:
+            answer = ask(req, hook, *args)
+            if hook == "admission":
+                admissions[req.request_id] = (scheduler.next_step_id, answer)
+            return answer
+
+        lifecycle.ask = watched
 
     # ---- what the observers read --------------------------------------------------------------
     def commands(self) -> list[Any] | None:
@@ -157,7 +176,8 @@ class EngineProbe:
 
     def waiting_line(self) -> list[tuple[str, int, bool]]:
         """The requests waiting to be admitted, in queue order: (id, device blocks its known
-        tokens still need beyond those it holds, deferred by its last admission decision)."""
+        tokens still need beyond those it holds, deferred by its admission policy in the last
+        pass; without watch_admissions, by its last recorded admission decision)."""
         scheduler, requests, bt = self.engine.scheduler, self.engine.requests, self.engine.config.block_tokens
         line = []
         for sched in [*scheduler.kv_holding, *scheduler.waiting]:
@@ -165,10 +185,15 @@ class EngineProbe:
             if req is None or req.state != "waiting" or sched.status.name == "WAITING_FOR_REMOTE_KVS" \
                     or sched.num_stale_output_tokens:
                 continue  # (the scheduler waits for its load's or its preempted step's output)
-            decided = req.last_decisions.get("admission")
             need = -(-req.known_tokens // bt) - len(sched.blocks)
-            line.append((req.request_id, need, decided is not None and decided[1] == "defer"))
+            line.append((req.request_id, need, self._deferred(req)))
         return line
+
+    def _deferred(self, req: Any) -> bool:
+        if self._admissions is None:
+            decided = req.last_decisions.get("admission")
+            return decided is not None and decided[1] == "defer"
+        return self._admissions.get(req.request_id) == (self.engine.scheduler.next_step_id - 1, "defer")
 
     def unfinished_requests(self) -> list[Any]:
         return [r for r in self.engine.requests.values() if r.state != "finished"]

@@ -472,6 +472,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         extra: dict[str, Any] = {"retire": self._on_retire} if self.retention else {}
         self.engine = (cls.engine_factory or Engine)(config, stack, tiers=tiers, recorder=self._on_record, **extra)
         self.probe = EngineProbe(self.engine, self.retired)
+        self.probe.watch_admissions()
         self.observer.attach(self.probe)
         self.workers = WorkerModel(config.ranks)
         self.max_in_flight = 2 if world.async_scheduling else 1

@@ -144,7 +144,7 @@ def test_the_observer_refuses_an_early_expiry_and_a_missed_one() -> None:
     # pending, a liveness finding (7).
     records = []
     engine = _engine(config, PolicyStack([AsyncLookups()]), records)
-    engine.lifecycle.expire_lookups = lambda: None  # type: ignore[method-assign]
+    engine.core._expire_lookups = lambda: None  # type: ignore[method-assign]
     engine.handle(Arrival(0.0, "a", 9, (1, 2)))
     engine.handle(Tick(12.0))
     missed = _observer(config, records).violations
@@ -223,7 +223,7 @@ def test_the_observer_catches_a_reclaim_before_its_deadline_and_a_missed_one() -
     assert early and early[0].invariant == 2 and "reclaimed at t=100, before its deadline t=200" in early[0].message
     records = []
     engine = _engine(config, PolicyStack([]), records)
-    engine.transfers.reclaim_jobs = lambda deadline: None  # type: ignore[method-assign]
+    engine.core.transfers.reclaim_jobs = lambda deadline: None  # type: ignore[method-assign]
     load = _start_load(engine)
     engine.handle(TransferReport(1.0, load.job_id, 0))
     engine.handle(Abort(2.0, "a"))
