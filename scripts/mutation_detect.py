@@ -18,8 +18,11 @@ one process, so the engine is imported once, mutated; ``naive-stores-unsafe`` is
 (it is unsafe on purpose and fails on the unmodified engine).
 
 Usage: ``python scripts/mutation_detect.py [--stacks a,b ...] [--examples N --steps N]
-[--per-stack-timeout S]``; with no budget flags the CLI's defaults apply (that is what the
-mutation score measures).
+[--per-stack-timeout S] [--engine FILE.py:Class]``; with no budget flags the CLI's defaults
+apply (that is what the mutation score measures). ``--engine`` checks another engine class
+built on the mutated parts (``tests/engine_fixes.py:FixedEngine``: the engine with the
+fixes of the bugs ``kvlife check`` found in it, until they land), so that a mutant is
+judged by what it breaks, not by an engine bug the check finds anyway.
 """
 
 from __future__ import annotations
@@ -91,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=None, help="checker examples (default: the CLI's)")
     parser.add_argument("--steps", type=int, default=None, help="checker steps (default: the CLI's)")
     parser.add_argument("--per-stack-timeout", type=float, default=180.0, help="seconds before a stack is a hang")
+    parser.add_argument("--engine", default=None, metavar="FILE.py:Class",
+                        help="check this engine class (a subclass of the mutated engine) instead of Engine")
     parser.add_argument("--all-detectors", action="store_true",
                         help="after kvlife check, also a chaos run validated (kvlife run --chaos, then kvlife "
                              "validate) and the engine's pytest files (PYTEST_FILES)")
@@ -98,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, str(ROOT))  # this checkout's kvlife (the one being mutated)
     from kvlife.lifecycle.cli.main import main as kvlife
+
+    if args.engine:
+        use_engine(args.engine)
 
     stacks = args.stacks.split(";") if args.stacks else ordered(builtin_stacks(), mutated_files(), args.scope)
     budget = ([] if args.examples is None else ["--examples", str(args.examples)]) + (
@@ -123,6 +131,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.all_detectors:
         return other_detectors()
     return 0
+
+
+def use_engine(spec: str) -> None:
+    """``kvlife check`` builds ``kvlife.lifecycle.engine.core.Engine``: make it ``spec``'s class."""
+    import importlib.util
+
+    import kvlife.lifecycle.engine.core as core
+
+    path, _, name = spec.rpartition(":")
+    sys.path.insert(0, str(Path(path).resolve().parent))  # (its own imports: tests/bug_zoo.py's siblings)
+    loaded = importlib.util.spec_from_file_location(Path(path).stem, path)
+    assert loaded is not None and loaded.loader is not None, f"cannot load {path}"
+    module = importlib.util.module_from_spec(loaded)
+    sys.modules[Path(path).stem] = module
+    loaded.loader.exec_module(module)
+    core.Engine = getattr(module, name)  # type: ignore[misc]
 
 
 # The test files that drive the engine and the policies (the whole suite takes 15-20 min a

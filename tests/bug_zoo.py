@@ -4,83 +4,89 @@ catch every one of them within its default budget, naming one invariant for each
 (tests/test_bug_zoo.py).
 
 The first generation (1-9) are the recurring connector bugs of docs/design.md; the
-second (10-21) the bugs reported against vLLM and LMCache in 2026 (issue 11) and the
-provenance bugs that only a symbolic content model sees; the last two break deadlines (a
-lookup that never expires, a silent rank's blocks never reclaimed). Variants never edit the real
-code: they subclass a part of the engine (``Transfers``, named by an ``Engine`` subclass's
-``transfers_class``; ``Scheduler``, swapped in by an ``Engine`` subclass) or ``Engine``'s
-own event handlers, swap a broken ``RankAggregator`` into ``engine.state.ranks``, or put a
-broken policy on the stack.
+second (10-22) the bugs reported against vLLM and LMCache in 2026 (issue 11) and the
+provenance bugs only a symbolic content model sees; then two that break deadlines (a
+lookup that never expires, a silent rank's blocks never reclaimed); the last four break
+the one-lifecycle engine's own mechanisms (issue 22): a store not flushed at a
+preemption, a join copying before its owner landed, a held request freed before its
+stores were reported, a stale step output applied to the step in flight.
+
+Variants never edit the real code: each subclasses a part of the engine and names it in
+an ``Engine`` subclass's class attribute (``transfers_class``, ``core_class``,
+``scheduler_class``), overrides one of ``Engine``'s own handlers, swaps a broken
+``RankAggregator`` into the core's state, or puts a broken policy on the stack. They
+build on ``engine_fixes.FixedEngine`` (the engine with the fixes of the engine bugs the
+checker found, proposed to issue 22), so that a variant is caught for its own bug.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
+from engine_fixes import FixedEngine, FixedScheduler, FixedTransfers
 
 from kvlife.lifecycle.config import EngineConfig
-from kvlife.lifecycle.engine.blocks import DeviceBlockPool
+from kvlife.lifecycle.engine.connector import ConnectorCore
 from kvlife.lifecycle.engine.core import Engine, Job, Recorder
-from kvlife.lifecycle.engine.events import Abort, Arrival, LookupAnswer, SubmitLookup, TransferReport
+from kvlife.lifecycle.engine.events import BlockMove, Command, StartLoad, StepOutput, SubmitLookup, TransferReport
 from kvlife.lifecycle.engine.ranks import RankAggregator, ReportOutcome, ReportStatus
-from kvlife.lifecycle.engine.request import Request
-from kvlife.lifecycle.engine.scheduler import Entry, Scheduler
-from kvlife.lifecycle.engine.transfers import Transfers
+from kvlife.lifecycle.engine.request import SchedRequest, Status
+from kvlife.lifecycle.engine.vllm_shapes import KVConnectorOutput
+from kvlife.lifecycle.engine.worker_book import OutputAggregator
 from kvlife.policies.base import Decision, EngineView, RequestView
 from kvlife.policies.stack import PolicyStack
+from kvlife.specs.lifecycle import Trigger
 from kvlife.specs.model_check import AsyncLookups, ShareLoads
 from kvlife.transfer.index import TierIndex
 
 
-@contextlib.contextmanager
-def _no_block_releases(pool: DeviceBlockPool) -> Iterator[None]:
-    """Inside, releasing device blocks does nothing (for jobs whose references are gone)."""
-    pool.release = lambda blocks: []  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        del pool.release
+def _engine(name: str, **parts: Any) -> type[Engine]:
+    """A ``FixedEngine`` whose named parts (``core_class``, ``scheduler_class``,
+    ``transfers_class``) are broken subclasses."""
+    return type(name, (FixedEngine,), parts)
 
 
-def _with_scheduler(scheduler: type[Scheduler], transfers: type[Transfers] = Transfers) -> type[Engine]:
-    """An engine whose scheduler (and transfer part) is a broken subclass."""
+def _with_scheduler(scheduler: type[FixedScheduler]) -> type[Engine]:
+    """An engine whose scheduler is a broken subclass."""
+    return _engine(f"EngineWith{scheduler.__name__}", scheduler_class=scheduler)
 
-    class Variant(Engine):
-        transfers_class = transfers
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.scheduler = scheduler(self.state, self.lifecycle, self.transfers)
+def _with_ranks(aggregator: Callable[[int, dict[int, Job]], RankAggregator]) -> Callable[..., Engine]:
+    """An engine whose rank aggregation is broken (``aggregator(world_size, jobs)``)."""
 
-    Variant.__name__ = f"EngineWith{scheduler.__name__}"
-    return Variant
+    def factory(config: EngineConfig, stack: PolicyStack, tiers: Sequence[TierIndex] | None = None,
+                recorder: Recorder | None = None) -> Engine:
+        engine = FixedEngine(config, stack, tiers=tiers, recorder=recorder)
+        engine.core.state.ranks = aggregator(config.ranks, engine.jobs)
+        return engine
+
+    return factory
 
 
 # ---- 1. an old lookup answer applied to a newer lookup ----------------------------------
-class StaleLookupApplied(Engine):
+class StaleLookupAppliedCore(ConnectorCore):
     """Answers are matched by request id only: an answer of an older epoch (or one the
     last admission already consumed) is applied to the newer lookup that is pending."""
 
-    def _on_lookup_answer(self, event: LookupAnswer) -> None:
-        req = self.requests.get(event.request_id)
+    def on_lookup_answer(self, request_id: str, epoch: int, tiers: Sequence[str] | None) -> None:
+        req = self.state.requests.get(request_id)
         if req is not None and req.state == "lookup_pending":
-            event = attrs.evolve(event, epoch=req.epoch)  # whatever epoch asked
-        super()._on_lookup_answer(event)
+            epoch = req.epoch  # whatever epoch asked
+        super().on_lookup_answer(request_id, epoch, tiers)
 
 
 # ---- 2. a lookup left in flight at abort --------------------------------------------------
-class LookupNotDiscarded(Engine):
+class LookupNotDiscardedCore(ConnectorCore):
     """Abort finishes a request in lookup_pending without discarding its lookup."""
 
-    def _on_abort(self, event: Abort) -> None:
-        req = self.requests.get(event.request_id)
-        if req is not None and req.state == "lookup_pending":
-            self.lifecycle.finish(req, "aborted", "aborted", "client aborted")  # no DiscardLookup
-            return
-        super()._on_abort(event)
+    def request_finished(self, request_id: str, reason: str, why: str | None = None) -> bool:
+        req = self.state.requests.get(request_id)
+        if req is None or req.state != "lookup_pending" or reason != "aborted":
+            return super().request_finished(request_id, reason, why)
+        self._finish(req, Trigger.ABORTED, "aborted", why or "client aborted")  # no DiscardLookup
+        return False
 
 
 # ---- 3. a load counted done after one of its ranks --------------------------------------------
@@ -99,22 +105,18 @@ class FirstRankDone(RankAggregator):
         return ReportOutcome(ReportStatus.DONE, tuple(sorted(failed)))
 
 
-def _first_rank_done(config: EngineConfig, stack: PolicyStack, tiers: Sequence[TierIndex] | None = None,
-                     recorder: Recorder | None = None) -> Engine:
-    engine = Engine(config, stack, tiers=tiers, recorder=recorder)
-    engine.state.ranks = FirstRankDone(config.ranks, engine.jobs)
-    return engine
-
-
 # ---- 4. finished_sending and finished_recving swapped ---------------------------------------
-class SwappedSendRecvTransfers(Transfers):
-    def job_outcome(self, job: Job, failed: Sequence[int], cause: str | None = None) -> None:
-        swapped = attrs.evolve(job, kind="store" if job.kind == "load" else "load")
-        super().job_outcome(swapped, failed, cause)
+class SwappedAggregator(OutputAggregator):
+    def aggregate(self, outputs: Sequence[tuple[set[str], set[str], set[int]]]) -> tuple[
+            tuple[str, ...], tuple[str, ...], frozenset[int]]:
+        recving, sending, invalid = super().aggregate(outputs)
+        return sending, recving, invalid
 
 
-class SwappedSendRecv(Engine):
-    transfers_class = SwappedSendRecvTransfers
+class SwappedSendRecv(FixedEngine):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.aggregator = SwappedAggregator(self.core.state.config.ranks)
 
 
 # ---- 5. a store covering placeholder tokens ----------------------------------------------------
@@ -127,80 +129,56 @@ class StoreScheduledTokens:
         return Decision(req.computed_tokens, "store every scheduled token")
 
 
-# ---- 6. a block freed while a store still reads it ---------------------------------------------
-class StoreTakesNoReferenceTransfers(Transfers):
+class StoresScheduledTransfers(FixedTransfers):
+    """The engine takes the store policy's limit as it is, not clamped to the tokens step
+    outputs confirmed: with a limit of the scheduled tokens, it stores the blocks of steps
+    still in flight, placeholders included."""
+
     def maybe_store(self, req: Any) -> None:
-        pool = self.state.pool
-        pool.retain = lambda blocks: None  # type: ignore[method-assign]
+        confirmed, req.confirmed = req.confirmed, max(req.confirmed, req.computed)
         try:
             super().maybe_store(req)
         finally:
-            del pool.retain
-
-    def release_job(self, job: Job, failed: Sequence[int]) -> None:
-        if job.kind != "store":
-            super().release_job(job, failed)
-            return
-        with _no_block_releases(self.state.pool):  # the reference it never took is not given back
-            super().release_job(job, failed)
+            req.confirmed = confirmed
 
 
-class StoreTakesNoReference(Engine):
-    transfers_class = StoreTakesNoReferenceTransfers
+# ---- 6. a finished request's blocks freed though its stores still read them ------------------------
+class IgnoresHoldScheduler(FixedScheduler):
+    """The connector says hold (a store reads the blocks); the scheduler frees them at once."""
+
+    def _finish(self, req: SchedRequest, reason: str) -> bool:
+        super()._finish(req, reason)
+        return False
 
 
 # ---- 7. a duplicate load of an in-flight block ----------------------------------------------------
-class ForgetsInFlightLoadsTransfers(Transfers):
+class ForgetsInFlightLoadsTransfers(FixedTransfers):
     """Never publishes its loads as in flight, so nobody can join them."""
 
-    def start_load(self, req: Any, moves: list[Any]) -> None:
+    def start_load(self, req: Any, moves: Sequence[BlockMove], after: int | None = None) -> Job:
         in_flight = self.state.in_flight_loads
         before = set(in_flight)
-        super().start_load(req, moves)
+        job = super().start_load(req, moves, after)
         for block_hash in sorted(set(in_flight) - before):
             del in_flight[block_hash]
-
-
-class ForgetsInFlightLoads(Engine):
-    transfers_class = ForgetsInFlightLoadsTransfers
+        return job
 
 
 # ---- 8. an abort during a load that frees the blocks early ---------------------------------------
-class CancelledLoadsTransfers(Transfers):
-    """Releasing a load cancelled at abort gives nothing back: it was dropped already."""
+class AbortFreesLoadingScheduler(FixedScheduler):
+    """An abort frees a loading request's blocks at once, not when its load reports."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.cancelled: set[int] = set()
-
-    def release_job(self, job: Job, failed: Sequence[int]) -> None:
-        if job.job_id not in self.cancelled:
-            super().release_job(job, failed)
-            return
-        with _no_block_releases(self.state.pool):  # already dropped at the abort
-            super().release_job(job, failed)
-
-
-class AbortCancelsLoad(Engine):
-    """Abort 'cancels' the request's loads by dropping their block references at once."""
-
-    transfers_class = CancelledLoadsTransfers
-
-    def _on_abort(self, event: Abort) -> None:
-        assert isinstance(self.transfers, CancelledLoadsTransfers)
-        cancelled = self.transfers.cancelled
-        req = self.requests.get(event.request_id)
-        if req is not None and req.state == "loading":
-            for job_id in req.load_jobs:
-                job = self.jobs.get(job_id)
-                if job is not None and job.request_id == req.request_id and job_id not in cancelled:
-                    cancelled.add(job_id)
-                    self.pool.release(m.device_block for m in job.moves)
-        super()._on_abort(event)
+    def finish_requests(self, request_id: str, reason: str = "aborted") -> bool:
+        req = self.requests.get(request_id)
+        if req is None or req.finished or req.status != Status.WAITING_FOR_REMOTE_KVS:
+            return super().finish_requests(request_id, reason)
+        self._unqueue(req)
+        self._free_request(req, reason, delay=False)
+        return True
 
 
 # ---- 9. a failed load retried forever with its stale hit ----------------------------------------
-class KeepsFailedBlocksTransfers(Transfers):
+class KeepsFailedBlocksTransfers(FixedTransfers):
     """A failed block stays in its tier, so the next lookup hits it again, and again."""
 
     def release_job(self, job: Job, failed: Sequence[int]) -> None:
@@ -214,12 +192,11 @@ class KeepsFailedBlocksTransfers(Transfers):
                 del tier.discard
 
 
-class KeepsFailedBlocks(Engine):
-    transfers_class = KeepsFailedBlocksTransfers
-
-
 # ---- 10. a duplicate rank report counted twice -----------------------------------------------------
 class CountsDuplicateReports(RankAggregator):
+    def __init__(self, world_size: int, jobs: dict[int, Job] | None = None) -> None:
+        super().__init__(world_size)
+
     def report(self, job_id: int, rank: int, failed: tuple[int, ...]) -> ReportOutcome:
         pending = self._jobs.get(job_id)
         if pending is None:
@@ -235,51 +212,33 @@ class CountsDuplicateReports(RankAggregator):
         return ReportOutcome(ReportStatus.DONE, tuple(sorted(pending.failed)))
 
 
-def _with_ranks(aggregator: type[RankAggregator]) -> Callable[..., Engine]:
-    def factory(config: EngineConfig, stack: PolicyStack, tiers: Sequence[TierIndex] | None = None,
-                recorder: Recorder | None = None) -> Engine:
-        engine = Engine(config, stack, tiers=tiers, recorder=recorder)
-        engine.state.ranks = aggregator(config.ranks)
-        return engine
-
-    return factory
-
-
 # ---- 11. a head that can never fit parks the queue (vllm#57841) ------------------------------------
-class _AdmitsWhatNeverFits(Scheduler):
-    def _never_fits(self, req: Request) -> bool:
-        return False
-
-
-class QueuesOversizedPrompts(_with_scheduler(_AdmitsWhatNeverFits)):  # type: ignore[misc]
+class QueuesOversizedScheduler(FixedScheduler):
     """vllm#57841: requests parked forever behind a head that can never be scheduled. A
-    prompt larger than the whole device is queued instead of failed at arrival (and the
-    admission's own check is gone too); FIFO admission stops at it, every tick, and nothing
-    behind it ever runs."""
+    prompt larger than the whole device is queued instead of failed at arrival."""
 
-    def _on_arrival(self, event: Arrival) -> None:
-        pool = self.state.pool
-        capacity = pool.capacity
-        pool.capacity = 1 << 30  # the arrival's size check sees an unbounded device
+    def add_request(self, request_id: str, prompt_tokens: int, block_hashes: Sequence[int],
+                    max_tokens: int | None = None, resumable: bool = False) -> None:
+        capacity = self.pool.capacity
+        self.pool.capacity = 1 << 30  # the arrival's size check sees an unbounded device
         try:
-            super()._on_arrival(event)
+            super().add_request(request_id, prompt_tokens, block_hashes, max_tokens, resumable)
         finally:
-            pool.capacity = capacity
+            self.pool.capacity = capacity
 
 
 # ---- 12. a pending lookup asked again on every pass (vllm#49829) -------------------------------------
-class LooksUpEveryPass(Scheduler):
+class LooksUpEveryPassCore(ConnectorCore):
     """vllm#49829: lookups pending with no bound (one request made 1.27M lookup() calls).
-    Every scheduler pass asks the connector again for a request whose lookup is pending,
-    and the connector submits a new lookup each time."""
+    Every scheduler pass that asks for a request whose lookup is pending submits a new one."""
 
-    def tick(self) -> None:
+    def get_num_new_matched_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[int | None, bool]:
         state = self.state
-        for req in state.waiting:
-            if req.state == "lookup_pending":
-                state.stats.async_lookups += 1
-                state.commands.append(SubmitLookup(req.request_id, req.epoch, state.hit_candidates(req)))
-        super().tick()
+        req = state.requests[request_id]
+        if req.state == "lookup_pending":
+            state.stats.async_lookups += 1
+            state.commands.append(SubmitLookup(req.request_id, req.epoch, state.hit_candidates(req)))
+        return super().get_num_new_matched_tokens(request_id, num_computed_tokens)
 
 
 # ---- 13. a completion reported twice by per-rank handles (vllm#54518) --------------------------------
@@ -301,7 +260,7 @@ class CompletesPerHandle(RankAggregator):
         return outcome
 
 
-class CompletesTwiceTransfers(Transfers):
+class CompletesTwiceTransfers(FixedTransfers):
     """Keeps finished jobs, so a second completion finds the job to complete again."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -317,16 +276,16 @@ class CompletesTwiceTransfers(Transfers):
             self.finished[event.job_id] = job
 
 
-class CompletesTwice(Engine):
+class CompletesTwice(FixedEngine):
     transfers_class = CompletesTwiceTransfers
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.state.ranks = CompletesPerHandle(self.state.config.ranks, self.state.jobs)
+        self.core.state.ranks = CompletesPerHandle(self.core.state.config.ranks, self.jobs)
 
 
 # ---- 14. a completion applied to a request already running (vllm#56194) --------------------------------
-class LateCompletionTransfers(Transfers):
+class LateCompletionTransfers(FixedTransfers):
     """vllm#56194: a completion arriving for a request that is already running. The load
     was given up at its deadline (the request went back to waiting and runs again,
     recomputing); when its late report comes, the completion handler takes the request
@@ -338,82 +297,68 @@ class LateCompletionTransfers(Transfers):
         super().on_transfer_report(event)
         if job is None or not late or event.job_id in self.state.jobs:
             return
-        for rid, _ in job.waiters:
-            req = self.state.requests[rid]
-            if req.state == "running":
-                self.lifecycle.move(req, "load_done", "its load reported (late)")
-
-
-class LateCompletion(Engine):
-    transfers_class = LateCompletionTransfers
+        req = self.state.requests.get(job.request_id)
+        if req is not None and req.state == "running":
+            self.lifecycle.move(req, Trigger.LOAD_DONE, "its load reported (late)")
 
 
 # ---- 15. a finish-time store of the never-written last token (vllm#54193) ------------------------------
-class StoresLastTokenAtFinish(Engine):
+class StoresLastTokenCore(ConnectorCore):
     """vllm#54193: the finish-time store takes the request's length as its watermark,
-    which includes the last sampled token: its KV was never written (no step takes it
-    as input), so the store copies a block with a hole in it."""
+    which includes the last sampled token: its KV was never written (no step takes it as
+    input), so the store copies a block with a hole in it."""
 
-    def _finish_generation(self, req: Request, reason: str) -> None:
-        watermark = req.prompt_tokens + req.generated
-        real_ask = self.lifecycle.ask
+    def request_finished(self, request_id: str, reason: str, why: str | None = None) -> bool:
+        transfers, lifecycle = self.transfers, self.lifecycle
+        store = transfers.maybe_store
 
-        def ask(r: Request, hook: str, *args: Any) -> Any:
-            return watermark if hook == "store_limit" and r is req else real_ask(r, hook, *args)
+        def store_with_last_token(req: Any) -> None:
+            watermark = req.prompt_tokens + req.generated
+            ask = lifecycle.ask
+            lifecycle.ask = lambda r, hook, *args: (  # type: ignore[method-assign]
+                watermark if hook == "store_limit" and r is req else ask(r, hook, *args))
+            confirmed, req.confirmed = req.confirmed, max(req.confirmed, watermark)
+            try:
+                store(req)
+            finally:
+                del lifecycle.ask
+                req.confirmed = confirmed
 
-        computed = req.computed
-        self.lifecycle.ask = ask  # type: ignore[method-assign]
-        req.computed = max(computed, watermark)
+        transfers.maybe_store = store_with_last_token  # type: ignore[method-assign]
         try:
-            self.transfers.maybe_store(req)
+            return super().request_finished(request_id, reason, why)
         finally:
-            del self.lifecycle.ask
-            req.computed = computed
-        super()._finish_generation(req, reason)
+            del transfers.maybe_store
 
 
 # ---- 16. computed tokens kept across preemption (vllm#36752) -----------------------------------------
-class KeepsComputedScheduler(Scheduler):
-    """vllm#36752: the cached/computed-token count is not reset on preemption. Admitted
-    again, the request resumes from its old count as if those tokens were cached, over
-    blocks that were freed (and reused) when it was preempted."""
+class KeepsComputedScheduler(FixedScheduler):
+    """vllm#36752: the computed-token count is not reset on preemption. Admitted again, the
+    request resumes from its old count as if those tokens were cached, over blocks that
+    it never wrote in this epoch."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.kept: dict[str, int] = {}
-
-    def _preempt(self, req: Request) -> None:
-        self.kept[req.request_id] = req.computed
+    def _preempt(self, req: SchedRequest) -> None:
+        kept = req.num_computed_tokens
         super()._preempt(req)
-
-    def _try_admit(self, req: Request, budget: int, entries: list[Entry], candidates: tuple[int, ...]) -> str:
-        outcome = super()._try_admit(req, budget, entries, candidates)
-        kept = self.kept.pop(req.request_id, 0) if outcome in ("running", "loading") else 0
-        if outcome == "running":
-            n = entries[-1][1]
-            start = min(kept, req.known_tokens - n)
-            if start > req.computed - n:
-                req.computed = start + n
-        return outcome
+        req.num_computed_tokens = kept
 
 
 # ---- 17. an async hit recorded twice, the second as 0 (vllm#28585) --------------------------------------
-class RecordsHitTwiceScheduler(Scheduler):
+class RecordsHitTwiceCore(ConnectorCore):
     """vllm#28585: async connector hits recorded twice, the second time with 0 external
     tokens. When a landed load is taken into running, the admission bookkeeping runs
     again and records the request's tier hit as 0 blocks."""
 
-    def _take_landed(self, budget: int, entries: list[Entry]) -> tuple[int, bool]:
-        landed = [req for req in self.state.holding if not req.load_jobs]
-        out = super()._take_landed(budget, entries)
-        for req in landed:
-            if req.state == "running" and req.preemptions == 0:
-                req.tier_hit_blocks = dict.fromkeys(req.tier_hit_blocks, 0)
-        return out
+    def update_state_after_alloc(self, request_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        req = self.state.requests[request_id]
+        promoting = req.state == "loading"
+        super().update_state_after_alloc(request_id, block_ids, num_external_tokens)
+        if promoting and req.preemptions == 0:
+            req.tier_hit_blocks = dict.fromkeys(req.tier_hit_blocks, 0)
 
 
 # ---- 18. a failed store that stays visible to lookups (LMCache#4991) ------------------------------------
-class FailedStoreVisibleTransfers(Transfers):
+class FailedStoreVisibleTransfers(FixedTransfers):
     """LMCache#4991: a store that failed on some rank is published like a good one: the
     tier index lists the block, lookups hit it, loads read bytes that were never written."""
 
@@ -424,57 +369,41 @@ class FailedStoreVisibleTransfers(Transfers):
         super().release_job(job, failed)
 
 
-class FailedStoreVisible(Engine):
-    transfers_class = FailedStoreVisibleTransfers
-
-
 # ---- 19. preempted blocks never released ----------------------------------------------------------------
-class LeaksPreemptedScheduler(Scheduler):
+class LeaksPreemptedScheduler(FixedScheduler):
     """Preemption forgets the request's block table without dropping its references: the
     blocks stay held forever, and the device shrinks until requests wait forever."""
 
-    def _preempt(self, req: Request) -> None:
-        req.block_table = []
+    def _preempt(self, req: SchedRequest) -> None:
+        req.blocks = []
         super()._preempt(req)
 
 
 # ---- 20. a failed load's blocks published in the device cache -------------------------------------------
-class PublishesFailedLoadTransfers(Transfers):
-    """The device blocks of a failed load are published under their hashes like the
-    good ones: a later hit (the request itself, recomputing) reads garbage."""
+class PublishesFailedLoadScheduler(FixedScheduler):
+    """The device blocks of a failed load are published under their hashes like the good
+    ones: a later hit (the request itself, recomputing) reads garbage."""
 
-    def release_job(self, job: Job, failed: Sequence[int]) -> None:
-        super().release_job(job, failed)
-        if job.kind == "load" and not job.timed_out:
-            for move in job.moves:
-                if move.block_hash in failed:
-                    self.state.pool.register(move.device_block, move.block_hash)
-
-
-class PublishesFailedLoad(Engine):
-    transfers_class = PublishesFailedLoadTransfers
+    def _landed(self, req: SchedRequest) -> None:
+        hashes = req.block_hashes
+        for i in range(req.num_cached_blocks, min(len(req.blocks), len(hashes))):
+            self.pool.cache(req.blocks[i], hashes[i])
+        super()._landed(req)
 
 
-# ---- 21. blocks published before their step's output (async scheduling) ---------------------------------
-class RegistersEarlyScheduler(Scheduler):
-    """Blocks are published in the device prefix cache as soon as a step is planned to
-    compute them, not when its output confirms them: under async scheduling a request
-    admitted meanwhile hits blocks whose content is still being computed."""
+# ---- 21. blocks published before their load landed ---------------------------------------------------------
+class CachesLoadsEarlyScheduler(FixedScheduler):
+    """An async load's blocks are published in the device prefix cache when they are
+    allocated, not when the load lands: a request admitted meanwhile hits blocks the load
+    is still writing."""
 
-    def _emit_plan(self, entries: list[Entry], sync_keys: list[int]) -> None:
-        super()._emit_plan(entries, sync_keys)
-        state = self.state
-        bt = state.config.block_tokens
-        for req, _, _ in entries:
-            full = min(req.computed // bt, len(req.block_table))
-            state.ensure_hashes(req, full)
-            while req.registered_blocks < full:
-                state.pool.register(req.block_table[req.registered_blocks], req.hashes[req.registered_blocks])
-                req.registered_blocks += 1
+    def _allocate(self, req: SchedRequest, n: int, local: list[int], external: int, delay_cache: bool,
+                  reserved: int) -> bool:
+        return super()._allocate(req, n, local, external, False, reserved)
 
 
 # ---- 22. a failed prefetch marked landed -------------------------------------------------------------------
-class PrefetchIgnoresFailuresTransfers(Transfers):
+class PrefetchIgnoresFailuresTransfers(FixedTransfers):
     """A prefetch whose blocks failed to land is marked landed: the host tier lists the
     blocks it never received, and the request it was for reads them from there."""
 
@@ -501,20 +430,17 @@ class PrefetchIgnoresFailuresTransfers(Transfers):
                            for i, tier in enumerate(before[: len(candidates)]))
 
 
-class PrefetchIgnoresFailures(Engine):
-    transfers_class = PrefetchIgnoresFailuresTransfers
-
-
-class NeverExpiresLookups(Engine):
+# ---- 23. a lookup that never expires ------------------------------------------------------------------------
+class NeverExpiresCore(ConnectorCore):
     """vllm#49829's other half: a lookup that never answers keeps its request in
     lookup_pending for ever (no lookup deadline)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.lifecycle.expire_lookups = lambda: None  # type: ignore[method-assign]
+    def _expire_lookups(self) -> None:
+        return
 
 
-class NeverReclaimsTransfers(Transfers):
+# ---- 24. a silent rank's blocks never reclaimed -------------------------------------------------------------
+class NeverReclaimsTransfers(FixedTransfers):
     """A job some rank never reports keeps its blocks for ever, even after its request
     was aborted (what VLLM_NIXL_ABORT_REQUEST_TIMEOUT exists for)."""
 
@@ -522,8 +448,50 @@ class NeverReclaimsTransfers(Transfers):
         return
 
 
-class NeverReclaims(Engine):
-    transfers_class = NeverReclaimsTransfers
+# ---- 25. a store not flushed at preemption --------------------------------------------------------------------
+class NoFlushTransfers(FixedTransfers):
+    """A preempted request's stores in flight are not flushed: the scheduler frees its
+    blocks at the preemption and hands them on while the stores still read them."""
+
+    def flush_stores(self, req: Any) -> None:
+        return
+
+
+# ---- 26. a join that reads before its owner landed ----------------------------------------------------------------
+class JoinsUnordered(FixedEngine):
+    """A join's command does not name the load it follows: the workers copy the owner's
+    device blocks at once, before the owner's load has landed in them (its record still
+    says whom it joins)."""
+
+    def handle(self, event: Any) -> list[Command]:
+        commands = super().handle(event)  # (the same list: a driver may have read it as it grew)
+        commands[:] = [attrs.evolve(c, after=None) if type(c) is StartLoad and c.after is not None else c
+                       for c in commands]
+        return commands
+
+
+# ---- 27. a held request freed before its stores reported ---------------------------------------------------------
+class FreesHeldEarlyScheduler(FixedScheduler):
+    """A held request's blocks are freed with the first step output after it finished,
+    not when its stores are reported (finished_sending)."""
+
+    def _transfers_finished(self, output: KVConnectorOutput) -> None:
+        super()._transfers_finished(output)
+        for req in [r for r in self.requests.values() if r.free_on_sending]:
+            self._free_blocks(req)
+
+
+# ---- 28. a stale step output applied to the step in flight ---------------------------------------------------------
+class AppliesStaleOutputs(FixedEngine):
+    """A step output is applied to the oldest step in flight whatever step it names: a
+    stale one (a step delivered already, of an epoch preempted since; or a later one early)
+    confirms the tokens and stops of the step now in flight."""
+
+    def _on_step_output(self, event: StepOutput) -> None:
+        steps = self.scheduler.steps
+        if steps and next(iter(steps)) != event.step_id:
+            event = attrs.evolve(event, step_id=next(iter(steps)))
+        super()._on_step_output(event)
 
 
 @attrs.frozen
@@ -533,68 +501,78 @@ class ZooBug:
     invariant: int  # the one invariant a correct checker names for it
     source: str = ""  # where the bug was reported
     stack: Callable[[], PolicyStack] = lambda: PolicyStack([])
-    engine_factory: Callable[..., Engine] = Engine
+    engine_factory: Callable[..., Engine] = FixedEngine
 
 
 ZOO: tuple[ZooBug, ...] = (
     ZooBug("stale_lookup_applied", "an old lookup answer applied to the newer lookup pending", 4,
-           "docs/design.md (stale lookups)", lambda: PolicyStack([AsyncLookups()]), StaleLookupApplied),
+           "docs/design.md (stale lookups)", lambda: PolicyStack([AsyncLookups()]),
+           _engine("StaleLookupApplied", core_class=StaleLookupAppliedCore)),
     ZooBug("lookup_not_discarded_at_abort", "a lookup left in flight when its request is aborted", 4,
-           "docs/design.md (stale lookups)", lambda: PolicyStack([AsyncLookups()]), LookupNotDiscarded),
+           "docs/design.md (stale lookups)", lambda: PolicyStack([AsyncLookups()]),
+           _engine("LookupNotDiscarded", core_class=LookupNotDiscardedCore)),
     ZooBug("load_done_after_one_rank", "a load counted done after one of its ranks", 3,
-           "docs/design.md (TP ranks)", engine_factory=_first_rank_done),
-    # 11: a request whose stores are reported is not released at the step output that
-    # should release it (before the drain finds it stuck, 7).
+           "docs/design.md (TP ranks)", engine_factory=_with_ranks(FirstRankDone)),
     ZooBug("send_recv_swapped", "finished_sending and finished_recving swapped", 11,
            "docs/design.md", engine_factory=SwappedSendRecv),
     ZooBug("store_covers_placeholders", "a store covering placeholder tokens", 5,
-           "vllm#27644", lambda: PolicyStack([StoreScheduledTokens()])),
-    ZooBug("free_under_store", "a block freed while a store still reads it", 2,
-           "docs/design.md", engine_factory=StoreTakesNoReference),
+           "vllm#27644", lambda: PolicyStack([StoreScheduledTokens()]),
+           _engine("StoresScheduled", transfers_class=StoresScheduledTransfers)),
+    ZooBug("free_under_store", "a finished request's blocks freed while its stores still read them", 2,
+           "docs/design.md", engine_factory=_with_scheduler(IgnoresHoldScheduler)),
     ZooBug("duplicate_inflight_load", "a duplicate load of an in-flight block", 6,
-           "docs/design.md", lambda: PolicyStack([ShareLoads()]), ForgetsInFlightLoads),
+           "docs/design.md", lambda: PolicyStack([ShareLoads()]),
+           _engine("ForgetsInFlightLoads", transfers_class=ForgetsInFlightLoadsTransfers)),
     ZooBug("abort_frees_loading_blocks", "an abort during a load that frees the blocks early", 2,
-           "docs/design.md", engine_factory=AbortCancelsLoad),
+           "docs/design.md", engine_factory=_with_scheduler(AbortFreesLoadingScheduler)),
     ZooBug("failed_load_retried_forever", "a failed load retried forever with its stale hit", 12,
-           "docs/design.md", engine_factory=KeepsFailedBlocks),
+           "docs/design.md", engine_factory=_engine("KeepsFailedBlocks", transfers_class=KeepsFailedBlocksTransfers)),
     ZooBug("duplicate_report_counted_twice", "a duplicate rank report counted twice", 3,
            "docs/design.md", engine_factory=_with_ranks(CountsDuplicateReports)),
     # 1: a prompt that can never run is queued instead of failed at its arrival (the fix of
     # vllm#57841), before the drain sees the queue behind it parked (7).
     ZooBug("head_of_line_never_fits", "requests parked forever behind a head that can never be scheduled", 1,
-           "vllm#57841", engine_factory=QueuesOversizedPrompts),
+           "vllm#57841", engine_factory=_with_scheduler(QueuesOversizedScheduler)),
     ZooBug("lookup_every_pass", "a pending lookup submitted again on every scheduler pass", 12,
-           "vllm#49829", engine_factory=_with_scheduler(LooksUpEveryPass)),
+           "vllm#49829", lambda: PolicyStack([AsyncLookups()]),
+           _engine("LooksUpEveryPass", core_class=LooksUpEveryPassCore)),
     ZooBug("completion_per_rank_handle", "a completion reported twice by per-rank handles", 3,
            "vllm#54518", engine_factory=CompletesTwice),
     ZooBug("completion_for_running_request", "a late load completion applied to a request already running", 1,
-           "vllm#56194", engine_factory=LateCompletion),
+           "vllm#56194", engine_factory=_engine("LateCompletion", transfers_class=LateCompletionTransfers)),
     ZooBug("finish_store_includes_last_token", "a finish-time store watermark that includes the never-written "
-           "last token", 5, "vllm#54193", engine_factory=StoresLastTokenAtFinish),
-    # 8: admitted again, it computes from its old count over fewer blocks than its tokens need;
-    # 10: it reads blocks freed and reused under it as its own. Which one the derandomized
-    # search meets first moves with the process's incidental state (tests/test_bug_zoo.py):
-    # 10 since EngineConfig resolves device_blocks and ranks once (issue 24, item 11).
-    ZooBug("computed_kept_across_preemption", "cached-token counts not reset on preemption", 10,
+           "last token", 5, "vllm#54193", engine_factory=_engine("StoresLastToken", core_class=StoresLastTokenCore)),
+    # 10: admitted again, it reads its old count's tokens from blocks it never wrote.
+    ZooBug("computed_kept_across_preemption", "computed-token counts not reset on preemption", 10,
            "vllm#36752", engine_factory=_with_scheduler(KeepsComputedScheduler)),
     ZooBug("async_hit_recorded_twice", "async hits recorded twice, the second as 0", 13,
-           "vllm#28585", engine_factory=_with_scheduler(RecordsHitTwiceScheduler)),
+           "vllm#28585", engine_factory=_engine("RecordsHitTwice", core_class=RecordsHitTwiceCore)),
     ZooBug("failed_store_visible", "a failed store that stays visible to lookups", 10,
-           "LMCache#4991", engine_factory=FailedStoreVisible),
+           "LMCache#4991", engine_factory=_engine("FailedStoreVisible", transfers_class=FailedStoreVisibleTransfers)),
     ZooBug("preempted_blocks_never_released", "a preempted request's blocks never released", 7,
            "issue 11 (801 of 1,000 requests waiting forever)", engine_factory=_with_scheduler(LeaksPreemptedScheduler)),
     ZooBug("failed_load_published", "a failed load's blocks published in the device cache", 10,
-           "issue 11 (content provenance)", engine_factory=PublishesFailedLoad),
-    ZooBug("published_before_output", "blocks published while their step is still in flight", 10,
-           "issue 11 (content provenance)", engine_factory=_with_scheduler(RegistersEarlyScheduler)),
+           "issue 11 (content provenance)", engine_factory=_with_scheduler(PublishesFailedLoadScheduler)),
+    ZooBug("published_before_landing", "a load's blocks published in the device cache before it landed", 10,
+           "issue 11 (content provenance)", engine_factory=_with_scheduler(CachesLoadsEarlyScheduler)),
     ZooBug("failed_prefetch_landed", "prefetch blocks marked landed after a failure", 10,
-           "issue 11 (content provenance)", engine_factory=PrefetchIgnoresFailures),
+           "issue 11 (content provenance)",
+           engine_factory=_engine("PrefetchIgnoresFailures", transfers_class=PrefetchIgnoresFailuresTransfers)),
     ZooBug("lookup_never_expires", "an unanswered lookup pending for ever (no lookup deadline)", 7,
            "vllm#49829; issue 11 (deadlines are transitions)", lambda: PolicyStack([AsyncLookups()]),
-           NeverExpiresLookups),
+           _engine("NeverExpires", core_class=NeverExpiresCore)),
     ZooBug("silent_rank_never_reclaimed", "a job a rank never reports holds its blocks for ever", 7,
            "vLLM VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s); issue 11 (deadlines are transitions)",
-           engine_factory=NeverReclaims),
+           engine_factory=_engine("NeverReclaims", transfers_class=NeverReclaimsTransfers)),
+    ZooBug("store_not_flushed_at_preemption", "a preempted request's store not flushed: its block freed and reused "
+           "while the store still reads it", 2, "issue 22 (R3b)",
+           engine_factory=_engine("NoFlush", transfers_class=NoFlushTransfers)),
+    ZooBug("join_before_owner_landed", "a join that copies its owner's blocks before the owner's load landed", 10,
+           "issue 22 (joins)", lambda: PolicyStack([ShareLoads()]), JoinsUnordered),
+    ZooBug("held_freed_before_stores_reported", "a held request's blocks freed before its stores were reported", 2,
+           "issue 22 (R7)", engine_factory=_with_scheduler(FreesHeldEarlyScheduler)),
+    ZooBug("stale_output_applied", "a stale step output (of an epoch preempted since, or early) applied to the step "
+           "in flight", 4, "issue 26 (epochs as data)", engine_factory=AppliesStaleOutputs),
 )
 
-__all__ = ["ZOO", "LeaksPreemptedScheduler", "ZooBug"]
+__all__ = ["ZOO", "LeaksPreemptedScheduler", "ZooBug", "_with_scheduler"]

@@ -32,7 +32,7 @@ from kvlife.lifecycle.engine.events import (
 from kvlife.policies.base import Decision
 from kvlife.policies.loading import load_policy
 from kvlife.policies.stack import PolicyStack
-from kvlife.specs.invariants import InvariantObserver
+from kvlife.specs.invariants import InvariantObserver, Settings
 from kvlife.specs.model_check import AsyncLookups
 
 BT = 4
@@ -54,11 +54,11 @@ def _engine(config: EngineConfig, stack: PolicyStack, records: list[dict[str, An
 
 def _observer(config: EngineConfig, records: list[dict[str, Any]], **deadlines: float) -> InvariantObserver:
     """The independent observer over ``records`` as a trace (validate's mode)."""
-    observer = InvariantObserver(
-        config.ranks, config.block_tokens, from_trace=True,
+    observer = InvariantObserver(Settings.of(
+        config, live=False,
         lookup_deadline_ms=deadlines.get("lookup", config.lookup_deadline_ms),
         transfer_deadline_ms=deadlines.get("transfer", config.transfer_deadline_ms),
-        reclaim_deadline_ms=deadlines.get("reclaim", config.reclaim_deadline_ms))
+        reclaim_deadline_ms=deadlines.get("reclaim", config.reclaim_deadline_ms)))
     for record in records:
         observer.feed_record(record)
     observer.end_input()  # close the last handling (its end-of-tick checks)
@@ -144,7 +144,7 @@ def test_the_observer_refuses_an_early_expiry_and_a_missed_one() -> None:
     # pending, a liveness finding (7).
     records = []
     engine = _engine(config, PolicyStack([AsyncLookups()]), records)
-    engine.lifecycle.expire_lookups = lambda: None  # type: ignore[method-assign]
+    engine.core._expire_lookups = lambda: None  # type: ignore[method-assign]
     engine.handle(Arrival(0.0, "a", 9, (1, 2)))
     engine.handle(Tick(12.0))
     missed = _observer(config, records).violations
@@ -223,7 +223,7 @@ def test_the_observer_catches_a_reclaim_before_its_deadline_and_a_missed_one() -
     assert early and early[0].invariant == 2 and "reclaimed at t=100, before its deadline t=200" in early[0].message
     records = []
     engine = _engine(config, PolicyStack([]), records)
-    engine.transfers.reclaim_jobs = lambda deadline: None  # type: ignore[method-assign]
+    engine.core.transfers.reclaim_jobs = lambda deadline: None  # type: ignore[method-assign]
     load = _start_load(engine)
     engine.handle(TransferReport(1.0, load.job_id, 0))
     engine.handle(Abort(2.0, "a"))

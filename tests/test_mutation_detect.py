@@ -19,10 +19,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import mutation  # noqa: E402
 
-# A reference-count bug: a block shared through the prefix cache gains no reference, so
-# the second request's release frees it under the first (invariant 2 or 8, or a leak).
-MUTANT = ("lifecycle/engine/blocks.py", "        self.refs[block] += 1\n        return block\n",
-          "        return block\n")
+# A reference-count bug: a hit takes no reference on a block another request caches, so
+# the device's accounting is off (invariant 8), or the block is freed under its reader.
+MUTANT = ("lifecycle/engine/blocks.py", "                del self._free[block]\n            refs[block] += 1",
+          "                del self._free[block]\n            refs[block] += 0")
+# The engine with the fixes of the bugs kvlife check found in it (tests/engine_fixes.py),
+# built on the mutated parts: on the engine as it is, the check fails and kills any mutant.
+ENGINE = ("--engine", "tests/engine_fixes.py:FixedEngine")
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -33,13 +36,15 @@ def _copy(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "kvlife", root / "kvlife", symlinks=True, ignore=ignore)
     (root / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "mutation_detect.py", root / "scripts")
+    (root / "tests").mkdir()
+    shutil.copy(ROOT / "tests" / "engine_fixes.py", root / "tests")
     return root
 
 
 def _detect(root: Path, *budget: str, stacks: str = "baseline;shared-loads") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "scripts/mutation_detect.py", "--stacks", stacks, *budget,
-                           "--per-stack-timeout", "120"],
+    return subprocess.run([sys.executable, "scripts/mutation_detect.py", "--stacks", stacks, *budget, *ENGINE,
+                           "--per-stack-timeout", "300"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -62,84 +67,32 @@ def test_detector_passes_the_engine_and_catches_a_refcount_mutant(tmp_path: Path
     assert "Traceback" not in caught.stdout + caught.stderr
 
 
-# Survivors of the first mutation run, each now caught at the CLI's default budget by the
-# check added for it (docs/replay-and-check.md, "Mutation score"): (file, line, mutant line,
-# the invariant that catches it, a phrase of the finding: a regular expression).
-FORMER_SURVIVORS = [
-    ("lifecycle/engine/lifecycle.py", "warnings[what] = warnings.get(what, 0) + 1",
-     "warnings[what] = warnings.get(what, 1) + 1", 13, "stats.warnings"),
-    ("lifecycle/engine/scheduler.py", "state.stats.steps += 1", "state.stats.steps += 0", 13, "stats.steps"),
-    ("lifecycle/engine/transfers.py", 'if action == "fail":', 'if action < "fail":', 1, "on_load_failure said fail"),
-    ("lifecycle/engine/transfers.py", "state.now - job.started_ms < deadline", "state.now // job.started_ms < deadline",
-     7, "deadline"),
-    ("lifecycle/engine/blocks.py", "        if block_hash in self.cached:", "        if not block_hash in self.cached:",
-     13, "not published"),
-    ("lifecycle/engine/transfers.py", "host.complete_store(landed, ok=True)", "host.complete_store(landed, ok=False)",
-     13, "no longer holds block"),
-    ("lifecycle/engine/state.py", 'if r.state != "finished"]', 'if r.state < "finished"]', 7,
-     "reports nothing unfinished"),
-    # Survivors of the second run (the merged engine), caught by the checks added for them.
-    ("lifecycle/engine/request.py", "    stored_blocks: int = 0", "    stored_blocks: int = 1", 13,
-     "never offered to the host tier"),
-    ("lifecycle/engine/scheduler.py", "if req.async_lookups < max_lookups:", "if req.async_lookups <= max_lookups:",
-     12, "engine.max_async_lookups"),
-    ("lifecycle/engine/scheduler.py", 'if req.lookup_async and reuse == "consume":',
-     'if not req.lookup_async and reuse == "consume":', 12,
-     "(told consume|keeps its answer past its lookup bound)"),
-    ("lifecycle/engine/scheduler.py", "req.computed + 2 - req.placeholders >=",
-     "req.computed + 1 - req.placeholders >=", 11, "past its last input"),
-    ("lifecycle/engine/scheduler.py", "elif end % bt < n:", "elif end % bt <= n:", 0, "the plan computes"),
-    ("lifecycle/engine/state.py", "self.stats.ticks > req.sending_tick", "self.stats.ticks >= req.sending_tick", 11,
-     "completed from sending too early"),
-    ("lifecycle/engine/state.py", "if entry[0] is req and entry[1] == req.epoch:",
-     "if not entry[0] is req and entry[1] == req.epoch:", 2, "which no output has ended yet"),
-    # Survivors of the third round, caught by the checks added for them.
-    ("lifecycle/engine/scheduler.py", ">= req.prompt_tokens + req.max_tokens)\n",
-     ">= req.prompt_tokens / req.max_tokens)\n", 11, "work conservation"),
-    ("lifecycle/engine/state.py", "    deferred: bool = False  # its request",
-     "    deferred: bool = True  # its request", 13, "stats.prefetch_waits"),
-    ("lifecycle/engine/state.py", "if now < job.deadline_ms < soonest:", "if now < job.deadline_ms >= soonest:", 7,
-     "prefetch patience"),
-    ("lifecycle/engine/transfers.py", 'status = "duplicate" if 0 <= event.rank',
-     'status = "duplicate" if 0 < event.rank', 3, "bad_rank_report"),
-    ("lifecycle/engine/state.py", "self.last_output_step = -1", "self.last_output_step = 1", 11,
-     "completed from sending too early"),
-    ("lifecycle/engine/state.py", "    expired_lookups: int = 0", "    expired_lookups: int = 1", 13,
-     "stats.expired_lookups"),
-    # Survivors of a fresh sample on the engine with the decode fast path, caught by the
-    # checks added for them (docs/replay-and-check.md, "Mutation score").
-    ("lifecycle/engine/scheduler.py", "k = min(stop[0] - req.generated - 1,", "k = min(stop[0] + req.generated - 1,",
-     14, "decode fast path is not the step-by-step path"),
-    ("lifecycle/engine/core.py", 'if req is None or req.state != "lookup_pending" or req.epoch != event.epoch:',
-     'if req is None or req.state != "lookup_pending" or req.epoch >= event.epoch:', 4, "dropped as stale"),
-    ("lifecycle/engine/core.py", '        if req is None or req.state == "finished":\n            gone',
-     '        if not req is None or req.state == "finished":\n            gone', 1, "abort_ignored"),
-    ("lifecycle/engine/blocks.py", "        for h in hashes:\n            if h not in cached:",
-     "        for h in []:\n            if h not in cached:", 13, "longest cached prefix"),
-    ("lifecycle/engine/transfers.py", "        if state.now < job.deadline_ms:",
-     "        if state.now >= job.deadline_ms:", 11, "prefetch job"),
-    ("lifecycle/engine/transfers.py", '            done["abandoned"] = True',
-     '            done["abandoned"] = False', 13, "abandoned=False"),
-    ("lifecycle/engine/transfers.py", 'if tier != "host" and state.pool.block_of(candidates[i]) is None',
-     'if tier != "host" and state.pool.block_of(candidates[i]) is not None', 12, "device prefix cache holds"),
-    ("lifecycle/engine/lifecycle.py", "                if freed:\n                    self.free_blocks",
-     "                if not freed:\n                    self.free_blocks", 0, "a free of no device blocks"),
-    ("lifecycle/engine/scheduler.py", "                req.lookup_uses += 1",
-     "                req.lookup_uses += 2", 13, "uses of its answer"),
-    ("lifecycle/engine/state.py", 'return req is not None and req.state == "lookup_pending" and req.async_lookups',
-     'return req is not None and req.state <= "lookup_pending" and req.async_lookups', 7, "a wakeup for nothing"),
-    ("lifecycle/engine/transfers.py", "failed_here = [h for h in blocks if h in bad or job.timed_out]",
-     "failed_here = [h for h in blocks if h in bad and job.timed_out]", 7, "still holds blocks"),
-    ("lifecycle/engine/transfers.py", "state.stats.failed_blocks += len(bad & set(hashes))",
-     "state.stats.failed_blocks += len(bad - set(hashes))", 13, "stats.failed_blocks"),
-    ("lifecycle/engine/core.py", "        if event.step_id > state.last_output_step:",
-     "        if not event.step_id > state.last_output_step:", 11, "stays in sending"),
+# Mutants of the one-lifecycle engine's parts (issue 22: jobs.py, connector.py,
+# scheduler.py, worker_book.py), each caught at the CLI's default budget by the rebuilt
+# checker (docs/replay-and-check.md, "Mutation score"): (file, line, mutant line, the
+# invariant that catches it, a phrase of the finding: a regular expression).
+ENGINE_MUTANTS = [
+    ("lifecycle/engine/jobs.py", 'if job.kind == "store" and job.request_id == req.request_id and not job.flushed',
+     'if job.kind != "store" and job.request_id == req.request_id and not job.flushed', 2,
+     "no step planned in this pass flushes it"),
+    ("lifecycle/engine/worker_book.py", "sending = {rid for rid in self.holds if rid not in self.stores_of}",
+     "sending = {rid for rid in self.holds if rid in self.stores_of}", 11, "stays in sending"),
+    ("lifecycle/engine/jobs.py", "state.now - job.started_ms < deadline", "state.now - job.started_ms <= deadline", 3,
+     "the tick did not give it up"),
+    ("lifecycle/engine/connector.py", "            if req.epoch != epoch:", "            if req.epoch == epoch:", 13,
+     "never offered"),
+    ("lifecycle/engine/scheduler.py", "            if req.num_stale_output_tokens:",
+     "            if not req.num_stale_output_tokens:", 11, "left the device idle"),
+    ("lifecycle/engine/jobs.py", "        req.stored_blocks = upto", "        req.stored_blocks = upto + 1", 13,
+     "never offered"),
+    ("lifecycle/engine/connector.py", "if entry[0] is req and entry[1] == req.epoch:",
+     "if entry[0] is req and entry[1] != req.epoch:", 13, "generated tokens"),
 ]
 
 
-@pytest.mark.parametrize(("path", "before", "after", "invariant", "phrase"), FORMER_SURVIVORS,
-                         ids=[f"{p.rsplit('/', 1)[-1]}:{b.strip()[:30]}" for p, b, *_ in FORMER_SURVIVORS])
-def test_former_survivor_is_caught_at_the_default_budget(tmp_path: Path, path: str, before: str, after: str,
+@pytest.mark.parametrize(("path", "before", "after", "invariant", "phrase"), ENGINE_MUTANTS,
+                         ids=[f"{p.rsplit('/', 1)[-1]}:{b.strip()[:30]}" for p, b, *_ in ENGINE_MUTANTS])
+def test_engine_mutant_is_caught_at_the_default_budget(tmp_path: Path, path: str, before: str, after: str,
                                                          invariant: int, phrase: str) -> None:
     root = _copy(tmp_path)
     _mutate(root, path, before, after)
@@ -154,7 +107,8 @@ def test_cosmic_ray_config_is_written_from_pyproject(tmp_path: Path) -> None:
     out = tmp_path / "session.toml"
     mutation.write_cosmic_ray_config(config, out)
     written = tomllib.loads(out.read_text())["cosmic-ray"]
-    assert written["test-command"] == f"{sys.executable} scripts/mutation_detect.py"
+    assert written["test-command"] == (f"{sys.executable} scripts/mutation_detect.py --engine "
+                                       f"tests/engine_fixes.py:FixedEngine")
     assert written["distributor"]["name"] == "local"
     assert written["filters"]["operators-filter"]["exclude-operators"] == \
         config["filters"]["operators-filter"]["exclude-operators"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import orjson
 import pytest
 
 from kvlife.lifecycle.cli.main import main
 from kvlife.lifecycle.config import EngineConfig, RunConfig, SimConfig, TierConfig
 from kvlife.lifecycle.drivers.runner import run_workload
+from kvlife.lifecycle.engine.blocks import extend_hashes
 from kvlife.lifecycle.traces.trace import TraceError
 from kvlife.lifecycle.traces.validate import validate
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
@@ -55,8 +57,7 @@ def test_simulated_trace_is_valid(trace: Path) -> None:
     assert report.ok, report.format()
     assert report.checked == (0, 1, 2, 3, 4, 5, 7, 8, 10, 11, 12)
     data = trace.read_bytes()
-    for needle in (b'"type":"transfer_report"', b'"op":"load"', b'"op":"store"', b'"kind":"free"',
-                   b'"trigger":"preempted"'):
+    for needle in (b'"reports":[[', b'"op":"load"', b'"op":"store"', b'"kind":"free"', b'"trigger":"preempted"'):
         assert needle in data
 
 
@@ -75,15 +76,15 @@ def test_illegal_transition_named_and_rest_counted(trace: Path, tmp_path: Path) 
 
 
 def test_job_done_before_every_rank_reported(trace: Path, tmp_path: Path) -> None:
-    lines = _lines(trace)
-    # Drop the first report of the first job that has two: the job is then counted done
-    # after one rank only.
-    for i, raw in enumerate(lines):
-        if b'"type":"transfer_report"' in raw:
-            del lines[i]
-            break
-    report = validate(_write(tmp_path / "bad.jsonl", lines))
-    assert any(f.invariant == 3 and "still to report" in f.message for f in report.findings), report.format()
+    records = _records(trace)
+    # Drop the first rank report a step output carries: its job is then counted done
+    # after the other rank only.
+    output = next(r for r in records if r["kind"] == "input" and r.get("reports"))
+    job, rank, _ = output["reports"].pop(0)
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    threes = [f for f in report.findings if f.invariant == 3]
+    assert threes and f"job {job} counted done with ranks [{rank}] still to report" in threes[0].message, \
+        report.format()
 
 
 def test_stale_lookup_answer_applied(tmp_path: Path) -> None:
@@ -245,7 +246,15 @@ STACKS: dict[str, tuple[EngineConfig, tuple[str, ...], Any, tuple[bytes, ...]]] 
 }
 
 
-@pytest.mark.parametrize("name", list(STACKS))
+# Engine bug 1 of tests/engine_fixes.py: a pass that preempts a request gives up a store
+# of it at its deadline after freeing its blocks (AssertionError "hold of unreferenced
+# device block"): the simulated run itself crashes. Passes once the engine is fixed.
+ENGINE_BUG_1 = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                 reason="engine bug 1 (tests/engine_fixes.py): the run crashes")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=ENGINE_BUG_1) if STACKS[n][0] is FLAKY else n
+                                  for n in STACKS])
 def test_real_traces_of_builtin_stacks_are_valid(name: str, tmp_path: Path) -> None:
     engine, stack, workload, needles = STACKS[name]
     sim = SimConfig(rank_jitter_ms=4.0) if engine is FLAKY else None
@@ -257,12 +266,6 @@ def test_real_traces_of_builtin_stacks_are_valid(name: str, tmp_path: Path) -> N
     data = path.read_bytes()
     for needle in (b'"kind":"free"', b'"op":"store"', *needles):
         assert needle in data, needle
-
-
-@pytest.fixture(scope="module")
-def flaky(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(tmp_path_factory.mktemp("flaky") / "run.jsonl", FLAKY, (), _small_workload(),
-                SimConfig(rank_jitter_ms=4.0))
 
 
 def _job_done_index(records: list[dict[str, Any]], job: int) -> int:
@@ -290,28 +293,47 @@ def test_free_while_a_job_moves_the_block_is_caught(trace: Path, tmp_path: Path)
     assert f"{record['op']} job {record['job']} still moves it" in report.findings[0].message
 
 
-def test_free_after_a_rank_timeout_but_before_the_late_report_is_caught(flaky: Path, tmp_path: Path) -> None:
-    records = _records(flaky)
-    assert validate(flaky).ok
-    jobs = {r["job"]: r for r in records if r["kind"] == "job"}
+@pytest.mark.xfail(strict=True, reason="engine bug 0 (tests/engine_fixes.py): with no tier no request leaves waiting")
+def test_a_run_with_no_tier_is_valid(tmp_path: Path) -> None:
+    # Plain vLLM: no connector. The scheduler then calls no connector, and the request
+    # states (the connector core's) never leave waiting: steps schedule requests in waiting.
+    path = _run(tmp_path / "run.jsonl", attrs.evolve(SMALL, tiers=()), (), _small_workload()[:20])
+    assert validate(path).ok, validate(path).format()
 
-    def freed_after_timeout() -> tuple[int, int]:
-        for w, warning in enumerate(records):
-            if warning["kind"] != "warning" or warning["what"] != "rank_timeout":
-                continue
-            blocks = {m[1] for m in jobs[warning["job"]]["moves"]}
-            done = _job_done_index(records, warning["job"])
-            assert records[done]["late"] is True
-            for k in range(done, len(records)):
-                if records[k]["kind"] == "free" and blocks & set(records[k]["blocks"]):
-                    return w, k
-        raise AssertionError("no timed-out job whose blocks were freed")
 
-    w, k = freed_after_timeout()
-    # The job timed out on a rank, but its blocks stay held until that rank's late report.
-    records.insert(w + 1, records.pop(k))
-    report = validate(_dump(tmp_path / "bad.jsonl", records))
-    assert {(f.invariant, f.line) for f in report.findings} == {(2, w + 2)}, report.format()
+def test_free_after_a_rank_timeout_but_before_the_late_report_is_caught(tmp_path: Path) -> None:
+    # A load given up at its deadline: a silent rank may still write its blocks, so they
+    # stay held (quarantined) until its late report; freeing them before it is 2, after it
+    # is not.
+    header = {"kind": "header", "schema": 1, "config": RunConfig(engine=EngineConfig(
+        ranks=2, transfer_deadline_ms=10.0)).to_dict(), "policies": ["baseline"], "seed": 0}
+    records: list[dict[str, Any]] = [
+        header,
+        {"kind": "input", "type": "arrival", "t": 0.0, "request_id": "a", "prompt_tokens": 1030,
+         "block_hashes": [1, 2], "resumable": False},
+        {"kind": "input", "type": "tick", "t": 1.0},
+        {"kind": "job", "t": 1.0, "job": 0, "op": "load", "req": "a", "blocks": 2, "tiers": {"host": 2},
+         "moves": [[1, 5, "host"], [2, 6, "host"]]},
+        {"kind": "transition", "t": 1.0, "req": "a", "from": "waiting", "to": "loading", "trigger": "load_started",
+         "reason": "r"},
+        {"kind": "step", "t": 1.0, "step": 0, "requests": 0, "prefill_tokens": 0, "sync_lookups": 0, "prompt": []},
+        {"kind": "input", "type": "step_output", "t": 2.0, "step_id": 0, "finished": [], "reports": [[0, 0, []]]},
+        {"kind": "input", "type": "tick", "t": 12.0},
+        {"kind": "warning", "t": 12.0, "what": "rank_timeout", "job": 0, "ranks": [1]},
+        {"kind": "transition", "t": 12.0, "req": "a", "from": "loading", "to": "waiting", "trigger": "load_failed",
+         "reason": "r"},
+        {"kind": "step", "t": 12.0, "step": 1, "requests": 0, "prefill_tokens": 0, "sync_lookups": 0, "prompt": []},
+        {"kind": "free", "t": 12.0, "blocks": [6, 5]},
+    ]
+    report = validate(_dump(tmp_path / "early.jsonl", records))
+    twos = [f for f in report.findings if f.invariant == 2]
+    assert [f.line for f in twos] == [len(records)] * 2, report.format()
+    assert "freed while load job 0 still moves it (ranks [1] have not reported)" in twos[0].message
+    # The late report first: the blocks may go.
+    late = {"kind": "input", "type": "transfer_report", "t": 13.0, "job_id": 0, "rank": 1, "failed": []}
+    done = {"kind": "job_done", "t": 13.0, "job": 0, "op": "load", "failed": 0, "late": True}
+    report = validate(_dump(tmp_path / "late.jsonl", [*records[:-1], late, done, records[-1]]))
+    assert not [f for f in report.findings if f.invariant == 2], report.format()
 
 
 def test_load_into_a_block_another_job_still_moves_is_caught(bursts: tuple[Path, Path], tmp_path: Path) -> None:
@@ -362,7 +384,8 @@ def test_store_of_an_unconfirmed_block_is_caught(trace: Path, tmp_path: Path) ->
     assert f"covers tokens up to {(block + 1) * bt}, only {before} are computed" in report.findings[0].message
     # The made-up job never hears from a rank: the request finishes with it in flight (11)
     # and it never ends (7). Those are the only other findings.
-    assert [i for i, _ in located[1:]] == [11] and "store jobs 1000000" in report.findings[1].message
+    assert [i for i, _ in located[1:]] == [11] and "store job" in report.findings[1].message \
+        and "1000000" in report.findings[1].message
     assert all("job 1000000" in f.message for f in report.findings if f.invariant == 7)
 
 
@@ -375,17 +398,39 @@ def _stores_of_generated_blocks(path: Path) -> int:
                for move in r["moves"] if move[0] not in prompt_blocks[r["req"]])
 
 
-def test_naive_stores_under_async_scheduling_store_placeholders_and_are_flagged(tmp_path: Path) -> None:
+def test_naive_stores_under_async_scheduling_are_clamped_and_a_placeholder_store_is_flagged(tmp_path: Path) -> None:
+    # The engine clamps every store to the tokens step outputs confirmed (jobs.maybe_store),
+    # so even naive-stores-unsafe stores no placeholder: its trace validates clean.
     path = _run(tmp_path / "naive.jsonl", ASYNC, ("naive-stores-unsafe",), _async_workload())
     assert _stores_of_generated_blocks(path) > 10
-    report = validate(path)
-    counts = report.counts()
-    assert set(counts) == {5} and counts[5] > 10, report.format()
-    assert all("only" in f.message and "are computed" in f.message for f in report.findings)
-    # Decode steps scheduled while the previous step's output is still in flight: the
-    # stored block ends at a position whose token that step has not returned yet.
-    placeholders = [f for f in report.findings if "are placeholders" in f.message]
-    assert len(placeholders) > 10, report.format()
+    assert validate(path).ok
+    # A store of a generated block issued with the step that completes the block (before
+    # its output: the block's last token is a placeholder) is flagged, naming them.
+    records = _records(path)
+    bt = ASYNC.block_tokens
+    arrivals = {r["request_id"]: r for r in records if r["kind"] == "input" and r["type"] == "arrival"}
+
+    def placeholder_store() -> tuple[int, int]:
+        """(the step that completes a generated block, the store of that block)."""
+        for j, job in enumerate(records):
+            if job["kind"] != "job" or job["op"] != "store":
+                continue
+            rid = job["req"]
+            arrival = arrivals[rid]
+            prompt = tuple(arrival["block_hashes"][: arrival["prompt_tokens"] // bt])
+            for s, step in enumerate(records[:j]):
+                for chunk in step.get("fills", ()) if step["kind"] == "step" else ():
+                    end = chunk[1] + chunk[2]
+                    if chunk[0] == rid and end % bt == 0 and end // bt > len(prompt) \
+                            and extend_hashes(prompt, rid, end // bt)[-1] in {m[0] for m in job["moves"]}:
+                        return s, j
+        raise AssertionError("no store of a generated block")
+
+    s, j = placeholder_store()
+    records.insert(s + 1, records.pop(j))
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    fives = [f for f in report.findings if f.invariant == 5]
+    assert fives and fives[0].line == s + 2 and "are placeholders" in fives[0].message, report.format()
 
 
 def test_safe_stores_under_async_scheduling_store_generated_blocks_and_validate_clean(tmp_path: Path) -> None:
@@ -404,7 +449,8 @@ def bursts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_second_inflight_load_of_a_hash_is_caught_with_sharing(bursts: tuple[Path, Path], tmp_path: Path) -> None:
     records = _records(bursts[1])
-    loads = [(i, r) for i, r in enumerate(records) if r["kind"] == "job" and r["op"] == "load"]
+    # (A join reads no tier: it copies an in-flight load's device blocks.)
+    loads = [(i, r) for i, r in enumerate(records) if r["kind"] == "job" and r["op"] == "load" and "after" not in r]
     first, (c, second) = next((first, (c, r)) for i, first in loads
                               for c, r in loads if i < c < _job_done_index(records, first["job"]))
     second["moves"].append([first["moves"][0][0], 10**6, first["moves"][0][2]])

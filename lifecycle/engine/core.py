@@ -85,9 +85,12 @@ def meta_commands(meta: ConnectorMeta) -> list[Command]:
 class Engine:
     """The engine: the scheduler and the connector core, and the dispatch of each input."""
 
-    # The transfer part's class. A deliberately broken variant (tests/bug_zoo.py)
-    # subclasses ``Transfers`` and names it here; the real code is never edited.
+    # The parts' classes. A deliberately broken variant (tests/bug_zoo.py) subclasses a
+    # part (``Transfers``, ``ConnectorCore``, ``Scheduler``) and names it here; the real
+    # code is never edited.
     transfers_class: ClassVar[type[Transfers]] = Transfers
+    core_class: ClassVar[type[ConnectorCore]] = ConnectorCore
+    scheduler_class: ClassVar[type[Scheduler]] = Scheduler
 
     def __init__(
         self,
@@ -99,14 +102,14 @@ class Engine:
         retire: Retire | None = None,
         lookups: LookupClient | None = None,
     ) -> None:
-        self.core = ConnectorCore(config, policies, tiers, recorder, reference, retire)
+        self.core = self.core_class(config, policies, tiers, recorder, reference, retire)
         core = self.core
         if type(core.transfers) is not self.transfers_class:
             core.transfers = self.transfers_class(core.state, core.lifecycle)
         # ``lookups``: the connector answers its own async lookups (as inside vLLM) instead
         # of the driver (``LookupAnswer`` inputs).
         self.connector = ConnectorAPI(core, clock=lambda: core.state.now, lookups=lookups, refresh_hashes=False)
-        self.scheduler = Scheduler(config, self.connector)
+        self.scheduler = self.scheduler_class(config, self.connector)
         core.lifecycle.device = self.scheduler.pool
         core.transfers.hold_blocks = self.scheduler.pool.hold
         core.transfers.unhold_blocks = self.scheduler.release_held

@@ -30,7 +30,7 @@ from kvlife.lifecycle.traces.header import header_config, recovered_slots, workl
 from kvlife.lifecycle.traces.inputs import check_input_values
 from kvlife.lifecycle.traces.structure import TraceStructure
 from kvlife.lifecycle.traces.trace import KNOWN_KINDS, TraceError, iter_lines, parse_header
-from kvlife.specs.invariants import INVARIANTS, InvariantObserver, Violation
+from kvlife.specs.invariants import INVARIANTS, InvariantObserver, Settings, Violation
 
 # Checkable from trace records alone; 6 only applies when the stack shares loads, and 8
 # from the records (frees, evictions, tier capacities: kvlife.lifecycle.traces.structure),
@@ -140,15 +140,10 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     if sharing is None:
         sharing = sharing_from_header(header) if header is not None else False
     sharing = bool(sharing)
-    observer = InvariantObserver(
-        config.ranks, config.block_tokens, sharing=sharing, from_trace=True,
-        max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
+    observer = InvariantObserver(Settings.of(
+        config, live=False, sharing=sharing,
         # A recording of another connector (source "vllm:...") has no hold_at_finish decisions.
-        finish_after_stores=not str((header or {}).get("source", "")).startswith("vllm:"),
-        lookup_deadline_ms=config.lookup_deadline_ms,
-        transfer_deadline_ms=config.transfer_deadline_ms, reclaim_deadline_ms=config.reclaim_deadline_ms,
-        max_async_lookups=config.max_async_lookups,
-    )
+        finish_after_stores=not str((header or {}).get("source", "")).startswith("vllm:")))
     structure = _structure(header, run_config, p, number)
     if header is not None and run_config is not None:
         for tier, slots in recovered_slots(header, run_config, p, number).items():
