@@ -20,9 +20,7 @@ one process, so the engine is imported once, mutated; ``naive-stores-unsafe`` is
 Usage: ``python scripts/mutation_detect.py [--stacks a,b ...] [--examples N --steps N]
 [--per-stack-timeout S] [--engine FILE.py:Class]``; with no budget flags the CLI's defaults
 apply (that is what the mutation score measures). ``--engine`` checks another engine class
-built on the mutated parts (``tests/engine_fixes.py:FixedEngine``: the engine with the
-fixes of the bugs ``kvlife check`` found in it, until they land), so that a mutant is
-judged by what it breaks, not by an engine bug the check finds anyway.
+built on the mutated parts (a subclass in a file of your own, ``FILE.py:Class``).
 """
 
 from __future__ import annotations

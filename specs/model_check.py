@@ -84,11 +84,9 @@ PARKED_ROUNDS = 3
 DRAIN_BASE = 30
 DRAIN_PER_TOKEN = 1
 WORLDS: tuple[tuple[str, ...], ...] = (("host",), ("host", "disk"), ("host", "disk", "remote"), ())
-# A world with no tier (plain vLLM: no connector) is drawn with weight 0 for now: with no
-# tier the engine moves no request out of waiting (no admitted transition: the scheduler
-# calls the connector only when one is configured, and the request states are the
-# connector's), so every such example fails invariant 1. Reported to issue 22.
-WORLD_WEIGHTS = (1, 4, 5, 0)
+# (A world with no tier is plain vLLM: the scheduler still calls the connector core, which
+# answers no hit and stores nothing.)
+WORLD_WEIGHTS = (1, 4, 5, 1)
 TIER_CAPACITY = {"host": 6, "disk": 24, "remote": 32}
 
 

@@ -14,9 +14,8 @@ stores were reported, a stale step output applied to the step in flight.
 Variants never edit the real code: each subclasses a part of the engine and names it in
 an ``Engine`` subclass's class attribute (``transfers_class``, ``core_class``,
 ``scheduler_class``), overrides one of ``Engine``'s own handlers, swaps a broken
-``RankAggregator`` into the core's state, or puts a broken policy on the stack. They
-build on ``engine_fixes.FixedEngine`` (the engine with the fixes of the engine bugs the
-checker found, proposed to issue 22), so that a variant is caught for its own bug.
+``RankAggregator`` into the core's state, or puts a broken policy on the stack. Each
+is caught for its own bug: the unmodified engine passes the checker.
 """
 
 from __future__ import annotations
@@ -25,14 +24,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
-from engine_fixes import FixedEngine, FixedScheduler, FixedTransfers
 
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine.connector import ConnectorCore
 from kvlife.lifecycle.engine.core import Engine, Job, Recorder
 from kvlife.lifecycle.engine.events import BlockMove, Command, StartLoad, StepOutput, SubmitLookup, TransferReport
+from kvlife.lifecycle.engine.jobs import Transfers
 from kvlife.lifecycle.engine.ranks import RankAggregator, ReportOutcome, ReportStatus
 from kvlife.lifecycle.engine.request import SchedRequest, Status
+from kvlife.lifecycle.engine.scheduler import Scheduler
 from kvlife.lifecycle.engine.vllm_shapes import KVConnectorOutput
 from kvlife.lifecycle.engine.worker_book import OutputAggregator
 from kvlife.policies.base import Decision, EngineView, RequestView
@@ -43,12 +43,12 @@ from kvlife.transfer.index import TierIndex
 
 
 def _engine(name: str, **parts: Any) -> type[Engine]:
-    """A ``FixedEngine`` whose named parts (``core_class``, ``scheduler_class``,
+    """An ``Engine`` whose named parts (``core_class``, ``scheduler_class``,
     ``transfers_class``) are broken subclasses."""
-    return type(name, (FixedEngine,), parts)
+    return type(name, (Engine,), parts)
 
 
-def _with_scheduler(scheduler: type[FixedScheduler]) -> type[Engine]:
+def _with_scheduler(scheduler: type[Scheduler]) -> type[Engine]:
     """An engine whose scheduler is a broken subclass."""
     return _engine(f"EngineWith{scheduler.__name__}", scheduler_class=scheduler)
 
@@ -58,7 +58,7 @@ def _with_ranks(aggregator: Callable[[int, dict[int, Job]], RankAggregator]) -> 
 
     def factory(config: EngineConfig, stack: PolicyStack, tiers: Sequence[TierIndex] | None = None,
                 recorder: Recorder | None = None) -> Engine:
-        engine = FixedEngine(config, stack, tiers=tiers, recorder=recorder)
+        engine = Engine(config, stack, tiers=tiers, recorder=recorder)
         engine.core.state.ranks = aggregator(config.ranks, engine.jobs)
         return engine
 
@@ -113,7 +113,7 @@ class SwappedAggregator(OutputAggregator):
         return sending, recving, invalid
 
 
-class SwappedSendRecv(FixedEngine):
+class SwappedSendRecv(Engine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.aggregator = SwappedAggregator(self.core.state.config.ranks)
@@ -129,7 +129,7 @@ class StoreScheduledTokens:
         return Decision(req.computed_tokens, "store every scheduled token")
 
 
-class StoresScheduledTransfers(FixedTransfers):
+class StoresScheduledTransfers(Transfers):
     """The engine takes the store policy's limit as it is, not clamped to the tokens step
     outputs confirmed: with a limit of the scheduled tokens, it stores the blocks of steps
     still in flight, placeholders included."""
@@ -143,7 +143,7 @@ class StoresScheduledTransfers(FixedTransfers):
 
 
 # ---- 6. a finished request's blocks freed though its stores still read them ------------------------
-class IgnoresHoldScheduler(FixedScheduler):
+class IgnoresHoldScheduler(Scheduler):
     """The connector says hold (a store reads the blocks); the scheduler frees them at once."""
 
     def _finish(self, req: SchedRequest, reason: str) -> bool:
@@ -152,7 +152,7 @@ class IgnoresHoldScheduler(FixedScheduler):
 
 
 # ---- 7. a duplicate load of an in-flight block ----------------------------------------------------
-class ForgetsInFlightLoadsTransfers(FixedTransfers):
+class ForgetsInFlightLoadsTransfers(Transfers):
     """Never publishes its loads as in flight, so nobody can join them."""
 
     def start_load(self, req: Any, moves: Sequence[BlockMove], after: int | None = None) -> Job:
@@ -165,7 +165,7 @@ class ForgetsInFlightLoadsTransfers(FixedTransfers):
 
 
 # ---- 8. an abort during a load that frees the blocks early ---------------------------------------
-class AbortFreesLoadingScheduler(FixedScheduler):
+class AbortFreesLoadingScheduler(Scheduler):
     """An abort frees a loading request's blocks at once, not when its load reports."""
 
     def finish_requests(self, request_id: str, reason: str = "aborted") -> bool:
@@ -178,7 +178,7 @@ class AbortFreesLoadingScheduler(FixedScheduler):
 
 
 # ---- 9. a failed load retried forever with its stale hit ----------------------------------------
-class KeepsFailedBlocksTransfers(FixedTransfers):
+class KeepsFailedBlocksTransfers(Transfers):
     """A failed block stays in its tier, so the next lookup hits it again, and again."""
 
     def release_job(self, job: Job, failed: Sequence[int]) -> None:
@@ -213,7 +213,7 @@ class CountsDuplicateReports(RankAggregator):
 
 
 # ---- 11. a head that can never fit parks the queue (vllm#57841) ------------------------------------
-class QueuesOversizedScheduler(FixedScheduler):
+class QueuesOversizedScheduler(Scheduler):
     """vllm#57841: requests parked forever behind a head that can never be scheduled. A
     prompt larger than the whole device is queued instead of failed at arrival."""
 
@@ -260,7 +260,7 @@ class CompletesPerHandle(RankAggregator):
         return outcome
 
 
-class CompletesTwiceTransfers(FixedTransfers):
+class CompletesTwiceTransfers(Transfers):
     """Keeps finished jobs, so a second completion finds the job to complete again."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -276,7 +276,7 @@ class CompletesTwiceTransfers(FixedTransfers):
             self.finished[event.job_id] = job
 
 
-class CompletesTwice(FixedEngine):
+class CompletesTwice(Engine):
     transfers_class = CompletesTwiceTransfers
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -285,7 +285,7 @@ class CompletesTwice(FixedEngine):
 
 
 # ---- 14. a completion applied to a request already running (vllm#56194) --------------------------------
-class LateCompletionTransfers(FixedTransfers):
+class LateCompletionTransfers(Transfers):
     """vllm#56194: a completion arriving for a request that is already running. The load
     was given up at its deadline (the request went back to waiting and runs again,
     recomputing); when its late report comes, the completion handler takes the request
@@ -332,7 +332,7 @@ class StoresLastTokenCore(ConnectorCore):
 
 
 # ---- 16. computed tokens kept across preemption (vllm#36752) -----------------------------------------
-class KeepsComputedScheduler(FixedScheduler):
+class KeepsComputedScheduler(Scheduler):
     """vllm#36752: the computed-token count is not reset on preemption. Admitted again, the
     request resumes from its old count as if those tokens were cached, over blocks that
     it never wrote in this epoch."""
@@ -358,7 +358,7 @@ class RecordsHitTwiceCore(ConnectorCore):
 
 
 # ---- 18. a failed store that stays visible to lookups (LMCache#4991) ------------------------------------
-class FailedStoreVisibleTransfers(FixedTransfers):
+class FailedStoreVisibleTransfers(Transfers):
     """LMCache#4991: a store that failed on some rank is published like a good one: the
     tier index lists the block, lookups hit it, loads read bytes that were never written."""
 
@@ -370,7 +370,7 @@ class FailedStoreVisibleTransfers(FixedTransfers):
 
 
 # ---- 19. preempted blocks never released ----------------------------------------------------------------
-class LeaksPreemptedScheduler(FixedScheduler):
+class LeaksPreemptedScheduler(Scheduler):
     """Preemption forgets the request's block table without dropping its references: the
     blocks stay held forever, and the device shrinks until requests wait forever."""
 
@@ -380,7 +380,7 @@ class LeaksPreemptedScheduler(FixedScheduler):
 
 
 # ---- 20. a failed load's blocks published in the device cache -------------------------------------------
-class PublishesFailedLoadScheduler(FixedScheduler):
+class PublishesFailedLoadScheduler(Scheduler):
     """The device blocks of a failed load are published under their hashes like the good
     ones: a later hit (the request itself, recomputing) reads garbage."""
 
@@ -392,7 +392,7 @@ class PublishesFailedLoadScheduler(FixedScheduler):
 
 
 # ---- 21. blocks published before their load landed ---------------------------------------------------------
-class CachesLoadsEarlyScheduler(FixedScheduler):
+class CachesLoadsEarlyScheduler(Scheduler):
     """An async load's blocks are published in the device prefix cache when they are
     allocated, not when the load lands: a request admitted meanwhile hits blocks the load
     is still writing."""
@@ -403,7 +403,7 @@ class CachesLoadsEarlyScheduler(FixedScheduler):
 
 
 # ---- 22. a failed prefetch marked landed -------------------------------------------------------------------
-class PrefetchIgnoresFailuresTransfers(FixedTransfers):
+class PrefetchIgnoresFailuresTransfers(Transfers):
     """A prefetch whose blocks failed to land is marked landed: the host tier lists the
     blocks it never received, and the request it was for reads them from there."""
 
@@ -440,7 +440,7 @@ class NeverExpiresCore(ConnectorCore):
 
 
 # ---- 24. a silent rank's blocks never reclaimed -------------------------------------------------------------
-class NeverReclaimsTransfers(FixedTransfers):
+class NeverReclaimsTransfers(Transfers):
     """A job some rank never reports keeps its blocks for ever, even after its request
     was aborted (what VLLM_NIXL_ABORT_REQUEST_TIMEOUT exists for)."""
 
@@ -449,7 +449,7 @@ class NeverReclaimsTransfers(FixedTransfers):
 
 
 # ---- 25. a store not flushed at preemption --------------------------------------------------------------------
-class NoFlushTransfers(FixedTransfers):
+class NoFlushTransfers(Transfers):
     """A preempted request's stores in flight are not flushed: the scheduler frees its
     blocks at the preemption and hands them on while the stores still read them."""
 
@@ -458,7 +458,7 @@ class NoFlushTransfers(FixedTransfers):
 
 
 # ---- 26. a join that reads before its owner landed ----------------------------------------------------------------
-class JoinsUnordered(FixedEngine):
+class JoinsUnordered(Engine):
     """A join's command does not name the load it follows: the workers copy the owner's
     device blocks at once, before the owner's load has landed in them (its record still
     says whom it joins)."""
@@ -471,7 +471,7 @@ class JoinsUnordered(FixedEngine):
 
 
 # ---- 27. a held request freed before its stores reported ---------------------------------------------------------
-class FreesHeldEarlyScheduler(FixedScheduler):
+class FreesHeldEarlyScheduler(Scheduler):
     """A held request's blocks are freed with the first step output after it finished,
     not when its stores are reported (finished_sending)."""
 
@@ -482,7 +482,7 @@ class FreesHeldEarlyScheduler(FixedScheduler):
 
 
 # ---- 28. a stale step output applied to the step in flight ---------------------------------------------------------
-class AppliesStaleOutputs(FixedEngine):
+class AppliesStaleOutputs(Engine):
     """A step output is applied to the oldest step in flight whatever step it names: a
     stale one (a step delivered already, of an epoch preempted since; or a later one early)
     confirms the tokens and stops of the step now in flight."""
@@ -501,7 +501,7 @@ class ZooBug:
     invariant: int  # the one invariant a correct checker names for it
     source: str = ""  # where the bug was reported
     stack: Callable[[], PolicyStack] = lambda: PolicyStack([])
-    engine_factory: Callable[..., Engine] = FixedEngine
+    engine_factory: Callable[..., Engine] = Engine
 
 
 ZOO: tuple[ZooBug, ...] = (

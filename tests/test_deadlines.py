@@ -114,7 +114,9 @@ def test_an_unanswered_lookup_expires_at_its_deadline_not_before_and_the_request
     engine.handle(LookupAnswer(11.0, "a", 0, ("host", "host")))
     assert records[-1]["kind"] == "stale_lookup" and records[-1]["epoch"] == 0 and records[-1]["current_epoch"] == 1
     assert engine.requests["a"].state == "running"
-    _run_to_finish(engine, "a", 11.0)
+    plan = next(c for c in commands if isinstance(c, StepPlan))
+    engine.handle(StepOutput(11.5, plan.step_id, ()))  # the admitting step's output: one token
+    _run_to_finish(engine, "a", 12.0)
     observer = _observer(config, records)
     observer.finish()
     assert observer.violations == []

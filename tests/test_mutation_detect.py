@@ -23,9 +23,6 @@ import mutation  # noqa: E402
 # the device's accounting is off (invariant 8), or the block is freed under its reader.
 MUTANT = ("lifecycle/engine/blocks.py", "                del self._free[block]\n            refs[block] += 1",
           "                del self._free[block]\n            refs[block] += 0")
-# The engine with the fixes of the bugs kvlife check found in it (tests/engine_fixes.py),
-# built on the mutated parts: on the engine as it is, the check fails and kills any mutant.
-ENGINE = ("--engine", "tests/engine_fixes.py:FixedEngine")
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -36,14 +33,12 @@ def _copy(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "kvlife", root / "kvlife", symlinks=True, ignore=ignore)
     (root / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "mutation_detect.py", root / "scripts")
-    (root / "tests").mkdir()
-    shutil.copy(ROOT / "tests" / "engine_fixes.py", root / "tests")
     return root
 
 
 def _detect(root: Path, *budget: str, stacks: str = "baseline;shared-loads") -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "scripts/mutation_detect.py", "--stacks", stacks, *budget, *ENGINE,
+    return subprocess.run([sys.executable, "scripts/mutation_detect.py", "--stacks", stacks, *budget,
                            "--per-stack-timeout", "300"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
@@ -107,8 +102,7 @@ def test_cosmic_ray_config_is_written_from_pyproject(tmp_path: Path) -> None:
     out = tmp_path / "session.toml"
     mutation.write_cosmic_ray_config(config, out)
     written = tomllib.loads(out.read_text())["cosmic-ray"]
-    assert written["test-command"] == (f"{sys.executable} scripts/mutation_detect.py --engine "
-                                       f"tests/engine_fixes.py:FixedEngine")
+    assert written["test-command"] == f"{sys.executable} scripts/mutation_detect.py"
     assert written["distributor"]["name"] == "local"
     assert written["filters"]["operators-filter"]["exclude-operators"] == \
         config["filters"]["operators-filter"]["exclude-operators"]

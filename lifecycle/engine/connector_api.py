@@ -124,6 +124,13 @@ class ConnectorAPI:
                 core.on_lookup_answer(answer.request_id, answer.epoch, answer.tiers)
             self._route()
 
+    def begin_pass(self) -> None:
+        """kvlife's own scheduler starts each pass here, before its running loop frees
+        anything, so deadlines act first: a store given up at its deadline is quarantined
+        before a preemption could free (and hand out) the blocks it still reads. Inside vLLM
+        the pass begins at its first connector call, after vLLM's running loop."""
+        self._pass()
+
     def _route(self) -> None:
         """Hand the core's lookup commands to the connector's own lookup client."""
         lookups = self.lookups

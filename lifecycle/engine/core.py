@@ -214,12 +214,10 @@ class Engine:
             self._worker_done(job_id, rank, failed)
         recving, sending, invalid = self.aggregator.aggregate([book.take() for book in self.workers])
         state = core.state
-        if state.invalid_blocks:  # a load given up at a deadline: none of its request's blocks is trusted
-            invalid = invalid | state.invalid_blocks
-            state.invalid_blocks = set()
+        given_up, state.given_up_loads = state.given_up_loads, set()
         output = KVConnectorOutput(set(sending) or None, set(recving) or None,
                                    WorkerMeta(event.reports) if event.reports else None, set(invalid))
-        scheduler.update_from_output(event.step_id, dict(event.finished), output)
+        scheduler.update_from_output(event.step_id, dict(event.finished), output, given_up)
 
     def _fail_step(self, step_id: int) -> None:
         """The step wrote no KV on some rank: the blocks it was to write (and those of any

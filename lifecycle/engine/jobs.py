@@ -80,6 +80,12 @@ class Transfers:
             # Blocks read from a tier. A join's device copies are counted as joined_blocks:
             # they cross no tier link, and they are what shared loads saves.
             state.stats.blocks_loaded += len(placed)
+        if after is not None and self.hold_blocks is not None:
+            # A join copies its owner's device blocks once the owner landed: they stay held
+            # until it ends, though the owner be aborted meanwhile.
+            sources = tuple(m.slot for m in placed)
+            self.hold_blocks(sources)
+            state.held_blocks[job_id] = sources
         extra = {} if after is None else {"after": after}
         self.lifecycle.record(records.job(state.now, job_id, "load", req.request_id,
                                           count_tiers(m.tier for m in placed), moves_record(placed), **extra))
@@ -283,8 +289,10 @@ class Transfers:
         bad = set(failed)
         if cause is not None:
             # Given up, not reported: its copy may still land anywhere it was to write, so
-            # none of the request's blocks is trusted (the core holds the job's blocks).
-            state.invalid_blocks.update(req.block_table)
+            # none of the request's blocks is trusted: the scheduler cuts this request to 0
+            # (its blocks freed; the core holds the job's). Only this request: a prefix-cache
+            # hit it shares with others is theirs as well, and stays valid for them.
+            state.given_up_loads.add(req.request_id)
         req.load_failed.extend(m.block_hash for m in job.moves if m.block_hash in bad)
         if req.load_jobs:
             return
@@ -340,10 +348,12 @@ class Transfers:
         self.lifecycle.warn("rank_timeout", job=job.job_id, ranks=list(missing), note=note)
         if job.kind == "load":
             self._stop_bringing(job)  # nobody may join a load that has already been given up on
-        if self.hold_blocks is not None:
+        if self.hold_blocks is not None and not job.flushed:
+            # (A flushed store's blocks went back at the preemption that flushed it: the
+            # workers finish it before the next step writes anything.)
             blocks = tuple(m.device_block for m in job.moves)
             self.hold_blocks(blocks)
-            state.held_blocks[job.job_id] = blocks
+            state.held_blocks[job.job_id] = state.held_blocks.get(job.job_id, ()) + blocks
         self.job_outcome(job, [m.block_hash for m in job.moves], cause)
 
     def expire_jobs(self, deadline: float, kinds: tuple[str, ...] = ("load", "store")) -> None:

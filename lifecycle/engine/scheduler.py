@@ -43,10 +43,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine import records
-from kvlife.lifecycle.engine.blocks import DeviceBlockPool
+from kvlife.lifecycle.engine.blocks import DeviceBlockPool, extend_hashes
 from kvlife.lifecycle.engine.connector import ConnectorMeta
 from kvlife.lifecycle.engine.connector_api import ConnectorAPI
 from kvlife.lifecycle.engine.events import FreeBlocks, Scheduled, StepPlan
@@ -191,6 +192,7 @@ class Scheduler:
     # ---- the pass --------------------------------------------------------------------------------
     def schedule(self) -> tuple[StepPlan, ConnectorMeta]:
         """One pass of vLLM's ``schedule()`` (see the module docstring)."""
+        self.connector.begin_pass()
         pool = self.pool
         bt = self.block_tokens
         budget = self.config.max_batched_tokens
@@ -388,6 +390,10 @@ class Scheduler:
                 self._cache_blocks(req, req.num_computed_tokens)
             else:
                 self._free_request_blocks(req)
+                # vLLM 0.33 keeps it in _inflight_prefills here: its own reservation then
+                # counts against its next async admission (twice its blocks; on a small
+                # device it never fits again: a livelock kvlife check found). Not kept here.
+                self.inflight_prefills.pop(req, None)
         else:
             self._cache_blocks(req, req.num_computed_tokens)
         if req.num_computed_tokens == req.num_tokens:
@@ -474,18 +480,25 @@ class Scheduler:
             hashes = req.hashes
             if len(hashes) < known // bt:
                 hashes = req.block_hashes
+            if len(hashes) < end // bt:
+                # Blocks completed by output placeholders (async scheduling): named by their
+                # derived hashes too, so a live worker writes their content.
+                hashes = extend_hashes(hashes, req.request_id, end // bt)
             entries.append(Scheduled(req.request_id, n, before, samples, table, hashes))
         self.steps[step_id] = (scheduled, total)
         return StepPlan(step_id, tuple(entries), len(meta.sync_lookup_keys), meta.sync_lookup_keys, meta.flush), meta
 
     # ---- the step's output -----------------------------------------------------------------------
-    def update_from_output(self, step_id: int, stops: dict[str, str], output: KVConnectorOutput | None) -> bool:
+    def update_from_output(self, step_id: int, stops: dict[str, str], output: KVConnectorOutput | None,
+                           given_up: AbstractSet[str] = frozenset()) -> bool:
         """vLLM's ``update_from_output`` for the oldest step in flight (``stops``: requests
         whose sampled token was their last, and why; ``output``: the workers' connector
         output of the step, None if it carried none): sampled tokens appended, stopped
         requests finished (``request_finished``), failed loads cut (or failed), the
         connector told (``update_connector_output``), landed loads marked for the next pass
-        and held blocks freed, then ``take_events``. False if ``step_id`` is not in flight."""
+        and held blocks freed, then ``take_events``. ``given_up``: requests whose load the
+        core gave up at a deadline (kvlife's drivers only), cut to 0 computed tokens as a
+        load failed at its first block is. False if ``step_id`` is not in flight."""
         step = self.steps.pop(step_id, None)
         if step is None:
             return False
@@ -495,8 +508,8 @@ class Scheduler:
             while self.deferred_frees and self.deferred_frees[0][0] <= self.processed_step_seq:
                 self._release(reversed(self.deferred_frees.popleft()[1]))
         failed_loads: list[str] = []
-        if output is not None and output.invalid_block_ids:
-            failed_loads = self._invalid_blocks(output.invalid_block_ids)
+        if (output is not None and output.invalid_block_ids) or given_up:
+            failed_loads = self._invalid_blocks(output.invalid_block_ids if output is not None else set(), given_up)
         for req, n, samples in scheduled:
             req.num_in_flight_tokens -= n
             stale = req.num_stale_output_tokens > 0
@@ -527,7 +540,7 @@ class Scheduler:
         self.connector.take_events()
         return True
 
-    def _invalid_blocks(self, invalid: set[int]) -> list[str]:
+    def _invalid_blocks(self, invalid: set[int], given_up: AbstractSet[str] = frozenset()) -> list[str]:
         """vLLM's ``_handle_invalid_blocks`` for async loads: a loading request's computed
         tokens are cut at its first invalid block. Returns the requests to fail (under
         kv_load_failure_policy "fail"), in queue order."""
@@ -535,6 +548,10 @@ class Scheduler:
         affected = []
         for req in self.kv_holding:
             if req.status != Status.WAITING_FOR_REMOTE_KVS:
+                continue
+            if req.request_id in given_up:  # (kvlife's drivers: a load given up at a deadline)
+                req.num_computed_tokens = 0
+                affected.append(req.request_id)
                 continue
             blocks = _cdiv(req.num_computed_tokens, bt)
             for index, block in enumerate(req.blocks[:blocks]):

@@ -113,7 +113,7 @@ class CoreState:
         "in_flight_loads", "steps", "prefetches", "prefetch_waits", "wants_prefetch", "sync_lookup_version",
         "transfer_version", "lookup_timers", "reclaimed", "stats", "commands", "next_job_id", "next_seq",
         "out_loads", "out_stores", "out_prefetches", "out_flush", "out_abandon", "out_holds", "sync_keys",
-        "retire", "retired", "retiring", "held_blocks", "invalid_blocks",
+        "retire", "retired", "retiring", "held_blocks", "given_up_loads",
         "held", "moves", "observing",
     )
 
@@ -171,9 +171,9 @@ class CoreState:
         self.sync_keys: list[int] = []  # blocks each sync lookup of this pass asked about
         # Device blocks the core holds itself (quarantined jobs): job id -> blocks.
         self.held_blocks: dict[int, tuple[int, ...]] = {}
-        # Device blocks of requests whose load was given up at a deadline (a late copy may
-        # still land in any of them): the engine's drivers report them invalid.
-        self.invalid_blocks: set[int] = set()
+        # Requests whose load was given up at a deadline since the last step output: the
+        # scheduler cuts each to 0 computed tokens with that output.
+        self.given_up_loads: set[str] = set()
         # Finished requests whose blocks the scheduler holds until finished_sending, in the
         # order they finished (``Request.hold``).
         self.held: dict[str, Request] = {}

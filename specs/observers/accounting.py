@@ -406,9 +406,11 @@ class CounterTally:
         if op in self.JOBS:
             jobs, blocks = self.JOBS[str(op)]
             self.counts[jobs] += 1
-            self.counts[blocks] += int(record.get("blocks") or 0)
             if record.get("after") is not None:
+                # A join's device copies cross no tier link: joined, not loaded, blocks.
                 self.counts["joined_blocks"] += int(record.get("blocks") or 0)
+            else:
+                self.counts[blocks] += int(record.get("blocks") or 0)
 
     def _job_done(self, record: dict[str, Any]) -> None:
         self.counts["failed_blocks"] += int(record.get("failed") or 0)
