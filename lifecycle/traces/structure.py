@@ -159,6 +159,8 @@ class TraceStructure:
                               f"a repeated input, or its records are missing", line)
         elif kind == "step_output":
             step = event.get("step_id")
+            if not _int(step):
+                return  # the input's own check reports the field
             if step in self._planned:
                 self._planned.discard(step)
             elif not has("warning", what="unknown_step", step=step):
