@@ -81,10 +81,11 @@ class StaleLookupAppliedCore(ConnectorCore):
 class LookupNotDiscardedCore(ConnectorCore):
     """Abort finishes a request in lookup_pending without discarding its lookup."""
 
-    def request_finished(self, request_id: str, reason: str, why: str | None = None) -> bool:
+    def request_finished(self, request_id: str, reason: str, why: str | None = None,
+                         held: bool | None = None) -> bool:
         req = self.state.requests.get(request_id)
         if req is None or req.state != "lookup_pending" or reason != "aborted":
-            return super().request_finished(request_id, reason, why)
+            return super().request_finished(request_id, reason, why, held)
         self._finish(req, Trigger.ABORTED, "aborted", why or "client aborted")  # no DiscardLookup
         return False
 
@@ -287,19 +288,27 @@ class CompletesTwice(Engine):
 # ---- 14. a completion applied to a request already running (vllm#56194) --------------------------------
 class LateCompletionTransfers(Transfers):
     """vllm#56194: a completion arriving for a request that is already running. The load
-    was given up at its deadline (the request went back to waiting and runs again,
-    recomputing); when its late report comes, the completion handler takes the request
-    as one whose load landed and moves it out of loading, which it no longer is in."""
+    was reclaimed at its deadline (the request failed it and runs again, recomputing); when
+    the silent rank's late report comes, the completion handler takes the request as one
+    whose load landed and moves it out of loading, which it no longer is in."""
 
-    def on_transfer_report(self, event: TransferReport) -> None:
-        job = self.state.jobs.get(event.job_id)
-        late = job is not None and job.kind == "load" and job.timed_out
-        super().on_transfer_report(event)
-        if job is None or not late or event.job_id in self.state.jobs:
-            return
-        req = self.state.requests.get(job.request_id)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reclaimed_loads: dict[int, str] = {}  # reclaimed load job -> its request
+
+    def on_late_report(self, event: TransferReport) -> None:
+        super().on_late_report(event)
+        if event.job_id in self.state.reclaimed:
+            return  # another rank still owes it
+        rid = self.reclaimed_loads.pop(event.job_id, None)
+        req = self.state.requests.get(rid) if rid is not None else None
         if req is not None and req.state == "running":
             self.lifecycle.move(req, Trigger.LOAD_DONE, "its load reported (late)")
+
+    def reclaim_jobs(self, deadline: float) -> None:
+        loads = {job_id: job.request_id for job_id, job in self.state.jobs.items() if job.kind == "load"}
+        super().reclaim_jobs(deadline)
+        self.reclaimed_loads.update((j, r) for j, r in loads.items() if j in self.state.reclaimed)
 
 
 # ---- 15. a finish-time store of the never-written last token (vllm#54193) ------------------------------
@@ -308,7 +317,8 @@ class StoresLastTokenCore(ConnectorCore):
     which includes the last sampled token: its KV was never written (no step takes it as
     input), so the store copies a block with a hole in it."""
 
-    def request_finished(self, request_id: str, reason: str, why: str | None = None) -> bool:
+    def request_finished(self, request_id: str, reason: str, why: str | None = None,
+                         held: bool | None = None) -> bool:
         transfers, lifecycle = self.transfers, self.lifecycle
         store = transfers.maybe_store
 
@@ -318,15 +328,16 @@ class StoresLastTokenCore(ConnectorCore):
             lifecycle.ask = lambda r, hook, *args: (  # type: ignore[method-assign]
                 watermark if hook == "store_limit" and r is req else ask(r, hook, *args))
             confirmed, req.confirmed = req.confirmed, max(req.confirmed, watermark)
+            computed, req.computed = req.computed, max(req.computed, watermark)
             try:
                 store(req)
             finally:
                 del lifecycle.ask
-                req.confirmed = confirmed
+                req.confirmed, req.computed = confirmed, computed
 
         transfers.maybe_store = store_with_last_token  # type: ignore[method-assign]
         try:
-            return super().request_finished(request_id, reason, why)
+            return super().request_finished(request_id, reason, why, held)
         finally:
             del transfers.maybe_store
 

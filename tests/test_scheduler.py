@@ -155,10 +155,11 @@ def test_a_failed_step_aborts_its_requests_and_its_blocks_serve_no_hit() -> None
         engine.check_invariants()
 
 
-def test_a_store_given_up_after_its_request_was_preempted_quarantines_its_freed_blocks() -> None:
-    """A preemption frees a request's blocks and flushes its store; a rank that never reports
-    that store lets the transfer deadline give it up. Its blocks, free by then, leave the free
-    queue (quarantine) until the late report, instead of the engine failing an assertion."""
+def test_a_store_flushed_at_a_preemption_and_given_up_later_is_not_quarantined() -> None:
+    """A preemption frees a request's blocks and flushes its store (the workers finish it
+    before the next step writes anything); a rank that never reports that store lets the
+    transfer deadline give it up. Its blocks went back at the flush: the give-up holds none
+    of them (a hold there would fall on a free block, or on one another request took)."""
     from kvlife.lifecycle.engine.events import StartStore, TransferReport
 
     engine = make_engine(device_blocks=8, max_batched_tokens=256, transfer_deadline_ms=100.0,
@@ -172,15 +173,16 @@ def test_a_store_given_up_after_its_request_was_preempted_quarantines_its_freed_
         stores += [c for c in commands if isinstance(c, StartStore)]
         t += 1.0
         engine.handle(StepOutput(t, plan_of(commands).step_id))  # no store ever reports
+    flushed = {c.job_id for c in stores if c.request_id == "b"}
+    assert flushed and all(engine.jobs[j].flushed for j in flushed)
     mine = [m.device_block for c in stores if c.request_id == "b" for m in c.moves]
     blocks = [b for b in mine if engine.pool.refs[b] == 0]  # freed at the preemption, not reused
     assert blocks
     engine.handle(Tick(t + 500.0))  # past the deadline: every store is given up
-    assert all(engine.pool.refs[b] == 1 for b in blocks) and engine.stats.rank_timeouts == len(stores)
-    handed = engine.pool.allocate(engine.pool.free)
-    assert not set(blocks) & set(handed)  # none can be handed out
-    engine.pool.release(handed)
-    for store in stores:  # the late reports end the quarantine
+    assert engine.stats.rank_timeouts == len(stores)
+    assert all(engine.pool.refs[b] == 0 for b in blocks)  # not held: they went back at the flush
+    assert not set(engine.state.held_blocks) & flushed
+    for store in stores:  # the late reports change nothing
         engine.handle(TransferReport(t + 501.0, store.job_id, 0))
     engine.handle(Tick(t + 502.0))
     assert all(engine.pool.refs[b] == 0 for b in blocks)

@@ -87,7 +87,7 @@ class SimulatedRank:
         """Take one step's jobs; return this rank's reports of the step, (job, rank, failed)."""
         self.step += 1
         for job in sorted(jobs, key=lambda j: j.job_id):
-            self.book.add(job.job_id, job.kind, job.request_id, job.block_hashes, job.device_blocks)
+            self.book.add(job.job_id, job.kind, job.request_id, job.block_hashes, job.device_blocks, job.after)
             if job.after is not None:
                 if job.after in self._done:
                     self._due[job.job_id] = (self.step, job)

@@ -176,7 +176,7 @@ class Engine:
         for book in self.workers:
             for job in (*meta.loads, *meta.stores):
                 book.add(job.job_id, job.kind, job.request_id, [m.block_hash for m in job.moves],
-                         [m.device_block for m in job.moves])
+                         [m.device_block for m in job.moves], job.after if job.kind == "load" else None)
         if meta.hold_finished or meta.abandon:
             self._worker_steps.append((meta.step_id, meta.hold_finished, meta.abandon))
 

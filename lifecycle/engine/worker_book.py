@@ -4,7 +4,10 @@ A worker (one tensor-parallel rank) learns of jobs and held requests from each s
 connector metadata, and reports, with the step's output, the requests whose loads it has
 all finished (vLLM's ``finished_recving``), the held requests whose stores it has all
 finished (``finished_sending``), and the device blocks of loads that failed
-(``invalid_block_ids``). ``WorkerBook`` is that bookkeeping for one rank; it knows nothing of
+(``invalid_block_ids``). A request's loads are finished only once the joins copying their
+blocks (loads ``after`` one of its jobs) ended too: the scheduler promotes it then, and a
+load that failed is recomputed into the very blocks a join would still be reading.
+``WorkerBook`` is that bookkeeping for one rank; it knows nothing of
 how bytes move. kvlife's workers use it (``drivers.vllm.worker``: the simulated and the
 host-pool worker inside vLLM), and so does kvlife's engine for the ranks its drivers play
 (``core.Engine``). ``OutputAggregator`` is vLLM's ``KVOutputAggregator``: a request is
@@ -37,12 +40,23 @@ class WorkerBook:
         self.holds: set[str] = set()
         self._recving: set[str] = set()
         self._invalid: set[int] = set()
+        # Joins in flight by the load they copy from, and that load's request.
+        self._readers: dict[int, set[int]] = {}
+        self._owner_request: dict[int, str] = {}
+        self._join_of: dict[int, int] = {}  # join job -> the load it copies from
+        self._read_waiting: set[str] = set()  # loads all done, joins still reading their blocks
 
     def add(self, job_id: int, kind: str, request_id: str, hashes: Sequence[BlockHash],
-            device_blocks: Sequence[int]) -> None:
+            device_blocks: Sequence[int], after: int | None = None) -> None:
         """A job came with a step's metadata (a prefetch, between tiers, is reported for no
-        request: ``device_blocks`` empty)."""
+        request: ``device_blocks`` empty; ``after``: a join, copying that load's blocks)."""
         self.jobs[job_id] = _JobEntry(kind, request_id, tuple(zip(hashes, device_blocks, strict=False)))
+        if after is not None:
+            owner = self.jobs.get(after)
+            if owner is not None:  # (an owner this rank already finished has nothing left to read)
+                self._readers.setdefault(after, set()).add(job_id)
+                self._owner_request[after] = owner.request_id
+                self._join_of[job_id] = after
         if kind in ("load", "store"):
             book = self.loads_of if kind == "load" else self.stores_of
             book.setdefault(request_id, set()).add(job_id)
@@ -56,6 +70,9 @@ class WorkerBook:
         entry = self.jobs.pop(job_id, None)
         if entry is None:
             return
+        owner = self._join_of.pop(job_id, None)
+        if owner is not None:
+            self._read_done(owner, job_id)
         bad = set(failed)
         if entry.kind == "load" and bad:
             self._invalid.update(device for h, device in entry.moves if h in bad)
@@ -69,7 +86,23 @@ class WorkerBook:
         if not jobs:
             del book[entry.request_id]
             if entry.kind == "load":
-                self._recving.add(entry.request_id)
+                if entry.request_id in self._owner_request.values():
+                    self._read_waiting.add(entry.request_id)  # joins still copy its blocks
+                else:
+                    self._recving.add(entry.request_id)
+
+    def _read_done(self, owner: int, join: int) -> None:
+        readers = self._readers.get(owner)
+        if readers is None:
+            return
+        readers.discard(join)
+        if readers:
+            return
+        del self._readers[owner]
+        rid = self._owner_request.pop(owner)
+        if rid in self._read_waiting and rid not in self._owner_request.values():
+            self._read_waiting.discard(rid)
+            self._recving.add(rid)
 
     def take(self) -> tuple[set[str], set[str], set[int]]:
         """What this rank reports with the step output: finished_recving, finished_sending

@@ -170,6 +170,8 @@ class Picture:
         self.requests: dict[str, Req] = {}
         self.jobs: dict[int, Job] = {}
         self.open: dict[int, Job] = {}  # jobs not ended (complete or reclaimed), in start order
+        # Joins by the load they copy from, registered while that load was still open.
+        self.readers: dict[int, list[Job]] = {}
         self.loading: dict[int, list[Job]] = {}  # block hash -> the tier loads bringing it (not given up)
         self.steps: dict[int, Step] = {}  # planned, output not yet delivered, in plan order
         self.max_planned = -1
@@ -282,7 +284,13 @@ class Tracker:
                                                    after=after if is_int(after) else None)
         job.moves = self._moves(ev.get("moves"), job)
         self.pic.open[job_id] = job
+        self._register_join(job)
         return True
+
+    def _register_join(self, job: Job) -> None:
+        owner = self.pic.jobs.get(job.after) if job.after is not None else None
+        if owner is not None and owner.open:
+            self.pic.readers.setdefault(owner.job_id, []).append(job)
 
     def _moves(self, raw: Any, job: Job) -> tuple[Move, ...] | None:
         if raw is None:
@@ -357,6 +365,7 @@ class Tracker:
                 tuple(Move(m.block_hash, m.device_block, m.tier) for m in command.moves),
                 getattr(command, "after", None))
             self.pic.open[command.job_id] = ev.job
+            self._register_join(ev.job)
         if ev.job.moves is not None:
             slots = {m.block_hash: m.slot for m in command.moves if m.tier == "device"}
             for move in ev.job.moves:
@@ -581,6 +590,12 @@ class Tracker:
             self.fail(f"interrupted record: field 't' must be a number, got {ev.get('t')!r}")
         self.pic.cut = ev.data
 
+    def _read(self, job: Job, step: int) -> bool:
+        """Joins still copy ``job``'s blocks: the workers report its request's loads
+        finished only after them (``WorkerBook``)."""
+        return any(j.open and not (j.abandoned_in is not None and j.abandoned_in <= step)
+                   for j in self.pic.readers.get(job.job_id, ()))
+
     def end(self) -> None:
         """The handling ended: a step output told the scheduler of the loads that ended."""
         pic = self.pic
@@ -593,7 +608,8 @@ class Tracker:
 
     def _received(self, req: Req, step: int) -> None:
         for job in (*req.loads, *req.unreceived):
-            if not job.received and (job.complete or (job.abandoned_in is not None and job.abandoned_in <= step)):
+            if not job.received and (job.complete or (job.abandoned_in is not None and job.abandoned_in <= step)) \
+                    and not self._read(job, step):
                 job.received = True
         if req.state == "loading" and req.loads and all(j.received for j in req.loads):
             req.landed = True

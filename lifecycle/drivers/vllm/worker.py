@@ -167,7 +167,7 @@ class HostPoolWorker:
             self.pool.write_many(slots, self._gather(devices).cpu())
 
     def _run(self, job_id: int, job: KVLifeJob) -> None:
-        self._book.add(job_id, job.kind, job.req_id, job.block_hashes, job.device_blocks)
+        self._book.add(job_id, job.kind, job.req_id, job.block_hashes, job.device_blocks, job.after)
         failed = tuple(self.fail(self.rank, job.kind, job.req_id, job.block_hashes)) if self.fail is not None else ()
         bad = set(failed)
         keep = [i for i, h in enumerate(job.block_hashes) if h not in bad]
