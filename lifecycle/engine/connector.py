@@ -518,7 +518,10 @@ class ConnectorCore:
             if req.state != RUNNING:
                 continue
             self._confirm(req, before, n, samples)
-            if min(req.confirmed // bt, len(req.block_table)) > req.stored_blocks and not state.observing:
+            # Every full block a step has scheduled is offered to the store policy (under
+            # async scheduling, one the step in flight completes too: vllm#27644's hazard is
+            # the policy's to avoid, and invariant 5's to catch).
+            if min(req.computed // bt, len(req.block_table)) > req.stored_blocks and not state.observing:
                 maybe_store(req)
 
     def _confirm(self, req: Request, before: int, n: int, samples: bool) -> None:

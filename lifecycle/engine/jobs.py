@@ -93,13 +93,13 @@ class Transfers:
         return job
 
     def maybe_store(self, req: Request) -> None:
-        """Store the request's newly confirmed full blocks (prompt and generated tokens
-        alike) to every tier, up to what the store policy allows (``store_limit``); never a
-        block no step has scheduled yet."""
+        """Store the request's new full blocks (prompt and generated tokens alike) to every
+        tier, up to what the store policy allows (``store_limit``: the built-in ones, only
+        blocks a step output confirmed); never a block no step has scheduled yet."""
         state = self.state
         bt = state.config.block_tokens
-        if not state.tiers or min(req.confirmed // bt, len(req.block_table)) <= req.stored_blocks:
-            return  # no new block confirmed: nothing to ask
+        if not state.tiers or min(req.computed // bt, len(req.block_table)) <= req.stored_blocks:
+            return  # no new block scheduled: nothing to ask
         limit = self.lifecycle.ask(req, Hook.STORE_LIMIT)
         # Clamped to the scheduled tokens, not the confirmed ones: which scheduled tokens
         # are safe to store is the policy's call (invariant 5), so that
@@ -348,6 +348,10 @@ class Transfers:
         self.lifecycle.warn("rank_timeout", job=job.job_id, ranks=list(missing), note=note)
         if job.kind == "load":
             self._stop_bringing(job)  # nobody may join a load that has already been given up on
+            # ... and the joins copying from it copy blocks nobody vouches for: given up too.
+            for join in [j for j in state.jobs.values() if j.after == job.job_id and not j.timed_out]:
+                self.give_up(join, f"the load it copies from (job {job.job_id}) was given up",
+                             f"its source, load job {job.job_id}, was given up ({cause})")
         if self.hold_blocks is not None and not job.flushed:
             # (A flushed store's blocks went back at the preemption that flushed it: the
             # workers finish it before the next step writes anything.)

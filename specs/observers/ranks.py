@@ -86,6 +86,9 @@ class Ranks(Observer):
         deadline, t = self.settings.transfer_deadline_ms, self.ctx.t
         if job is None or not job.open or job.timed_out or deadline is None or job.t is None or t is None:
             return
+        owner = self.picture.jobs.get(job.after) if job.after is not None else None
+        if owner is not None and owner.timed_out:
+            return  # a join of a load given up: what it copies is no one's, it goes with it
         if job.kind in ("load", "store") and t - job.t < deadline:
             self.fail(3, f"job {job.job_id} given up at t={t:g}, before its deadline (started t={job.t:g}, "
                          f"{deadline:g} ms)")
