@@ -14,8 +14,8 @@ same order, named as vLLM names them:
   resumable request it has ``running`` ended its turn and its next input chunk is admitted
   (``turn_ended``, then ``admitted``);
 - ``build_connector_meta``: the step's preemptions (their stores flushed; one vLLM made
-  outside ``schedule()`` is taken earlier, when the request is asked about or admitted again
-  while the core has it ``running``), the step's
+  outside ``schedule()`` is taken earlier, when ``get_num_new_matched_tokens`` asks about
+  the request while the core has it ``running``), the step's
   scheduled chunks (the tokens each later output confirms), and what the workers must do:
   loads, stores, prefetches, flushes, abandoned jobs, holds;
 - ``update_connector_output``: the workers' per-rank job reports (``ranks``, invariant 3)
@@ -212,7 +212,7 @@ class ConnectorCore:
         lifecycle = self.lifecycle
         req = state.requests[request_id]
         if req.state == RUNNING:
-            self._preempted_outside(req, "get_num_new_matched_tokens")
+            self._preempted_outside(req)
         req.local_tokens = num_computed_tokens
         req.plan = ()
         req.joins = {}
@@ -305,16 +305,16 @@ class ConnectorCore:
                                  chunk: NextChunk | None = None) -> None:
         """The scheduler admitted ``request_id`` on ``block_ids`` (its whole table): start the
         load of its external hit, or run it; after its loads landed, it is promoted. A
-        request the core has ``running`` is admitted again: a resumable one (``chunk``, its
-        next input chunk) ended its turn; any other was preempted outside ``schedule()``."""
+        resumable request the core has ``running`` admitted again (``chunk``, its next input
+        chunk) ended its turn. (A request preempted outside ``schedule()`` comes back through
+        ``get_num_new_matched_tokens`` first: vLLM asks about every request with no computed
+        tokens.)"""
         state = self.state
         lifecycle = self.lifecycle
         req = state.requests[request_id]
-        if req.state == RUNNING:
-            if chunk is not None:
-                self._next_chunk(req, block_ids, chunk)
-                return
-            self._preempted_outside(req, "update_state_after_alloc")
+        if chunk is not None and req.state == RUNNING:
+            self._next_chunk(req, block_ids, chunk)
+            return
         req.block_table = list(block_ids)
         bt = state.config.block_tokens
         if req.state == LOADING:
@@ -447,15 +447,15 @@ class ConnectorCore:
         self.state.stats.preemptions += 1
         self.lifecycle.move(req, Trigger.PREEMPTED, why)
 
-    def _preempted_outside(self, req: Request, call: str) -> None:
-        """vLLM asks about or admits ``req`` again while the core has it ``running``: its
+    def _preempted_outside(self, req: Request) -> None:
+        """vLLM asks about ``req`` again while the core has it ``running``: its
         scheduler preempted it outside ``schedule()`` (``reset_prefix_cache(
         reset_running_requests=True)`` frees every running request's blocks), and the
         pass's ``preempted_req_ids`` name it only at ``build_connector_meta``, after this
         call. The preemption is taken now (a new epoch, its stores flushed, its state
         reset), and that later entry is not taken again."""
-        self._preempt(req, f"preempted outside a scheduler pass (vLLM's reset_prefix_cache): {call} came for it "
-                           f"again before the pass's build_connector_meta named the preemption")
+        self._preempt(req, "preempted outside a scheduler pass (vLLM's reset_prefix_cache): asked about again "
+                           "before the pass's build_connector_meta named the preemption")
         self.preempted_early.add(req.request_id)
 
     def _next_chunk(self, req: Request, block_ids: Sequence[int], chunk: NextChunk) -> None:
@@ -689,7 +689,7 @@ class ConnectorCore:
         state = self.state
         req = state.requests[request_id]
         if req.state == RUNNING:
-            self._preempted_outside(req, "get_num_new_matched_tokens")
+            self._preempted_outside(req)
         req.local_tokens = num_computed_tokens
         if answer is None:
             if req.state == WAITING and not deferred:
