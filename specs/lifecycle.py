@@ -49,6 +49,10 @@ class RequestLifecycle(StateMachine):
     # Out of device blocks: back to the queue (vLLM frees its blocks; its in-flight stores
     # are finished before the next step writes anything).
     preempted = running.to(waiting)
+    # A resumable request (vLLM's streaming input session) stopped its turn without finishing:
+    # it keeps its blocks and computed tokens and waits for its next input chunk, which
+    # admits it again (vLLM drops the turn's output still in flight: a new epoch).
+    turn_ended = running.to(waiting)
     # Generation finished but a store or send still reads its blocks.
     send_started = running.to(sending)
     # Generation finished and nothing references its blocks any more; or (async
@@ -96,6 +100,7 @@ class Trigger(StrEnum):
     LOAD_DONE = "load_done"
     LOAD_FAILED = "load_failed"
     PREEMPTED = "preempted"
+    TURN_ENDED = "turn_ended"
     SEND_STARTED = "send_started"
     COMPLETED = "completed"
     ABORTED = "aborted"

@@ -159,8 +159,9 @@ def test_version_and_spec_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.startswith("kvlife ")
     assert main(["spec", "--format", "table"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "loading         --load_failed--> waiting" in lines and len(lines) == 21
+    assert "loading         --load_failed--> waiting" in lines and len(lines) == 22
     assert "lookup_pending  --lookup_expired--> waiting" in lines
+    assert "running         --turn_ended--> waiting" in lines
 
 
 def test_live_run_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

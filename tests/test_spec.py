@@ -82,6 +82,7 @@ DESIGN_EDGES = {
     ("loading", "aborted"): "finished",
     ("loading", "failed"): "finished",
     ("running", "preempted"): "waiting",
+    ("running", "turn_ended"): "waiting",  # a resumable request's next input chunk (vLLM's streaming input)
     ("running", "send_started"): "sending",
     ("running", "completed"): "finished",
     ("running", "aborted"): "finished",

@@ -10,8 +10,12 @@ same order, named as vLLM names them:
   ``None`` while an async lookup is pending, a prefetch is being waited for, or the
   admission policy defers (``lookup_mode``, ``lookup_reuse``, ``admission``);
 - ``update_state_after_alloc``: the scheduler admitted the request on these blocks: a load
-  job (``loading``), or ``running``; after a landed load, its promotion (``load_done``);
-- ``build_connector_meta``: the step's preemptions (their stores flushed), the step's
+  job (``loading``), or ``running``; after a landed load, its promotion (``load_done``); a
+  resumable request it has ``running`` ended its turn and its next input chunk is admitted
+  (``turn_ended``, then ``admitted``);
+- ``build_connector_meta``: the step's preemptions (their stores flushed; one vLLM made
+  outside ``schedule()`` is taken earlier, when ``get_num_new_matched_tokens`` asks about
+  the request while the core has it ``running``), the step's
   scheduled chunks (the tokens each later output confirms), and what the workers must do:
   loads, stores, prefetches, flushes, abandoned jobs, holds;
 - ``update_connector_output``: the workers' per-rank job reports (``ranks``, invariant 3)
@@ -82,6 +86,19 @@ class StepInfo:
 
 
 @attrs.frozen
+class NextChunk:
+    """A resumable request's next input chunk (vLLM's streaming input session), read off
+    the scheduler's request when it is admitted again: its prompt now (the last turn's kept
+    outputs and the new input), their full blocks' hashes, its output limit, and the tokens
+    whose KV it kept (vLLM's ``num_computed_tokens``, where the chunk resumes)."""
+
+    prompt_tokens: int
+    hashes: tuple[int, ...]
+    max_tokens: int | None
+    computed_tokens: int
+
+
+@attrs.frozen
 class ConnectorMeta:
     """What the workers do for one step (the connector metadata's payload)."""
 
@@ -117,6 +134,9 @@ class ConnectorCore:
         # The jobs ``engine.transfer_deadline_ms`` gives up on (inside vLLM: stores only, a
         # late load would land in blocks vLLM may have handed on).
         self.deadline_kinds = deadline_kinds
+        # Requests preempted outside ``schedule()`` whose preemption was taken in this pass,
+        # before the pass's ``build_connector_meta`` names them (``_preempted_outside``).
+        self.preempted_early: set[str] = set()
 
     @property
     def config(self) -> EngineConfig:
@@ -191,6 +211,8 @@ class ConnectorCore:
         state = self.state
         lifecycle = self.lifecycle
         req = state.requests[request_id]
+        if req.state == RUNNING:
+            self._preempted_outside(req)
         req.local_tokens = num_computed_tokens
         req.plan = ()
         req.joins = {}
@@ -279,12 +301,20 @@ class ConnectorCore:
                                                    req.lookup_uses + 1, len(lookup), gone))
 
     # ---- vLLM: update_state_after_alloc ----------------------------------------------------------
-    def update_state_after_alloc(self, request_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request_id: str, block_ids: Sequence[int], num_external_tokens: int,
+                                 chunk: NextChunk | None = None) -> None:
         """The scheduler admitted ``request_id`` on ``block_ids`` (its whole table): start the
-        load of its external hit, or run it; after its loads landed, it is promoted."""
+        load of its external hit, or run it; after its loads landed, it is promoted. A
+        resumable request the core has ``running`` admitted again (``chunk``, its next input
+        chunk) ended its turn. (A request preempted outside ``schedule()`` comes back through
+        ``get_num_new_matched_tokens`` first: vLLM asks about every request with no computed
+        tokens.)"""
         state = self.state
         lifecycle = self.lifecycle
         req = state.requests[request_id]
+        if chunk is not None and req.state == RUNNING:
+            self._next_chunk(req, block_ids, chunk)
+            return
         req.block_table = list(block_ids)
         bt = state.config.block_tokens
         if req.state == LOADING:
@@ -353,10 +383,12 @@ class ConnectorCore:
         workers what they must do with it."""
         state = self.state
         requests = state.requests
+        early = self.preempted_early
         for rid in step.preempted:
             req = requests.get(rid)
-            if req is not None and req.state == RUNNING:
+            if req is not None and req.state == RUNNING and rid not in early:
                 self._preempt(req)
+        early.clear()
         for rid, (ids, replace) in step.new_blocks.items():
             req = requests.get(rid)
             if req is not None:
@@ -400,7 +432,7 @@ class ConnectorCore:
         state.out_flush, state.out_abandon, state.out_holds, state.sync_keys = [], [], [], []
         return meta
 
-    def _preempt(self, req: Request) -> None:
+    def _preempt(self, req: Request, why: str = "out of device blocks: the scheduler preempted it") -> None:
         """vLLM preempted ``req`` and freed its blocks: back to ``waiting``, to recompute or
         reload what the tiers hold; its stores in flight are flushed before the next step."""
         self.transfers.flush_stores(req)
@@ -413,7 +445,53 @@ class ConnectorCore:
         req.lookup_uses = 0
         req.preemptions += 1
         self.state.stats.preemptions += 1
-        self.lifecycle.move(req, Trigger.PREEMPTED, "out of device blocks: the scheduler preempted it")
+        self.lifecycle.move(req, Trigger.PREEMPTED, why)
+
+    def _preempted_outside(self, req: Request) -> None:
+        """vLLM asks about ``req`` again while the core has it ``running``: its
+        scheduler preempted it outside ``schedule()`` (``reset_prefix_cache(
+        reset_running_requests=True)`` frees every running request's blocks), and the
+        pass's ``preempted_req_ids`` name it only at ``build_connector_meta``, after this
+        call. The preemption is taken now (a new epoch, its stores flushed, its state
+        reset), and that later entry is not taken again."""
+        self._preempt(req, "preempted outside a scheduler pass (vLLM's reset_prefix_cache): asked about again "
+                           "before the pass's build_connector_meta named the preemption")
+        self.preempted_early.add(req.request_id)
+
+    def _next_chunk(self, req: Request, block_ids: Sequence[int], chunk: NextChunk) -> None:
+        """A resumable request stopped its turn without ``request_finished`` (vLLM keeps its
+        blocks and waits for its next input chunk, which says nothing to the connector) and
+        is admitted again for the chunk: its turn ends (``turn_ended``: a new epoch, the
+        turn's output still in flight is dropped as vLLM drops it), then the chunk is a new
+        admission of the same request, resuming on its blocks from the tokens it kept (no
+        lookup: vLLM asks the connector nothing for it). Its hits stay what it found when it
+        first came in; its prompt is the last turn's kept outputs and the new input."""
+        bt = self.state.config.block_tokens
+        kept = chunk.computed_tokens
+        if req.stored_blocks > kept // bt:
+            # A dropped output confirmed tokens past what vLLM kept: their blocks are written
+            # again, so the stores reading them finish first and they are stored anew.
+            self.transfers.flush_stores(req)
+            req.stored_blocks = kept // bt
+        req.epoch += 1
+        req.placeholders = 0
+        self.lifecycle.move(req, Trigger.TURN_ENDED,
+                            f"its turn stopped (a resumable request: a streaming input session); its next input "
+                            f"chunk came, and the scheduler kept its {len(block_ids)} blocks and {kept} tokens")
+        req.prompt_tokens = chunk.prompt_tokens
+        req.hashes = chunk.hashes[: chunk.prompt_tokens // bt]
+        req.max_tokens = chunk.max_tokens
+        req.generated = 0
+        req.block_table = list(block_ids)
+        req.local_tokens = req.computed = req.confirmed = kept
+        req.lookup = None
+        req.lookup_async = False
+        req.lookup_uses = 0
+        req.plan = ()
+        req.joins = {}
+        req.landed = False
+        self.lifecycle.move(req, Trigger.ADMITTED, f"its next input chunk: {chunk.prompt_tokens - kept} tokens to "
+                                                   f"compute from token {kept}, on the blocks it kept")
 
     # ---- vLLM: update_connector_output -----------------------------------------------------------
     def update_connector_output(self, reports: Sequence[TransferReport] = (),
@@ -613,6 +691,8 @@ class ConnectorCore:
         answers a pending lookup."""
         state = self.state
         req = state.requests[request_id]
+        if req.state == RUNNING:
+            self._preempted_outside(req)
         req.local_tokens = num_computed_tokens
         if answer is None:
             if req.state == WAITING and not deferred:

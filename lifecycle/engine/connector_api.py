@@ -16,7 +16,11 @@ What it adds to the core is what a connector learns only from the order of vLLM'
   ``update_from_output``; ``update_connector_output`` only when the step's output carries a
   connector output): that is where the core confirms the step's tokens;
 - block hashes grow on the scheduler's request as tokens are generated: they are read from
-  it before each call that needs them.
+  it before each call that needs them;
+- a resumable request (a streaming input session) that the scheduler admits again while
+  the core has it running is admitted for its next input chunk: its prompt, hashes and kept
+  tokens are read off it then (``NextChunk``), as no call told the connector of the chunk
+  before, and the trace records the chunk as an ``arrival`` input of the same request.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
-from kvlife.lifecycle.engine.connector import ConnectorCore, ConnectorMeta, StepInfo
+from kvlife.lifecycle.engine.connector import ConnectorCore, ConnectorMeta, NextChunk, StepInfo
 from kvlife.lifecycle.engine.events import (
     Abort,
     Arrival,
@@ -186,7 +190,17 @@ class ConnectorAPI:
 
     def update_state_after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
         self._pass()
-        self.core.update_state_after_alloc(request.request_id, block_ids, num_external_tokens)
+        rid = request.request_id
+        chunk = None
+        req = self.core.state.requests.get(rid)
+        if req is not None and req.state == "running" and getattr(request, "resumable", False):
+            # A streaming input session's next input chunk (vLLM's add_request of a known id,
+            # which no connector call told): read off the request now, and recorded as that
+            # request's arrival, with its prompt now.
+            chunk = NextChunk(request.num_prompt_tokens, self._hashes(request), getattr(request, "max_tokens", None),
+                              request.num_computed_tokens)
+            self._input(Arrival(self.core.state.now, rid, chunk.prompt_tokens, chunk.hashes, True, chunk.max_tokens))
+        self.core.update_state_after_alloc(rid, block_ids, num_external_tokens, chunk)
 
     def build_connector_meta(self, scheduler_output: Any) -> ConnectorMeta:
         self._pass()

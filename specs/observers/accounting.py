@@ -34,7 +34,7 @@ from kvlife.specs.observers.base import Context, Event, Observer, is_int
 from kvlife.specs.observers.picture import Entry, Req, Step
 
 # After these, a request's next answer is a new one (its uses count again).
-_NEW_ANSWER = frozenset({"lookup_answered", "lookup_expired", "preempted", "load_failed"})
+_NEW_ANSWER = frozenset({"lookup_answered", "lookup_expired", "preempted", "load_failed", "turn_ended"})
 
 
 class Hits(Observer):

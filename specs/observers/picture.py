@@ -30,7 +30,7 @@ from kvlife.specs.observers.base import Context, Event, is_int, is_number
 
 # Triggers after which a request is in a new epoch (docs/design.md: epochs).
 EPOCH_BUMPS = frozenset({"preempted", "load_failed", "completed", "aborted", "failed", "lookup_expired",
-                         "send_started"})
+                         "send_started", "turn_ended"})
 # The engine's commands, by class name (the observers import no engine code to read them).
 COMMAND_KINDS = {"StepPlan": "plan_command", "SubmitLookup": "submit_lookup", "DiscardLookup": "discard_lookup",
                  "StartLoad": "start_load", "StartStore": "start_store", "StartPrefetch": "start_prefetch",
@@ -427,7 +427,22 @@ class Tracker:
             req.landed = False
         if trigger == "preempted":
             req.preemptions += 1
+        elif trigger == "turn_ended":
+            self._next_chunk(req)
         self._queue(req.rid, str(trigger), req.state)
+
+    def _next_chunk(self, req: Req) -> None:
+        """A resumable request's turn ended for its next input chunk (the arrival input of
+        this handling): its prompt is the chunk's now (the last turn's kept outputs and the
+        new input), its outputs start again."""
+        chunk = self.pic.input
+        if not (self.pic.input_is("arrival") and chunk.request_id == req.rid):
+            return  # (invariant 1 says so)
+        full = chunk.prompt_tokens // self.settings.block_tokens
+        req.prompt, req.hashes, req.max_tokens = chunk.prompt_tokens, tuple(chunk.block_hashes[:full]), chunk.max_tokens
+        req.arrival_blocks = len(chunk.block_hashes)
+        req.generated = 0
+        req.index = None
 
     def _queue(self, rid: str, trigger: str, target: str) -> None:
         pic = self.pic

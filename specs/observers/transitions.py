@@ -7,6 +7,8 @@ request fails only where the spec of the run says it may.
 - An abort is ignored (``abort_ignored``) only for a request that finished, is held in
   ``sending`` (vLLM ignores the abort of a finished request) or never came.
 - A lookup expires at its deadline, not before.
+- A turn ends (``turn_ended``) only for a resumable request's next input chunk: the input
+  being handled is that request's resumable ``arrival``.
 - A failed load leads where ``engine.kv_load_failure_policy`` says: ``recompute``: the
   request moves ``load_failed`` in the handling its last load ended in; ``fail``: it never
   moves ``load_failed`` and finishes (``failed``) by the end of the next step output (it
@@ -78,6 +80,12 @@ class Transitions(Observer):
         if deadline is not None and submitted is not None and t is not None and submitted + deadline > t:
             self.fail(1, f"{req.rid}: lookup expired at t={t:g}, before its deadline t={submitted + deadline:g} "
                          f"(submitted at t={submitted:g})")
+
+    def _on_turn_ended(self, req: Req) -> None:
+        chunk = self.picture.input
+        if not (self.picture.input_is("arrival") and chunk.request_id == req.rid and chunk.resumable):
+            self.fail(1, f"{req.rid}'s turn ended (turn_ended) without its next input chunk: only the arrival of a "
+                         f"resumable request's next chunk ends its turn")
 
     def _on_load_failed(self, req: Req) -> None:
         if self.settings.kv_load_failure_policy == "fail":

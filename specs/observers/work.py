@@ -89,7 +89,7 @@ class Work(Observer):
         if ev.source == "lookup_pending" and trigger != "lookup_answered":
             mine.outstanding = False
         if trigger in ("preempted", "load_failed", "completed", "aborted", "failed", "lookup_expired",
-                       "send_started"):
+                       "send_started", "turn_ended"):
             mine.held = mine.answered = False
             mine.reuses = 0
             mine.landed.clear()
