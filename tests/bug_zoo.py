@@ -360,10 +360,11 @@ class RecordsHitTwiceCore(ConnectorCore):
     tokens. When a landed load is taken into running, the admission bookkeeping runs
     again and records the request's tier hit as 0 blocks."""
 
-    def update_state_after_alloc(self, request_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request_id: str, block_ids: Sequence[int], num_external_tokens: int,
+                                 chunk: Any = None) -> None:
         req = self.state.requests[request_id]
         promoting = req.state == "loading"
-        super().update_state_after_alloc(request_id, block_ids, num_external_tokens)
+        super().update_state_after_alloc(request_id, block_ids, num_external_tokens, chunk)
         if promoting and req.preemptions == 0:
             req.tier_hit_blocks = dict.fromkeys(req.tier_hit_blocks, 0)
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 import attrs
 
 from kvlife.lifecycle.engine import records
+from kvlife.lifecycle.engine.blocks import derived_block_hash
 from kvlife.lifecycle.engine.events import BlockMove, TierMove, TransferReport
 from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.ranks import ReportStatus
@@ -111,9 +112,11 @@ class Transfers:
             state.ensure_hashes(req, upto)
         hashes = req.hashes[req.stored_blocks:upto]
         blocks = req.block_table[req.stored_blocks:upto]
+        first = req.stored_blocks
         req.stored_blocks = upto
         recorder = state.recorder  # (records are built only when there is one to take them)
         device_of: dict[int, int] | None = None
+        named = _underivable(req, range(first, upto)) if recorder is not None else None
         for tier in state.tiers.values():
             plan = tier.prepare_store(hashes)
             if recorder is not None:
@@ -137,7 +140,7 @@ class Transfers:
             stats.blocks_stored += len(moves)
             if recorder is not None:
                 recorder(records.job(state.now, job_id, "store", req.request_id, {tier.name: len(moves)},
-                                     moves_record(moves)))
+                                     moves_record(moves, named)))
             state.out_stores.append(job)
 
     def observe_job(self, req: Request, job_id: int, kind: str, moves: Sequence[BlockMove]) -> None:
@@ -155,8 +158,11 @@ class Transfers:
             req.store_jobs += 1
             state.stats.stores += 1
             state.stats.blocks_stored += len(moves)
+        named = None
+        if kind == "store" and state.recorder is not None:
+            named = _underivable(req, range(len(req.hashes)), {m.block_hash for m in moves})
         self.lifecycle.record(records.job(state.now, job_id, kind, req.request_id,
-                                          count_tiers(m.tier for m in moves), moves_record(moves)))
+                                          count_tiers(m.tier for m in moves), moves_record(moves, named)))
 
     def flush_stores(self, req: Request) -> None:
         """``req`` was preempted and the scheduler freed its blocks: its stores in flight
@@ -539,3 +545,17 @@ class Transfers:
                                               f"prefetch deadline: {reason}; what it lands later is not published"))
         req.lookup = lookup[:keep]
         return False
+
+
+def _underivable(req: Request, positions: range, among: set[int] | None = None) -> dict[int, int]:
+    """Blocks of ``req`` at ``positions`` past its prompt (of hashes ``among``, if given)
+    whose names are not ``blocks.derived_block_hash`` (inside vLLM: vLLM's block hashes):
+    hash -> position, for the trace, whose reader could not place them otherwise."""
+    hashes, rid = req.hashes, req.request_id
+    named = {}
+    for i in range(max(positions.start, req.prompt_tokens // req.block_tokens), min(positions.stop, len(hashes))):
+        if among is not None and hashes[i] not in among:
+            continue
+        if hashes[i] != derived_block_hash(hashes[i - 1] if i else None, rid, i):
+            named[hashes[i]] = i
+    return named

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -283,8 +283,13 @@ class CoreState:
         return [r for r in self.requests.values() if r.state != RequestState.FINISHED]
 
 
-def moves_record(moves: Iterable[BlockMove]) -> list[list[int | str]]:
-    return [[m.block_hash, m.device_block, m.tier] for m in moves]
+def moves_record(moves: Iterable[BlockMove], positions: Mapping[int, int] | None = None) -> list[list[int | str]]:
+    """A job record's moves; a stored block whose name a reader cannot derive (inside vLLM,
+    a block of generated tokens named by vLLM's hash) adds its position in its request."""
+    if not positions:
+        return [[m.block_hash, m.device_block, m.tier] for m in moves]
+    return [[m.block_hash, m.device_block, m.tier] + ([positions[m.block_hash]] if m.block_hash in positions else [])
+            for m in moves]
 
 
 def count_tiers(tiers: Iterable[str]) -> dict[str, int]:

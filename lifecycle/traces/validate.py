@@ -140,10 +140,11 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     if sharing is None:
         sharing = sharing_from_header(header) if header is not None else False
     sharing = bool(sharing)
+    recorded = str((header or {}).get("source", "")).startswith("vllm:")  # another connector's records
     observer = InvariantObserver(Settings.of(
         config, live=False, sharing=sharing,
         # A recording of another connector (source "vllm:...") has no hold_at_finish decisions.
-        finish_after_stores=not str((header or {}).get("source", "")).startswith("vllm:")))
+        finish_after_stores=not recorded, stores_after_forward=recorded))
     structure = _structure(header, run_config, p, number)
     if header is not None and run_config is not None:
         for tier, slots in recovered_slots(header, run_config, p, number).items():

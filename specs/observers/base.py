@@ -42,6 +42,10 @@ class Settings:
     tiers: tuple[str, ...] = ()  # the engine's tiers, in cascade order
     tier_content_known: bool = False  # 10: every tier copy was seen written (or seeded)
     finish_after_stores: bool = True  # 11: a trace of another connector has no hold decisions
+    # 5: a recording of another connector, whose worker may start a store of a step's blocks
+    # after that step's forward pass (OffloadingConnector): a store covers the tokens of the
+    # steps planned so far, not only those a step output confirmed.
+    stores_after_forward: bool = False
     lookup_deadline_ms: float | None = None
     transfer_deadline_ms: float | None = None
     reclaim_deadline_ms: float | None = None

@@ -84,6 +84,18 @@ class Req:
                     self.index.setdefault(self.hashes[j], j)
         return self.hashes[i]
 
+    def name_block(self, i: int, block_hash: int) -> None:
+        """Block ``i`` of generated tokens is named ``block_hash`` (a trace written inside
+        vLLM names them by vLLM's hashes, which no reader can derive)."""
+        if i < 0:
+            return
+        if i >= len(self.hashes):
+            self.hash_at(i)
+        if self.hashes[i] != block_hash:
+            self.hashes = (*self.hashes[:i], block_hash, *self.hashes[i + 1:])
+            if self.index is not None:
+                self.index.setdefault(block_hash, i)
+
     def position(self, block_hash: int, block_tokens: int) -> int | None:
         """The block ``block_hash`` names in this request: a prompt block, or a block of
         generated tokens up to the furthest token a step computed."""
@@ -298,9 +310,14 @@ class Tracker:
             return None
         prefetch = job.kind == "prefetch"
         moves: list[Move] = []
+        req = self.pic.requests.get(job.rid)
         for item in raw if isinstance(raw, list) else [None]:
-            if not (isinstance(item, list) and len(item) == 3 and is_int(item[0]) and isinstance(item[2], str)):
+            named = job.kind == "store" and isinstance(item, list) and len(item) == 4 and is_int(item[3])
+            if not (isinstance(item, list) and (len(item) == 3 or named) and is_int(item[0])
+                    and isinstance(item[2], str)):
                 break
+            if named and req is not None:
+                req.name_block(item[3], item[0])  # a block of generated tokens vLLM named
             if prefetch and isinstance(item[1], str):
                 moves.append(Move(item[0], None, item[1], item[2]))
             elif not prefetch and is_int(item[1]):
@@ -309,7 +326,7 @@ class Tracker:
                 break
         else:
             return tuple(moves)
-        shape = "[block_hash, src_tier, dst_tier]" if prefetch else "[block_hash, device_block, tier]"
+        shape = "[block_hash, src_tier, dst_tier]" if prefetch else "[block_hash, device_block, tier(, position)]"
         self.fail(f"{job.kind} job {job.job_id}: field 'moves' must be a list of {shape}")
         return None
 

@@ -36,8 +36,9 @@ class Stores(Observer):
                 return
             end = (position + 1) * self.bt
             lenient = not self.settings.live and not req.hit_known and position < req.ever_blocks
-            if end > req.confirmed and not lenient:
-                self.fail(5, _unconfirmed(job, req, end, req.confirmed))
+            valid = max(req.confirmed, req.computed) if self.settings.stores_after_forward else req.confirmed
+            if end > valid and not lenient:
+                self.fail(5, _unconfirmed(job, req, end, valid))
                 return
 
 

@@ -268,6 +268,12 @@ class RecordingConnector(KVConnectorBase_V1):
                 self.blocks.hold(rid, ids[0], replace=rid in cached.resumed_req_ids)
         api.build_connector_meta(named)
         api.core.observe_jobs(self._jobs(meta))
+        for job_id in sorted(getattr(meta, "jobs_to_abandon", None) or ()):
+            job = api.core.state.jobs.get(int(job_id))
+            if job is not None and not job.timed_out:  # the inner connector gave it up (a deadline)
+                missing = list(api.core.state.ranks.missing_ranks(job.job_id))
+                api.core.transfers.give_up(job, "the connector gave it up; the workers that owe it report it failed",
+                                           f"given up by {type(self.inner).__name__}: ranks {missing} silent")
         for job_id in sorted(getattr(meta, "jobs_to_flush", None) or ()):
             job = api.core.state.jobs.get(int(job_id))
             if job is not None and job.kind == "store" and not job.flushed:
