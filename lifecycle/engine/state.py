@@ -288,8 +288,13 @@ def moves_record(moves: Iterable[BlockMove], positions: Mapping[int, int] | None
     a block of generated tokens named by vLLM's hash) adds its position in its request."""
     if not positions:
         return [[m.block_hash, m.device_block, m.tier] for m in moves]
-    return [[m.block_hash, m.device_block, m.tier] + ([positions[m.block_hash]] if m.block_hash in positions else [])
-            for m in moves]
+    out: list[list[int | str]] = []
+    for m in moves:
+        move: list[int | str] = [m.block_hash, m.device_block, m.tier]
+        if m.block_hash in positions:
+            move.append(positions[m.block_hash])
+        out.append(move)
+    return out
 
 
 def count_tiers(tiers: Iterable[str]) -> dict[str, int]:
