@@ -82,6 +82,10 @@ ENGINE_MUTANTS = [
      "never offered"),
     ("lifecycle/engine/connector.py", "if entry[0] is req and entry[1] == req.epoch:",
      "if entry[0] is req and entry[1] != req.epoch:", 13, "generated tokens"),
+    # vLLM's request_finished for an aborted request taken as a completion, whatever its
+    # state (the old ConnectorLifecycle set states as strings, so it was accepted there).
+    ("lifecycle/engine/connector.py", 'self._finish(req, Trigger.ABORTED, "aborted"',
+     'self._finish(req, Trigger.COMPLETED, "aborted"', 1, "completed.*is not allowed in state"),
 ]
 
 
