@@ -448,3 +448,14 @@ def test_trace_without_block_records_is_not_misjudged(trace: Path, tmp_path: Pat
     assert report.checked == (0, 1, 3, 4, 7, 11, 12)
     assert any("invariants 2, 5 and 6 were not checked" in n for n in report.notes)
     assert any("invariant 5 was not checked" in n for n in report.notes)
+
+
+@pytest.mark.parametrize("kind", ["job_done", "reclaim", "abandon"])
+def test_a_record_naming_a_job_by_an_object_is_a_finding_not_a_crash(kind: str, trace: Path, tmp_path: Path) -> None:
+    # (A campaign case: an edited trace whose job_done named its job by a JSON object made
+    # validate raise TypeError, unhashable dict.)
+    records = _records(trace)
+    at = next(i for i, r in enumerate(records) if r["kind"] == "job_done")
+    records.insert(at, {"kind": kind, "t": records[at]["t"], "job": {"id": 1}, "req": ["r"]})
+    report = validate(_dump(tmp_path / "bad.jsonl", records))
+    assert report.findings and report.findings[0].line == at + 1, report.format()  # (records[0] is line 1)

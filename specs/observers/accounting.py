@@ -196,7 +196,7 @@ class Tiers(Observer):
                 self.offered.add((tier, h))
 
     def on_store_rejected(self, ev: Event) -> None:
-        req, tier = self.picture.requests.get(ev.get("req")), ev.get("tier")
+        req, tier = self.picture.request(ev.get("req")), ev.get("tier")
         if req is not None and isinstance(tier, str):
             key = (req.rid, tier)  # a full tier refused the offer: what is due now counts as offered to it
             self.checked[key] = max(self.checked.get(key, 0), self._due(req))

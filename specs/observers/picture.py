@@ -178,6 +178,14 @@ class Step:
 
 
 class Picture:
+    def job(self, key: Any) -> Job | None:
+        """The job a record names (None: none, or a field that is no job id)."""
+        return self.jobs.get(key) if is_int(key) else None
+
+    def request(self, key: Any) -> Req | None:
+        """The request a record names (None: none, or a field that is no request id)."""
+        return self.requests.get(key) if isinstance(key, str) else None
+
     def __init__(self) -> None:
         self.requests: dict[str, Req] = {}
         self.jobs: dict[int, Job] = {}
@@ -331,13 +339,13 @@ class Tracker:
         return None
 
     def _admit_job_done(self, ev: Event) -> bool:
-        ev.job = self.pic.jobs.get(ev.get("job"))
+        ev.job = self.pic.job(ev.get("job"))
         return True
 
     _admit_reclaim = _admit_job_done
 
     def _admit_abandon(self, ev: Event) -> bool:
-        ev.job = self.pic.jobs.get(ev.get("job"))
+        ev.job = self.pic.job(ev.get("job"))
         if ev.job is None or ev.job.kind != "prefetch":
             self.fail(f"abandon record for job {ev.get('job')}, which is not a prefetch that started")
             return False
@@ -589,7 +597,7 @@ class Tracker:
     def _commit_warning(self, ev: Event) -> None:
         if ev.get("what") != "rank_timeout":
             return
-        job = self.pic.jobs.get(ev.get("job"))
+        job = self.pic.job(ev.get("job"))
         if job is not None and job.open:
             job.timed_out = True
             job.abandoned_in = self.pic.max_planned + 1  # the step this pass plans carries it

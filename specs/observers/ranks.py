@@ -80,7 +80,7 @@ class Ranks(Observer):
             self.fail(3, f"a report of job {ev.get('job')} from rank {rank} is warned {what}, with "
                          f"{self.settings.ranks} ranks (0..{self.settings.ranks - 1})")
         elif what == "rank_timeout":
-            self._given_up(self.picture.jobs.get(ev.get("job")))
+            self._given_up(self.picture.job(ev.get("job")))
 
     def _given_up(self, job: Job | None) -> None:
         deadline, t = self.settings.transfer_deadline_ms, self.ctx.t

@@ -126,7 +126,7 @@ class Transitions(Observer):
     def on_warning(self, ev: Event) -> None:
         what = ev.get("what")
         if what == "abort_ignored":
-            req = self.picture.requests.get(ev.get("req"))
+            req = self.picture.request(ev.get("req"))
             if req is not None and req.state not in _IGNORABLE and self.picture.input_is("abort"):
                 self.fail(1, f"the abort of {req.rid}, in {req.state}, is ignored (abort_ignored): an abort of a "
                              f"request that has not finished must finish it")
@@ -137,7 +137,7 @@ class Transitions(Observer):
                 self.fail(1, f"{ev.get('req')}: decision_refused says {ev.get('value')!r} was refused and "
                              f"{ev.get('carried_out')!r} carried out, but kv_load_failure_policy is {configured!r}")
         elif what == "rank_timeout":
-            job = self.picture.jobs.get(ev.get("job"))
+            job = self.picture.job(ev.get("job"))
             if job is not None and job.kind == "load" and job.open and not job.timed_out:
                 self._load_ended(job, failed=True)
 

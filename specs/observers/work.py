@@ -103,7 +103,7 @@ class Work(Observer):
         if ev.get("what") == "lookup_limit":
             self._of(str(ev.get("req"))).warned = True
         elif ev.get("what") == "rank_timeout":
-            job = self.picture.jobs.get(ev.get("job"))
+            job = self.picture.job(ev.get("job"))
             if job is not None and job.kind == "load" and job.open and not job.timed_out:
                 self._failed(job, [m.block_hash for m in job.moves or ()])
 
