@@ -316,27 +316,29 @@ class Tracker:
         if raw is None:
             self.ctx.note("job records without moves: invariants 2, 5 and 6 were not checked for them", 2, 5, 6, 10)
             return None
-        prefetch = job.kind == "prefetch"
-        moves: list[Move] = []
-        req = self.pic.requests.get(job.rid)
-        for item in raw if isinstance(raw, list) else [None]:
-            named = job.kind == "store" and isinstance(item, list) and len(item) == 4 and is_int(item[3])
-            if not (isinstance(item, list) and (len(item) == 3 or named) and is_int(item[0])
-                    and isinstance(item[2], str)):
-                break
-            if named and req is not None:
-                req.name_block(item[3], item[0])  # a block of generated tokens vLLM named
-            if prefetch and isinstance(item[1], str):
-                moves.append(Move(item[0], None, item[1], item[2]))
-            elif not prefetch and is_int(item[1]):
-                moves.append(Move(item[0], item[1], item[2]))
-            else:
-                break
-        else:
-            return tuple(moves)
-        shape = "[block_hash, src_tier, dst_tier]" if prefetch else "[block_hash, device_block, tier(, position)]"
+        moves = [self._move(item, job) for item in (raw if isinstance(raw, list) else [None])]
+        if all(move is not None for move in moves):
+            return tuple(m for m in moves if m is not None)
+        shape = ("[block_hash, src_tier, dst_tier]" if job.kind == "prefetch"
+                 else "[block_hash, device_block, tier(, position)]")
         self.fail(f"{job.kind} job {job.job_id}: field 'moves' must be a list of {shape}")
         return None
+
+    def _move(self, item: Any, job: Job) -> Move | None:
+        """One move of a job record, or None if it is malformed. A stored block of generated
+        tokens whose name no reader can derive (vLLM's hash) comes with its position."""
+        if not isinstance(item, list) or len(item) not in (3, 4) or not is_int(item[0]) \
+                or not isinstance(item[2], str):
+            return None
+        if len(item) == 4:
+            if job.kind != "store" or not is_int(item[3]):
+                return None
+            req = self.pic.request(job.rid)
+            if req is not None:
+                req.name_block(item[3], item[0])
+        if job.kind == "prefetch":
+            return Move(item[0], None, item[1], item[2]) if isinstance(item[1], str) else None
+        return Move(item[0], item[1], item[2]) if is_int(item[1]) else None
 
     def _admit_job_done(self, ev: Event) -> bool:
         ev.job = self.pic.job(ev.get("job"))
