@@ -185,21 +185,29 @@ class Transfers:
         else:
             self.on_transfer_report(event)
 
-    def on_transfer_report(self, event: TransferReport) -> None:
-        state = self.state
-        outcome = state.ranks.report(event.job_id, event.rank, event.failed)
+    def _report(self, event: TransferReport) -> tuple[int, ...] | None:
+        """Count one rank's report: the job's failed blocks (the union over ranks) once every
+        rank reported it, else None (a duplicate or bad rank is warned)."""
+        outcome = self.state.ranks.report(event.job_id, event.rank, event.failed)
         if outcome.status is ReportStatus.PENDING:
-            return
+            return None
         if outcome.status is not ReportStatus.DONE:
             self.lifecycle.warn(outcome.status.value + "_report", job=event.job_id, rank=event.rank)
+            return None
+        return outcome.failed
+
+    def on_transfer_report(self, event: TransferReport) -> None:
+        failed = self._report(event)
+        if failed is None:
             return
+        state = self.state
         job = state.jobs.pop(event.job_id)
-        self.lifecycle.record(records.job_done(state.now, job.job_id, job.kind, len(outcome.failed), job.timed_out))
-        if outcome.failed:
-            self._failed(job, outcome.failed)
-        self.release_job(job, outcome.failed)
+        self.lifecycle.record(records.job_done(state.now, job.job_id, job.kind, len(failed), job.timed_out))
+        if failed:
+            self._failed(job, failed)
+        self.release_job(job, failed)
         if not job.timed_out:
-            self.job_outcome(job, outcome.failed)
+            self.job_outcome(job, failed)
 
     def _failed(self, job: Job, failed: Sequence[int]) -> None:
         """A job some block of which failed: counted, and a warning naming the blocks."""
@@ -467,15 +475,12 @@ class Transfers:
         state.out_prefetches.append(job)
 
     def on_prefetch_report(self, event: TransferReport) -> None:
+        failed = self._report(event)
+        if failed is None:
+            return
         state = self.state
-        outcome = state.ranks.report(event.job_id, event.rank, event.failed)
-        if outcome.status is ReportStatus.PENDING:
-            return
-        if outcome.status is not ReportStatus.DONE:
-            self.lifecycle.warn(outcome.status.value + "_report", job=event.job_id, rank=event.rank)
-            return
         job = state.prefetches.pop(event.job_id)
-        bad = set(outcome.failed)
+        bad = set(failed)
         host = state.tiers[job.moves[0].dst_tier]
         landed: list[int] = []
         lost: list[int] = []
