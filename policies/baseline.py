@@ -2,9 +2,20 @@
 
 Synchronous lookup on the scheduler's critical path (an async answer, with an async
 policy, is consumed by the admission it is used for), no early lookup, admit everything
-(no load sharing: two requests with the same hit both load it), store the blocks whose
-tokens are computed, hold blocks while a store still reads them, recompute after a
-failed load. It sits at the bottom of every stack and answers every hook.
+(no load sharing: two requests with the same hit both load it), recompute after a failed
+load. It sits at the bottom of every stack and answers every hook.
+
+Two safe choices are the baseline's own (each was a policy of its own until issue 26 found
+it changed nothing):
+
+- Stores cover only blocks whose every token a step output confirmed: never a placeholder
+  position of a step still in flight under async scheduling (vLLM #27644, LMCache #1898,
+  vLLM #36052). ``naive-stores-unsafe`` (``policies/stores.py``) is the unsafe counterpart.
+- A finished request whose stores are still in flight is held in ``sending`` until every
+  rank reported them and ``finished_sending`` came with a step output (vLLM #19555). Its
+  blocks are safe either way (transfer jobs hold their own references; the engine enforces
+  it); holding keeps the lifecycle honest: a request is not reported finished while its KV
+  is still leaving. The engine asks only when a store is in flight.
 """
 
 from __future__ import annotations
@@ -40,7 +51,8 @@ class Baseline:
         return Decision("go", "admit")
 
     def store_limit(self, req: RequestView, engine: EngineView) -> Decision[int]:
-        return Decision(req.confirmed_tokens, "store blocks whose tokens are computed")
+        return Decision(req.confirmed_tokens, f"store blocks whose tokens a step output confirmed (up to token "
+                                              f"{req.confirmed_tokens}; never a placeholder)")
 
     def hold_at_finish(self, req: RequestView, stores_in_flight: int, engine: EngineView) -> Decision[bool]:
         return Decision(True, f"hold blocks until {stores_in_flight} store jobs report")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlife.policies.base import HOOK_ARITY, HOOKS, PolicyError
-from kvlife.policies.registry import BUILTIN
+from kvlife.policies.registry import BUILTIN, RETIRED
 from kvlife.policies.stack import DEFAULT_HOOK_BUDGET_S, PolicyStack, policy_name
 
 ENTRY_POINT_GROUP = "kvlife.policies"
@@ -37,6 +37,11 @@ def entry_point_policies() -> dict[str, str]:
     return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def _refuse_retired(spec: str) -> None:
+    if spec in RETIRED:
+        raise PolicyError(f"policy {spec!r} is no longer a policy: {RETIRED[spec]}; drop it from the stack")
+
+
 def load_policy(spec: str) -> object:
     """Load a policy by built-in or entry-point name, ``pkg.mod:Class`` or ``path/to/file.py:Class``.
 
@@ -44,6 +49,7 @@ def load_policy(spec: str) -> object:
     """
     if spec in BUILTIN:
         return BUILTIN[spec]()
+    _refuse_retired(spec)
     if ":" not in spec:
         installed = entry_point_policies()
         if spec in installed:
@@ -158,6 +164,7 @@ def check_spec(spec: str) -> None:
     (``kvlife sweep run --dry-run``)."""
     if spec in BUILTIN:
         return
+    _refuse_retired(spec)
     if ":" not in spec:
         installed = entry_point_policies()
         if spec not in installed:

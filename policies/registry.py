@@ -8,11 +8,10 @@ from kvlife.policies.async_lookup import AsyncLookup
 from kvlife.policies.baseline import Baseline
 from kvlife.policies.defer_while_loading import DeferWhileLoading
 from kvlife.policies.early_prefetch import EarlyLookup, EarlyPrefetch
-from kvlife.policies.hold_while_sending import HoldWhileSending
 from kvlife.policies.keep_lookup_answers import KeepLookupAnswers
 from kvlife.policies.prefetch_patience import PrefetchBestEffort, PrefetchTimeout, PrefetchWaitComplete
 from kvlife.policies.shared_loads import SharedLoads
-from kvlife.policies.stores import NaiveStoresUnsafe, PlaceholderSafeStores
+from kvlife.policies.stores import NaiveStoresUnsafe
 from kvlife.policies.sync_lookup import SyncLookup
 
 BUILTIN: dict[str, Callable[[], object]] = {
@@ -24,16 +23,14 @@ BUILTIN: dict[str, Callable[[], object]] = {
     "early-prefetch": EarlyPrefetch,
     "shared-loads": SharedLoads,
     "defer-while-loading": DeferWhileLoading,
-    "placeholder-safe-stores": PlaceholderSafeStores,
     "naive-stores-unsafe": NaiveStoresUnsafe,
     "prefetch-best-effort": PrefetchBestEffort,
     "prefetch-wait-complete": PrefetchWaitComplete,
     "prefetch-timeout": PrefetchTimeout,
-    "hold-while-sending": HoldWhileSending,
 }
 
 DESCRIPTIONS: dict[str, str] = {
-    "baseline": "sync lookup, admit all (no load sharing), store computed blocks, hold while sending",
+    "baseline": "sync lookup, admit all (no load sharing), store confirmed blocks only, hold while sending",
     "sync-lookup": "lookup inline on the scheduler tick, re-paid each time a waiting request is considered",
     "async-lookup": "lookup on a background worker; request waits in lookup_pending (Mooncake, vLLM #45659)",
     "keep-lookup-answers": "reuse an async answer until admitted instead of looking up again (staleness traced)",
@@ -41,10 +38,16 @@ DESCRIPTIONS: dict[str, str] = {
     "early-prefetch": "early-lookup plus a pull of disk/remote hits into the host tier (LMCache on_new_request)",
     "shared-loads": "join an in-flight load of the same blocks, load only the rest: 0 redundant loads",
     "defer-while-loading": "defer the whole request while another loads its blocks (vLLM plain; convoys)",
-    "placeholder-safe-stores": "store only blocks whose tokens a step output confirmed, never placeholders",
     "naive-stores-unsafe": "UNSAFE: store up to computed tokens incl. in-flight steps (for comparison/tests)",
     "prefetch-best-effort": "never wait for a prefetch: compute what has not landed (SGLang HiCache)",
     "prefetch-wait-complete": "wait until the whole prefetch has landed (SGLang HiCache)",
     "prefetch-timeout": "wait up to 1 s + 0.25 s per 1k tokens, capped at 3 s, then compute (SGLang HiCache)",
-    "hold-while-sending": "finished request holds its blocks in sending until every rank reported (vLLM #19555)",
+}
+
+# Names that were built-in policies and became the baseline's documented behaviour (issue 26:
+# each changed nothing the baseline did not already do). Naming one is an error that says so.
+RETIRED: dict[str, str] = {
+    "placeholder-safe-stores": "the baseline stores only blocks whose every token a step output confirmed "
+                               "(never a placeholder); naive-stores-unsafe is the unsafe counterpart",
+    "hold-while-sending": "the baseline holds a finished request in sending until every rank reported its stores",
 }

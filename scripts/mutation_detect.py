@@ -47,9 +47,7 @@ POLICY_STACKS = {
     "policies/early_prefetch.py": ("early-prefetch", "early-lookup"),
     "policies/shared_loads.py": ("shared-loads",),
     "policies/defer_while_loading.py": ("defer-while-loading",),
-    "policies/stores.py": ("placeholder-safe-stores",),
     "policies/prefetch_patience.py": ("prefetch-timeout", "prefetch-best-effort", "prefetch-wait-complete"),
-    "policies/hold_while_sending.py": ("hold-while-sending",),
     "policies/sync_lookup.py": ("sync-lookup",),
 }
 

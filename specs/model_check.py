@@ -356,13 +356,12 @@ def detect_sharing(stack: Any) -> bool:
 # The store policies whose store_limit the observer knows as a rule (13: stores offered).
 # The engine clamps every limit to the tokens step outputs confirmed (``jobs.maybe_store``),
 # so even naive-stores-unsafe's limit (every scheduled token) stores up to those.
-STORE_RULES = {"baseline": "confirmed", "placeholder-safe-stores": "confirmed", "naive-stores-unsafe": "confirmed"}
+STORE_RULES = {"baseline": "confirmed", "naive-stores-unsafe": "confirmed"}
 
 
 def store_rule(stack: Any) -> str | None:
     """The rule of the policy that answers ``store_limit`` first in this stack (None: a
-    policy the checker does not know, whose limit it cannot judge). A confirmed token is
-    never a placeholder, so placeholder-safe-stores' limit is the confirmed tokens too."""
+    policy the checker does not know, whose limit it cannot judge)."""
     chains = getattr(stack, "_chains", None)
     if not isinstance(chains, dict) or not chains.get("store_limit"):
         return None

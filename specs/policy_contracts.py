@@ -112,12 +112,6 @@ def _baseline(policy: Any, v: Views) -> str | None:
     return None
 
 
-def _hold_while_sending(policy: Any, v: Views) -> str | None:
-    got = _value(policy, "hold_at_finish", v.req, v.stores_in_flight, v.engine)
-    want = v.stores_in_flight > 0
-    return None if got is want else f"hold_at_finish answered {got!r} with {v.stores_in_flight} stores in flight"
-
-
 def _admission(choice: str) -> Callable[[Any, Views], str | None]:
     def check(policy: Any, v: Views) -> str | None:
         got = _value(policy, "admission", v.req, v.load, v.engine)
@@ -167,13 +161,10 @@ CONTRACTS: dict[str, Callable[[Any, Views], str | None]] = {
     "early-prefetch": _arrival("prefetch"),
     "shared-loads": _admission("join"),
     "defer-while-loading": _admission("defer"),
-    "placeholder-safe-stores": _store_limit(lambda r: min(r.confirmed_tokens, r.prompt_tokens + r.generated_tokens),
-                                            "its confirmed tokens that are not placeholders"),
     "naive-stores-unsafe": _store_limit(lambda r: r.computed_tokens, "every computed token"),
     "prefetch-best-effort": _patience(lambda p: 0.0, "0 (never wait)"),
     "prefetch-wait-complete": _patience(lambda p: math.inf, "inf (wait for the whole pull)"),
     "prefetch-timeout": _timeout,
-    "hold-while-sending": _hold_while_sending,
 }
 
 

@@ -131,7 +131,7 @@ def test_shared_loads_burst_joins_loads_that_time_out(tmp_path: Path) -> None:
 
 # ---- the online check -------------------------------------------------------------------------------
 @pytest.mark.parametrize("stack", ["baseline", "async-lookup,shared-loads", "early-prefetch,prefetch-timeout",
-                                   "placeholder-safe-stores", "defer-while-loading"])
+                                   "keep-lookup-answers,async-lookup", "defer-while-loading"])
 def test_safe_stacks_are_clean_under_chaos(stack: str) -> None:
     outcome = run(chaos(ASYNC, 5), burst(100), stack)
     assert outcome.summary["check"]["violations"] == 0, outcome.summary["check"]["first"]
@@ -220,7 +220,7 @@ def test_cli_check_exits_1_on_a_violation(tmp_path: Path, capsys: pytest.Capture
     config = tmp_path / "small.toml"
     config.write_text("[engine]\nblock_tokens = 16\nasync_scheduling = true\n")
     argv = ["run", "--limit", "20", "--check", "--config", str(config), "--stack"]
-    assert main([*argv, "placeholder-safe-stores"]) == 0
+    assert main([*argv, "baseline"]) == 0
     capsys.readouterr()
     # naive-stores-unsafe stores tokens a step is still computing (vLLM #27644).
     assert main([*argv, "naive-stores-unsafe"]) == 1

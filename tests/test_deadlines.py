@@ -255,7 +255,7 @@ def test_a_silent_rank_on_a_store_of_a_request_in_sending_ends_at_the_reclaim_de
     finishes, saying why) and reclaims its blocks."""
     config = _config(device_blocks=8)
     records: list[dict[str, Any]] = []
-    stack = PolicyStack([load_policy("hold-while-sending")])
+    stack = PolicyStack([])  # the baseline holds a finished request while its stores run
     engine = _engine(config, stack, records)
     engine.handle(Arrival(0.0, "a", 8, (1, 2)))
     plan = next(c for c in engine.handle(Tick(0.0)) if isinstance(c, StepPlan))

@@ -277,7 +277,7 @@ def test_quick_report_structure(quick: tuple[Path, dict[str, Any], str]) -> None
                   "Safe against naive stores"):
         assert title in blocks["policy-effects"]
     assert "Operating point: time scale" in blocks["policy-effects"]
-    assert "- naive-stores-unsafe against placeholder-safe-stores: TTFT p50" in blocks["policy-effects"]
+    assert "- naive-stores-unsafe against baseline: TTFT p50" in blocks["policy-effects"]
     assert "validate findings (invariant 5) 0 -> " in blocks["policy-effects"]
     assert "NaN" not in text and "wall" not in text
 
@@ -334,7 +334,7 @@ def test_quick_report_step_times_and_policy_effects(quick: tuple[Path, dict[str,
     assert lookups["sync, 10 ms lookups"]["summary"]["critical_path_lookup_ms"] > \
         lookups["sync, 1.5 ms lookups"]["summary"]["critical_path_lookup_ms"] > 0
     stores = {r["variant"]: r for r in groups["stores"]["rows"]}
-    assert stores["placeholder-safe-stores"]["store_findings"] == 0
+    assert stores["baseline"]["store_findings"] == 0
     assert stores["naive-stores-unsafe"]["store_findings"] > 0
     assert stores["naive-stores-unsafe"]["verdict"]
 

@@ -107,7 +107,7 @@ CASES: tuple[Case, ...] = (
                 tiers=(TierConfig("host", 400, bandwidth_gbps=0.1, latency_ms=5.0),),
             ),
             sim=SimConfig(seed=3, max_output_tokens=100),
-            policies=("keep-lookup-answers", "async-lookup", "shared-loads", "hold-while-sending", "early-lookup"),
+            policies=("keep-lookup-answers", "async-lookup", "shared-loads", "early-lookup"),
         ),
         lambda: synthetic_workload(seed=3, num_requests=120, arrival_rate_per_s=12.0),
     ),

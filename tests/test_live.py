@@ -213,7 +213,7 @@ def test_rank_polls_copies_that_finish_later_without_new_messages() -> None:
         worker.join(timeout=5)
 
 
-@pytest.mark.parametrize("stores", ["placeholder-safe-stores", "naive-stores-unsafe"])
+@pytest.mark.parametrize("stores", ["baseline", "naive-stores-unsafe"])
 def test_async_scheduling_live_keeps_loads_byte_exact(tmp_path: Path, stores: str) -> None:
     config = live_config(tmp_path, TierConfig("host", capacity_blocks=40), TierConfig("disk", capacity_blocks=300))
     config = attrs.evolve(config, engine=attrs.evolve(config.engine, async_scheduling=True), policies=(stores,))

@@ -40,7 +40,7 @@ PRESSURE = RunConfig(
     engine=EngineConfig(device_blocks=70, max_batched_tokens=4096,
                         tiers=(TierConfig("host", 400, bandwidth_gbps=0.1, latency_ms=5.0, failure_rate=0.05),)),
     sim=SimConfig(seed=3, max_output_tokens=100),
-    policies=("async-lookup", "shared-loads", "hold-while-sending", "early-lookup"),
+    policies=("async-lookup", "shared-loads", "early-lookup"),
 )
 
 
@@ -137,7 +137,7 @@ def test_kvlife_run_streams_and_drops_with_the_trace_and_summary_of_keeping_all(
         "[[tiers]]\nname = \"host\"\ncapacity_blocks = 400\nbandwidth_gbps = 0.1\nlatency_ms = 5.0\n"
         "failure_rate = 0.05\n"
         "[sim]\nseed = 3\nmax_output_tokens = 100\n"
-        "[policies]\nstack = [\"async-lookup\", \"shared-loads\", \"hold-while-sending\", \"early-lookup\"]\n")
+        "[policies]\nstack = [\"async-lookup\", \"shared-loads\", \"early-lookup\"]\n")
     done = _kvlife("run", "--workload", str(path), "--config", str(config), "--trace", "cli.jsonl", "--json",
                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr

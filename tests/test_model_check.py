@@ -300,9 +300,9 @@ def test_observer_flags_a_free_under_an_inflight_load() -> None:
 def test_cli_check_takes_a_comma_stack_and_reports_counterexamples(capsys: pytest.CaptureFixture[str]) -> None:
     from kvlife.lifecycle.cli.main import main
 
-    assert main(["check", "--stack", "defer-while-loading,placeholder-safe-stores"]) == 0
+    assert main(["check", "--stack", "defer-while-loading,keep-lookup-answers"]) == 0
     out = capsys.readouterr().out
-    assert "stack defer-while-loading, placeholder-safe-stores:" in out and "invariants 1-8 and 10-13 hold" in out
+    assert "stack defer-while-loading, keep-lookup-answers:" in out and "invariants 1-8 and 10-13 hold" in out
     assert f"{DEFAULT_EXAMPLES} examples x up to {DEFAULT_STEPS} steps" in out
     # naive-stores-unsafe stores tokens a step is still computing (vLLM #27644): caught.
     assert main(["check", "--stack", "naive-stores-unsafe"]) == 1

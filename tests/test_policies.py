@@ -71,19 +71,25 @@ def _view(**over: object) -> RequestView:
 ENGINE = EngineView(now_ms=0.0, running=1, waiting=1, loading=0, free_device_blocks=10, device_blocks=20)
 
 
-def test_store_limits_safe_and_naive() -> None:
-    safe = load_policy("placeholder-safe-stores").store_limit(_view(), ENGINE)  # type: ignore[attr-defined]
-    naive = load_policy("naive-stores-unsafe").store_limit(_view(), ENGINE)  # type: ignore[attr-defined]
-    assert safe.value == 70 and naive.value == 90
-    # Generated tokens are stored too, but never past the real (non-placeholder) tokens:
-    # 100 prompt + 2 generated, whatever the counts in flight claim.
-    assert load_policy("placeholder-safe-stores").store_limit(  # type: ignore[attr-defined]
-        _view(confirmed_tokens=101, computed_tokens=103), ENGINE).value == 101
-    assert load_policy("placeholder-safe-stores").store_limit(  # type: ignore[attr-defined]
-        _view(confirmed_tokens=110, computed_tokens=110), ENGINE).value == 102
-    # The unsafe boundary follows the computed count into the placeholders.
-    assert load_policy("naive-stores-unsafe").store_limit(  # type: ignore[attr-defined]
-        _view(confirmed_tokens=101, computed_tokens=103), ENGINE).value == 103
+def test_store_limits_baseline_and_naive() -> None:
+    """The baseline stores up to the confirmed tokens (a confirmed token is never a
+    placeholder); the unsafe boundary follows the computed count into the tokens of steps
+    still in flight."""
+    baseline = load_policy("baseline").store_limit  # type: ignore[attr-defined]
+    naive = load_policy("naive-stores-unsafe").store_limit  # type: ignore[attr-defined]
+    assert baseline(_view(), ENGINE).value == 70 and naive(_view(), ENGINE).value == 90
+    assert baseline(_view(confirmed_tokens=101, computed_tokens=103), ENGINE).value == 101
+    assert naive(_view(confirmed_tokens=101, computed_tokens=103), ENGINE).value == 103
+
+
+@pytest.mark.parametrize("name", ["placeholder-safe-stores", "hold-while-sending"])
+def test_a_retired_policy_name_is_one_line_saying_what_took_its_place(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(PolicyError, match=f"policy '{name}' is no longer a policy: the baseline "):
+        load_stack(["async-lookup", name])
+    assert main(["run", "--limit", "3", "--stack", f"async-lookup,{name}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "drop it from the stack" in err, err
 
 
 def test_prefetch_patience_values() -> None:

@@ -376,8 +376,10 @@ def stores_past_confirmed(stack: list[str]) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def test_placeholder_safe_stores_never_store_an_unconfirmed_position() -> None:
-    stored, unsafe = stores_past_confirmed(["placeholder-safe-stores"])
+def test_the_baseline_never_stores_an_unconfirmed_position() -> None:
+    """The baseline's store boundary (once the policy placeholder-safe-stores) against the
+    naive one below: the same workload, where naive stores do cover placeholders."""
+    stored, unsafe = stores_past_confirmed([])
     assert stored > 100
     assert unsafe == 0
 
@@ -388,7 +390,7 @@ def test_naive_boundary_stores_placeholder_positions() -> None:
     assert unsafe > 0
 
 
-def _finish_with_a_store(stack: list[str]) -> tuple[Any, StartStore]:
+def _finish_with_a_store() -> tuple[Any, StartStore]:
     """Two ranks; ``a`` stops on its first step. Its last full blocks' store is decided at
     that step output and goes out with the next step's metadata (vLLM's build_connector_meta)."""
     from kvlife.lifecycle.engine.core import Engine
@@ -396,7 +398,7 @@ def _finish_with_a_store(stack: list[str]) -> tuple[Any, StartStore]:
 
     config = EngineConfig(block_tokens=16, device_blocks=32, max_batched_tokens=256, ranks=2,
                           tiers=(TierConfig("host", capacity_blocks=16),))
-    engine = Engine(config, load_stack(stack), reference=True)
+    engine = Engine(config, load_stack([]), reference=True)
     engine.handle(Arrival(0.0, "a", 33, (10, 20, 30)))
     plan = next(c for c in engine.handle(Tick(0.0)) if isinstance(c, StepPlan))
     assert not [c for c in engine.handle(StepOutput(1.0, plan.step_id, (("a", "stopped"),)))
@@ -406,14 +408,14 @@ def _finish_with_a_store(stack: list[str]) -> tuple[Any, StartStore]:
     return engine, store
 
 
-@pytest.mark.parametrize("stack", [["hold-while-sending"], []])
-def test_hold_while_sending_finishes_only_after_every_rank(stack: list[str]) -> None:
+def test_the_baseline_holds_a_finished_request_until_every_rank_reported() -> None:
     """The request waits in ``sending``, its blocks held, until every rank has reported its
     store and vLLM's ``finished_sending`` (each rank's, combined as KVOutputAggregator does)
-    came with a step output. (The baseline holds too: parametrized over both.)"""
+    came with a step output. (Once the policy hold-while-sending, now the baseline's; the
+    test below is the same sequence with a policy that does not hold.)"""
     from kvlife.lifecycle.engine.events import StepOutput, Tick, TransferReport
 
-    engine, store = _finish_with_a_store(stack)
+    engine, store = _finish_with_a_store()
     assert engine.requests["a"].state == "sending"
     engine.handle(TransferReport(2.0, store.job_id, 0))
     engine.handle(StepOutput(2.0, 1, ()))  # rank 0 reports finished_sending; rank 1 does not yet
@@ -442,7 +444,7 @@ class _FinishAtOnce:
 
 
 def test_without_a_hold_the_request_finishes_while_its_store_still_reads_its_blocks() -> None:
-    """What hold-while-sending decides: without it (a policy answering False), the request is
+    """What the baseline's hold decides: without it (a policy answering False), the request is
     reported finished while its KV is still leaving; the blocks stay held all the same
     (block safety is the engine's), until every rank reported the store."""
     from kvlife.lifecycle.engine.core import Engine

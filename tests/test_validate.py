@@ -240,7 +240,6 @@ STACKS: dict[str, tuple[EngineConfig, tuple[str, ...], Any, tuple[bytes, ...]]] 
                              (b'"op":"prefetch"',)),
     "ranks-deadline-failures": (FLAKY, ("shared-loads",), _small_workload,
                                 (b'"what":"rank_timeout"', b'"late":true', b'"trigger":"load_failed"')),
-    "async-scheduling-safe-stores": (ASYNC, ("placeholder-safe-stores",), _async_workload, (b'"op":"store"',)),
     "async-scheduling-baseline": (ASYNC, (), _async_workload, (b'"op":"store"',)),
 }
 
@@ -398,7 +397,7 @@ def test_naive_stores_under_async_scheduling_store_placeholders_and_are_flagged(
 
 
 def test_safe_stores_under_async_scheduling_store_generated_blocks_and_validate_clean(tmp_path: Path) -> None:
-    path = _run(tmp_path / "safe.jsonl", ASYNC, ("placeholder-safe-stores",), _async_workload())
+    path = _run(tmp_path / "safe.jsonl", ASYNC, (), _async_workload())
     assert _stores_of_generated_blocks(path) > 10
     report = validate(path)
     assert report.ok, report.format()
