@@ -6,7 +6,6 @@ import json
 import math
 from pathlib import Path
 
-import attrs
 import pytest
 
 from kvlife.lifecycle.cli.main import main
@@ -164,7 +163,16 @@ def test_capacity_refuses_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert capsys.readouterr().err == "kvlife capacity: error: --min-scale 4 must be below --max-scale 2\n"
     assert main(["capacity", "--limit", "5", "--stack", "nope", "--slo", "ttft_p90=1s"]) == 2
     assert capsys.readouterr().err.startswith("kvlife: error: unknown policy 'nope'")
-    with pytest.raises(SystemExit) as exc:
-        main(["capacity", "--limit", "5", "--stack", "baseline", "--slo", "ttft_p90=1s", "--precision", "0"])
-    assert exc.value.code == 2
-    assert attrs.has(Capacity)
+    # --precision is a relative precision in [0.0001, 1]: outside, one line and exit 2, no search.
+    for precision, why in (("0", "must be a positive number, got 0"),
+                           ("0.00001", "must be a relative precision from 0.0001 to 1, got 0.00001"),
+                           ("1.5", "must be a relative precision from 0.0001 to 1, got 1.5")):
+        with pytest.raises(SystemExit) as exc:
+            main(["capacity", "--limit", "5", "--stack", "baseline", "--slo", "ttft_p90=1s", "--precision", precision])
+        assert exc.value.code == 2
+        captured = capsys.readouterr()
+        assert captured.err == f"kvlife capacity: error: argument --precision: {why}\n" and not captured.out
+    # Its ends are taken: 1 (the threshold within a factor of 2) searches, and says so.
+    assert main(["capacity", "--limit", "5", "--stack", "baseline", "--slo", "ttft_p90=1s", "--precision", "1",
+                 "--min-scale", "1", "--max-scale", "1.5", "--start", "1"]) == 0
+    assert "precision 1: the threshold lies in [capacity, capacity x 2)" in capsys.readouterr().out

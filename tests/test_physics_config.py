@@ -143,7 +143,16 @@ def test_bad_physics_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str
 def test_compare_takes_the_physics_flags_and_says_what_it_ran_on(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--limit", "20", "--stack", "baseline", "--tp", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["setup"]["tp"], out["setup"]["ranks"], out["setup"]["device_blocks"]) == (2, 2, 1879)
+    # By hand, as vLLM sizes the KV cache, per rank at TP=2 (figures from llama-3-8b's config.json
+    # and the h100-sxm profile; the reserve's terms are those of profiles.derived's constants):
+    usable = int(85_018_877_624 * 0.9)  # HBM x gpu_memory_utilization
+    weights = 2 * (32 * (4096 * 128 * (16 + 2 * 4 + 16) + 3 * 4096 * 14336 // 2)  # bf16: q, k, v, o and MLP shards
+                   + 2 * 4096 * 128_256 // 2 + (2 * 32 + 1) * 4096)  # embedding and lm_head halves, norms whole
+    reserve = (8192 * (3 * 14336 // 2 + 4 * 4096) * 2  # forward peak of 8,192 tokens
+               + 8 * 1024 * 128_256 * 4 + int(0.55 * 2**30))  # sampler's float32 logits, non-torch memory
+    block = 2 * 32 * (8 // 2) * 128 * 2 * 512  # K and V x layers x KV heads per rank x head dim x bf16 x tokens
+    assert (out["setup"]["tp"], out["setup"]["ranks"]) == (2, 2)
+    assert out["setup"]["device_blocks"] == (usable - weights - reserve) // block == 1879
 
 
 # ---- the trace header --------------------------------------------------------------------------

@@ -15,8 +15,9 @@ import pytest
 from kvlife.lifecycle.cli.main import main
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.sweeps.grid import expand, read_spec
+from kvlife.lifecycle.sweeps.plots import Pareto, pareto_front, parse_pareto
 from kvlife.lifecycle.sweeps.points import INPUT_COLUMNS, OUTPUT_COLUMNS, Point, apply, execute
-from kvlife.lifecycle.sweeps.results import ResultsFile, read_rows
+from kvlife.lifecycle.sweeps.results import ResultsFile, encode, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,10 +158,44 @@ def test_bad_flags_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert err.startswith(f"kvlife sweep run: error: {message}") and err.count("\n") == 1, err
 
 
+# One row computed in a fresh interpreter: the point built from (time scale, stack), its row
+# written as a results file writes it.
+ROW_IN_A_CHILD = """
+import sys
+from kvlife.lifecycle.config import RunConfig
+from kvlife.lifecycle.sweeps.points import Point, apply, execute
+from kvlife.lifecycle.sweeps.results import encode
+
+config = apply(apply(RunConfig(), "sim.time_scale", float(sys.argv[1])), "policies.stack", sys.argv[2])
+sys.stdout.buffer.write(encode(execute(Point("synthetic", 15, config), (("ttft", 95.0),))))
+"""
+
+
 def test_rows_are_the_same_in_any_process() -> None:
-    point = Point("synthetic", 15, apply(RunConfig(), "sim.time_scale", 2))
-    assert execute(point) == execute(point)
-    assert execute(point, (("ttft", 95.0),))["ttft_p95_ms"] is not None
+    stack = "async-lookup,shared-loads"  # two policies: an order that followed a set would show
+
+    def here(scale: float) -> dict:
+        return execute(Point("synthetic", 15, apply(apply(RunConfig(), "sim.time_scale", scale),
+                                                     "policies.stack", stack)), (("ttft", 95.0),))
+
+    # Two other interpreters, with hash seeds 1 and 2 (this one's is random unless
+    # PYTHONHASHSEED is set): a row that depended on its process (a set's order, an id, a pid,
+    # the time) would differ between them somewhere.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    children = [subprocess.Popen([sys.executable, "-c", ROW_IN_A_CHILD, "2", stack], cwd=ROOT,
+                                 env={**env, "PYTHONHASHSEED": seed}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                for seed in ("1", "2")]
+    row = here(2.0)
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err.decode()
+        assert out == encode(row)
+    # A row carries what the run gave: another point, another row (outputs included).
+    other = here(4.0)
+    assert other["key"] != row["key"]
+    assert [c for c in OUTPUT_COLUMNS if other[c] != row[c]], "a different load changed no output"
+    assert row["policies"] == "async-lookup,shared-loads"
+    assert row["ttft_p90_ms"] <= row["ttft_p95_ms"] <= row["ttft_p99_ms"]
 
 
 def test_jobs_and_ray_give_identical_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -246,6 +281,44 @@ def test_dry_run_lists_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert not (tmp_path / "d.jsonl").exists()
 
 
+def _scores(row: dict, x: str, y: str) -> tuple[float, float]:
+    return float(row[x]), float(row[y])
+
+
+def assert_the_front(rows: list[dict], front_keys: list[str], x: tuple[str, bool], y: tuple[str, bool]) -> None:
+    """``front_keys`` are the rows of ``rows`` that no other row beats, found here by brute force:
+    each (column, maximize) pair oriented so that less is better, a row beaten by another that
+    is no worse in both columns and better in one."""
+    def better(a: dict, b: dict) -> bool:  # a beats b
+        sa = [-float(a[c]) if up else float(a[c]) for c, up in (x, y)]
+        sb = [-float(b[c]) if up else float(b[c]) for c, up in (x, y)]
+        return all(p <= q for p, q in zip(sa, sb, strict=True)) and sa != sb
+
+    assert len(set(front_keys)) == len(front_keys)
+    front = [r for r in rows if r["key"] in front_keys]
+    assert len(front) == len(front_keys)  # every front row is one of the rows
+    for r in front:  # nothing beats a row of the front ...
+        assert not any(better(o, r) for o in rows), r["key"]
+    for r in rows:  # ... and every row off the front is beaten by a row of the front: it is complete
+        if r["key"] not in front_keys:
+            assert any(better(f, r) for f in front), r["key"]
+    brute = [r for r in rows if not any(better(o, r) for o in rows)]
+    assert len(front_keys) == len(brute)
+    assert [r["key"] for r in sorted(front, key=lambda r: _scores(r, x[0], y[0]))] == front_keys  # sorted by x
+
+
+def test_pareto_front_by_hand() -> None:
+    # Minimizing both: b is beaten by a (same x, larger y), e by c (larger in both); c and d tie,
+    # so neither beats the other; f has no x and is left out. The front is a, c, d.
+    points = {"a": (1, 5), "b": (1, 6), "c": (2, 2), "d": (2, 2), "e": (3, 3), "f": (None, 1)}
+    rows = [{"key": k, "x": x, "y": y} for k, (x, y) in points.items()]
+    assert [r["key"] for r in pareto_front(rows, Pareto("x", "y"))] == ["a", "c", "d"]
+    # Maximizing y: b has the smallest x and the largest y, so it beats every other row.
+    assert [r["key"] for r in pareto_front(rows, parse_pareto("x=x,y=max:y"))] == ["b"]
+    # Maximizing both: e has the largest x, b the largest y, and each of a, c, d is beaten by one of them.
+    assert [r["key"] for r in pareto_front(rows, parse_pareto("x=max:x,y=max:y"))] == ["b", "e"]
+
+
 def test_plot_draws_heatmaps_and_pareto_fronts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib", reason="the plot extra is not installed")
     results = tmp_path / "out.jsonl"
@@ -258,11 +331,25 @@ def test_plot_draws_heatmaps_and_pareto_fronts(tmp_path: Path, capsys: pytest.Ca
     assert list(report)[:2] == ["kind", "schema"] and report["kind"] == "sweep-plot"
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report["rows"] == 4
-    front = report["paretos"][0]["front"]
-    rows = {r["key"]: r for r in read_rows(results)}
-    for r in front:  # nothing beats a point of the front in both
-        assert not any(o["ttft_p90_ms"] < r["ttft_p90_ms"] and o["throughput_tokens_per_s"] > r[
-            "throughput_tokens_per_s"] for o in rows.values() if o["policies.stack"] == "baseline")
+    baseline = [r for r in read_rows(results) if r["policies.stack"] == "baseline"]
+    front_keys = [r["key"] for r in report["paretos"][0]["front"]]
+    assert 0 < len(front_keys) < len(baseline)  # some rows on the front, some off it
+    assert_the_front(baseline, front_keys, ("ttft_p90_ms", False), ("throughput_tokens_per_s", True))
+    # Every row, both stacks: two minimized columns, then the pair above. Rows equal in both
+    # columns (the two stacks run alike without a host tier) are both on the front, as neither
+    # beats the other.
+    assert main(["sweep", "plot", str(results), "-o", str(image), "--pareto", "x=ttft_p90_ms,y=tpot_p90_ms",
+                 "--pareto", "x=ttft_p90_ms,y=max:throughput_tokens_per_s", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = read_rows(results)
+    assert report["rows"] == len(rows) == 8
+    assert_the_front(rows, [r["key"] for r in report["paretos"][0]["front"]], ("ttft_p90_ms", False),
+                     ("tpot_p90_ms", False))
+    front_keys = [r["key"] for r in report["paretos"][1]["front"]]
+    assert_the_front(rows, front_keys, ("ttft_p90_ms", False), ("throughput_tokens_per_s", True))
+    assert any(a != b and _scores(a, "ttft_p90_ms", "throughput_tokens_per_s") == _scores(
+        b, "ttft_p90_ms", "throughput_tokens_per_s") for a in rows for b in rows if a["key"] in front_keys
+        and b["key"] in front_keys), "no tie on the front: the case is not exercised"
     # Two rows in one cell: one line naming what differs.
     assert main(["sweep", "plot", str(results), "-o", str(image),
                  "--heatmap", "x=sim.time_scale,y=tiers.host.capacity_blocks,value=ttft_p90_ms"]) == 2
