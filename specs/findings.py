@@ -17,7 +17,7 @@ INVARIANTS: dict[int, str] = {
     4: "inputs apply only to the epoch (and step) that asked",
     5: "stores cover only computed tokens",
     6: "no two in-flight loads read the same block from a tier (load sharing on)",
-    7: "every transfer ends; every request finishes (liveness)",
+    7: "every transfer ends; every request finishes (liveness); a preemption makes room (progress)",
     8: "block accounting",
     9: "loaded bytes match what was computed (live runs)",
     10: "provenance: hits, loads, joins and stores read only complete blocks (stores: confirmed ones)",

@@ -506,6 +506,26 @@ class AppliesStaleOutputs(Engine):
         super()._on_step_output(event)
 
 
+# ---- 29. a fenced preemption victim (a zero-progress cascade) ----------------------------------------------------
+class PreemptsFencedScheduler(Scheduler):
+    """vllm#49674: the allocation retry takes a victim whose blocks a step in flight still
+    writes (the check vLLM 0.33 makes, ``_request_blocks_can_be_freed``, left out). Its
+    blocks are freed later all the same (the deferral stays), so the preemption makes no
+    room now and the next victim is taken."""
+
+    _freeing = False
+
+    def _can_free(self, req: SchedRequest) -> bool:
+        return super()._can_free(req) if self._freeing else True
+
+    def _free_request_blocks(self, req: SchedRequest) -> None:
+        self._freeing = True
+        try:
+            super()._free_request_blocks(req)
+        finally:
+            self._freeing = False
+
+
 @attrs.frozen
 class ZooBug:
     name: str
@@ -585,6 +605,9 @@ ZOO: tuple[ZooBug, ...] = (
            "issue 22 (R7)", engine_factory=_with_scheduler(FreesHeldEarlyScheduler)),
     ZooBug("stale_output_applied", "a stale step output (of an epoch preempted since, or early) applied to the step "
            "in flight", 4, "issue 26 (epochs as data)", engine_factory=AppliesStaleOutputs),
+    ZooBug("preempts_fenced_victim", "a preemption victim whose blocks a step in flight still writes: no room made, "
+           "the next victim taken (a zero-progress cascade)", 7, "vllm#49674",
+           engine_factory=_with_scheduler(PreemptsFencedScheduler)),
 )
 
 __all__ = ["ZOO", "LeaksPreemptedScheduler", "ZooBug", "_with_scheduler"]

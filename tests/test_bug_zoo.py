@@ -44,7 +44,7 @@ def test_zoo_has_every_bug_of_the_issue() -> None:
     assert len(ZOO) >= 17
     assert len({b.name for b in ZOO}) == len(ZOO)
     sources = {b.source for b in ZOO}
-    for issue in ("vllm#57841", "vllm#49829", "vllm#54518", "vllm#56194", "vllm#54193", "vllm#36752",
+    for issue in ("vllm#49674", "vllm#57841", "vllm#49829", "vllm#54518", "vllm#56194", "vllm#54193", "vllm#36752",
                   "vllm#28585", "LMCache#4991"):
         assert issue in sources, issue
 
@@ -92,5 +92,6 @@ def test_unreleased_preempted_blocks_are_reported_stranded_with_exit_1(
     assert main(["check"]) == 1
     out = capsys.readouterr().out
     assert "counterexample found" in out
-    assert "invariant 7 (every transfer ends; every request finishes (liveness)): stranded" in out
+    assert ("invariant 7 (every transfer ends; every request finishes (liveness); a preemption makes room "
+            "(progress)): stranded") in out
     assert "Traceback" not in out

@@ -322,3 +322,19 @@ def test_decision_is_an_immutable_value_and_the_stack_checks_it() -> None:
     load = LoadView(device_hit_blocks=0, external_hit_blocks=1, tiers=("host",), in_flight=())
     with pytest.raises(PolicyError, match="gave no reason"):
         PolicyStack([NoReason()]).ask("admission", _view(), load, ENGINE)
+
+
+def test_sync_lookup_over_an_async_policy_takes_lookups_back_onto_the_critical_path() -> None:
+    """What sync-lookup changes (alone it is the baseline's lookup): above a policy that looks
+    up asynchronously, the stack looks up inline again. Without it the same stack parks the
+    request in lookup_pending."""
+    config = EngineConfig(block_tokens=16, device_blocks=8, max_batched_tokens=256,
+                          tiers=(TierConfig("host", capacity_blocks=32),))
+    for stack, sync_lookups, state in ((["sync-lookup", "async-lookup"], 1, "running"),
+                                       (["async-lookup"], 0, "lookup_pending")):
+        engine = Engine(config, load_stack(stack), reference=True)
+        engine.handle(Arrival(0.0, "a", 40, (1, 2)))
+        commands = engine.handle(Tick(0.0))
+        plan = next(c for c in commands if isinstance(c, StepPlan))
+        assert plan.sync_lookups == sync_lookups, stack
+        assert engine.requests["a"].state == state, stack

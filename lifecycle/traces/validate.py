@@ -84,6 +84,8 @@ class ValidationReport:
             if not self.sharing and 6 not in self.skipped:
                 why.append("6 not checked: the stack does not share loads (--sharing on)")
             why.append("8 from the records: frees, evictions and tier capacities")
+            why.append("7's progress rule (no preemption of a request a step in flight computes) needs every "
+                       "step's requests: checked live (kvlife check, --check), not from a trace")
             out.append(f"valid: every transition legal; invariants {checked} hold ({'; '.join(why)})")
         return "\n".join(out)
 

@@ -9,6 +9,7 @@ from kvlife.specs.observers.base import Observer
 from kvlife.specs.observers.blocks import Blocks
 from kvlife.specs.observers.epochs import Epochs
 from kvlife.specs.observers.liveness import Liveness
+from kvlife.specs.observers.progress import Progress
 from kvlife.specs.observers.provenance import Provenance
 from kvlife.specs.observers.ranks import Ranks
 from kvlife.specs.observers.release import Release
@@ -27,6 +28,7 @@ OBSERVERS: tuple[type[Observer], ...] = (
     Stores,  # 5
     Sharing,  # 6
     Liveness,  # 7
+    Progress,  # 7
     Provenance,  # 10
     Steps,  # 11
     Admission,  # 11
