@@ -415,3 +415,26 @@ def test_an_unknown_finish_reason_is_a_bad_input_not_a_crash() -> None:
         code, out, _err = run(["validate", str(trace)])
         assert code == 1 and f"line {index + 1}: invariant 0 (well-formed trace): bad input record: field 'finished'" \
             in out, out
+
+
+def test_a_newer_schema_is_one_line_naming_the_field() -> None:
+    """Found by this suite's deep profile: the header's schema past this kvlife's named no field."""
+    lines = list(base_traces()[0])
+    _edit(lines, 0, schema=2)
+    codes = check_all_commands(lines)
+    assert codes == {"validate": 2, "replay": 2, "explain": 2, "export": 2}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + b"\n")
+        _code, _out, err = run(["validate", str(trace)])
+    assert err == f"kvlife: error: {trace}:1: field 'schema': trace schema 2 is newer than this kvlife " \
+                  "(reads schema 1 and older)\n"
+
+
+def test_a_job_done_with_a_non_integer_failed_count() -> None:
+    lines = list(base_traces()[2])
+    records = [json.loads(raw) for raw in lines]
+    index = next(i for i, r in enumerate(records) if r["kind"] == "job_done")
+    _edit(lines, index, failed="x")
+    codes = check_all_commands(lines)
+    assert codes["validate"] == 1 and codes["replay"] == 1, codes
