@@ -438,3 +438,15 @@ def test_a_job_done_with_a_non_integer_failed_count() -> None:
     _edit(lines, index, failed="x")
     codes = check_all_commands(lines)
     assert codes["validate"] == 1 and codes["replay"] == 1, codes
+
+
+def test_a_late_job_with_a_malformed_move() -> None:
+    """Found by this suite's deep profile: a move that is not a list, in a store job whose
+    report comes late, crashed validate's structure check."""
+    lines = list(base_traces()[2])
+    records = [json.loads(raw) for raw in lines]
+    late = next(r["job"] for r in records if r["kind"] == "job_done" and r["late"])
+    index = next(i for i, r in enumerate(records) if r["kind"] == "job" and r["job"] == late)
+    _edit(lines, index, moves=[1, *records[index]["moves"][1:]])
+    codes = check_all_commands(lines)
+    assert codes["validate"] == 1 and codes["replay"] == 1, codes
