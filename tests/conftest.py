@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +42,12 @@ def conversation_trace() -> Path:
     return CONVERSATION_TRACE
 
 
-def _vllm_importable() -> bool:
+VLLM_DIR = Path(__file__).parent / "vllm"
+VLLM_HINT = ("vLLM is not installed here: build its virtualenv with `bash scripts/install-vllm.sh` and run "
+             "`.venv-vllm/bin/python -m pytest tests/vllm`")
+
+
+def _vllm_installed() -> bool:
     import importlib.metadata
 
     try:  # the installed distribution: tests/vllm itself would pass as a namespace package "vllm"
@@ -51,14 +57,39 @@ def _vllm_importable() -> bool:
     return True
 
 
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """The main suite runs without vLLM: it skips tests/vllm unless that folder is asked for
-    by name (then tests/vllm/conftest.py explains the skip, or fails the run in CI)."""
-    vllm_dir = Path(__file__).parent / "vllm"
-    if collection_path != vllm_dir or _vllm_importable():
+class VllmAbsent(pytest.Directory):
+    """tests/vllm where vLLM is not installed: one skipped collector, with the reason."""
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        pytest.skip(VLLM_HINT)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return "" if _vllm_installed() else f"vllm: not installed (tests/vllm skipped): {VLLM_HINT}"
+
+
+def _named_in_vllm_dir(config: pytest.Config) -> list[Path]:
+    """The command line's paths that are tests/vllm or inside it."""
+    named = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    return [p for p in named if p.is_relative_to(VLLM_DIR)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI=true, asking for tests/vllm by name without vLLM fails the run (exit 4):
+    scripts/ci-vllm.sh relies on that."""
+    if os.environ.get("CI") == "true" and _named_in_vllm_dir(config) and not _vllm_installed():
+        raise pytest.UsageError(f"CI=true: {VLLM_HINT}")
+
+
+def pytest_collect_directory(path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """The main suite runs without vLLM: tests/vllm then shows as one skip with the reason
+    instead of being collected. A test file or node inside it named on the command line is
+    collected as usual (each module skips itself)."""
+    if path != VLLM_DIR or _vllm_installed():
         return None
-    asked = any(Path(arg.split("::")[0]).resolve().is_relative_to(vllm_dir) for arg in config.args)
-    return None if asked else True
+    if any(p != VLLM_DIR for p in _named_in_vllm_dir(parent.config)):
+        return None
+    return VllmAbsent.from_parent(parent, path=path)
 
 
 # Hypothesis profiles: "default" is Hypothesis's own (100 examples; on CI its "ci" profile, which

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import attrs
@@ -154,27 +156,69 @@ def test_unsafe_stores_are_flagged_by_the_simulated_run_check() -> None:
 ZOO_BY_NAME = {bug.name: bug for bug in ZOO}
 
 
-@pytest.mark.parametrize("name", ["duplicate_report_counted_twice", "stale_lookup_applied",
-                                  "completion_per_rank_handle"])
+CHAOS_SEEDS = (1, 2, 3)
+
+
+def _tracebacks(tb: TracebackType | None) -> Iterator[TracebackType]:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+@pytest.mark.parametrize("name", ["duplicate_report_counted_twice", "stale_lookup_applied"])
 def test_a_chaos_run_catches_a_broken_engine_a_plain_run_does_not(name: str) -> None:
-    """The same config, workload and checks: the plain run sees nothing wrong; the chaos run
-    (duplicate rank reports, old-epoch answers) makes the bug show, as a violation of the
-    variant's own invariant or as the broken engine failing outright."""
+    """The same config, workload and checks: the plain run sees nothing wrong; a chaos run
+    (duplicate rank reports, old-epoch answers) makes the bug show as a violation of the
+    variant's own invariant, with the run's exit code 1. The correct engine is clean under
+    the seed that caught it."""
     bug = ZOO_BY_NAME[name]
     workload = burst()
     plain = run(chaos(ASYNC, None, check=True), workload, bug.stack(), engine_factory=bug.engine_factory)
     assert plain.summary["check"]["violations"] == 0 and plain.exit_code == 0
-    caught: list[Any] = []
-    for seed in (1, 2):
-        try:
-            outcome = run(chaos(ASYNC, seed), workload, bug.stack(), engine_factory=bug.engine_factory)
-        except (AssertionError, KeyError) as exc:  # the broken engine's own bookkeeping gives way
-            caught.append(type(exc).__name__)
-            continue
-        if str(bug.invariant) in outcome.summary["check"]["by_invariant"]:
-            assert outcome.exit_code == 1
-            caught.append(bug.invariant)
-    assert caught, f"{name}: no chaos seed caught it"
+    for seed in CHAOS_SEEDS:
+        outcome = run(chaos(ASYNC, seed), workload, bug.stack(), engine_factory=bug.engine_factory)
+        if outcome.summary["check"]["violations"]:
+            break
+    else:
+        pytest.fail(f"{name}: no chaos seed of {CHAOS_SEEDS} made the bug show")
+    check = outcome.summary["check"]
+    assert check["by_invariant"].get(str(bug.invariant), 0) > 0, (bug.invariant, check)
+    assert check["first"][0].split(" ", 1)[1].startswith(f"invariant {bug.invariant} "), check["first"]
+    assert outcome.exit_code == 1
+    correct = run(chaos(ASYNC, seed), workload, bug.stack())
+    assert correct.summary["check"]["violations"] == 0 and correct.exit_code == 0, correct.summary["check"]
+
+
+def test_a_completion_reported_twice_is_refused_where_the_store_completes() -> None:
+    """``completion_per_rank_handle`` (vllm#54518) can only crash under chaos: a duplicated
+    rank report completes a finished store job a second time, and the tier refuses to
+    complete a store that is no longer in flight (``TierIndex.complete_store``) in the same
+    call, before any checker sees a record. The crash is asserted where it happens and for
+    that job: the one completed again is a job that had already finished. A plain run and
+    the correct engine under the same chaos seed run clean."""
+    bug = ZOO_BY_NAME["completion_per_rank_handle"]
+    workload = burst()
+    plain = run(chaos(ASYNC, None, check=True), workload, bug.stack(), engine_factory=bug.engine_factory)
+    assert plain.summary["check"]["violations"] == 0 and plain.exit_code == 0
+    engines: list[Engine] = []
+
+    def keep(*args: Any, **kwargs: Any) -> Engine:
+        engines.append(bug.engine_factory(*args, **kwargs))
+        return engines[-1]
+
+    with pytest.raises(KeyError, match=r"tier '\w+': block \d+ has no store in flight") as raised:
+        run(chaos(ASYNC, 1), workload, bug.stack(), engine_factory=keep)
+    frames = [(Path(f.filename).name, f.name) for f in traceback.extract_tb(raised.tb)]
+    assert frames[-1] == ("index.py", "complete_store"), frames
+    # The report being handled (the engine's own handler's frame) is for a job that had
+    # already completed: the variant keeps completed jobs in ``finished``.
+    handling = [tb.tb_frame.f_locals["event"] for tb in _tracebacks(raised.tb)
+                if tb.tb_frame.f_code.co_name == "on_transfer_report"
+                and Path(tb.tb_frame.f_code.co_filename).name == "jobs.py"]
+    assert len(handling) == 1, frames
+    assert handling[0].job_id in engines[-1].core.transfers.finished  # type: ignore[attr-defined]
+    correct = run(chaos(ASYNC, 1), workload, bug.stack())
+    assert correct.summary["check"]["violations"] == 0 and correct.exit_code == 0, correct.summary["check"]
 
 
 def test_the_correct_engine_is_clean_where_the_zoo_is_caught() -> None:

@@ -9,10 +9,20 @@ The convention (also in docs/cli.md, "Examples in these docs are tested"):
   ``.csv``) is written to that file first.
 * Each file's commands run in order, in one fresh directory, as ``python -m kvlife ...``;
   they must exit 0 (or the code of a trailing ``# exit N``) and print no traceback.
+* In a transcript, the lines after a ``$ kvlife`` command (up to the next ``$`` line or the
+  end of the block) are its documented output, and must equal what it prints (stderr's
+  lines first, then stdout's; trailing spaces aside), line for line, with two markers:
+  a line ``...`` stands for any lines (none included), and ``<N>`` inside a line stands for
+  one number (digits with ``,`` and ``.``) that differs from machine to machine. A
+  transcript command with no lines after it documents no output.
 * A trailing ``# not run in tests: WHY`` skips a command: only commands that need a Redis
   server or a vLLM run, or take more than a few seconds (the whole bundled trace), with the
-  reason written down.
+  reason written down. It and a command that needs an extra not installed here are reported
+  as skipped tests, with the reason.
 * A ``kvlife`` command in an indented (unfenced) code block is an error: it would not be run.
+
+Each command is a test of its own (``test_example[README.md:75]``); a file's commands run in
+order, once, in one directory per file, whichever of them a test asks for first.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -32,6 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"#\s*not run in tests\b:?\s*(?P<why>.*)$")
 EXIT = re.compile(r"#\s*exit\s+(?P<code>\d+)\b")
+ANY_LINES = "..."  # a documented output line that stands for any lines
+NUMBER = "<N>"  # inside a documented output line: one number that differs between machines
 FILE_BLOCK = re.compile(r"^#\s*(?P<name>[\w.-]+\.(?:py|toml|csv))\s*$")
 FILE_FENCES = ("python", "toml", "csv")
 # Skipped examples, at most this many across all docs (each with a reason).
@@ -45,6 +58,7 @@ class Example:
     argv: tuple[str, ...]
     exit_code: int = 0
     skip: str | None = None
+    output: tuple[str, ...] | None = None  # the documented output of a transcript command
 
 
 @attrs.frozen
@@ -58,11 +72,17 @@ def _commands(block: list[tuple[int, str]], name: str) -> list[Example]:
     transcript = any(line.strip().startswith("$ ") for _, line in block)
     examples: list[Example] = []
     pending: list[str] = []
+    output: list[str] | None = None  # the documented output of the last transcript command
     start = 0
     for number, raw in block:
         line = raw.strip()
         if not pending:
             if transcript:
+                if output is not None and not line.startswith("$ "):
+                    output.append(raw.rstrip())
+                    continue
+                _close(examples, output)
+                output = None
                 if not line.startswith("$ kvlife "):
                     continue
                 line = line[2:]
@@ -80,7 +100,55 @@ def _commands(block: list[tuple[int, str]], name: str) -> list[Example]:
         examples.append(Example(f"{name}:{start}", text, tuple(tokens[1:]),
                                 int(exit_code["code"]) if exit_code else 0,
                                 (skip["why"].strip() or "no reason given") if skip else None))
+        if transcript:
+            output = []
+    _close(examples, output)
     return examples
+
+
+def _close(examples: list[Example], output: list[str] | None) -> None:
+    """The last transcript command's documented output, when it shows any."""
+    if output:
+        examples[-1] = attrs.evolve(examples[-1], output=tuple(output))
+
+
+def _line_pattern(documented: str) -> re.Pattern[str]:
+    parts = documented.rstrip().split(NUMBER)
+    return re.compile(r"[\d,.]+".join(re.escape(part) for part in parts))
+
+
+def output_mismatch(documented: Sequence[str], actual: Sequence[str]) -> str | None:
+    """None when ``actual`` (lines) is what ``documented`` shows (module docstring: ``...``
+    stands for any lines, ``<N>`` for one number); otherwise the first documented line that
+    could not be matched."""
+    actual = [line.rstrip() for line in actual]
+    segments: list[list[str]] = [[]]
+    for line in documented:
+        if line.strip() == ANY_LINES:
+            segments.append([])
+        else:
+            segments[-1].append(line)
+    anchored_start, anchored_end = bool(segments[0]), bool(segments[-1])
+    position = 0
+    for index, segment in enumerate(segments):
+        if not segment:
+            continue
+        patterns = [_line_pattern(line) for line in segment]
+        last = len(actual) - len(segment)
+        if index == 0 and anchored_start:
+            candidates: Iterator[int] = iter([0])
+        elif index == len(segments) - 1 and anchored_end:
+            candidates = iter([max(last, position)])
+        else:
+            candidates = iter(range(position, last + 1))
+        found = next((at for at in candidates if at >= position and all(
+            p.fullmatch(actual[at + k]) for k, p in enumerate(patterns)) if at + len(segment) <= len(actual)), None)
+        if found is None:
+            return f"documented output not printed (in order, at its place): {segment[0]!r}"
+        position = found + len(segment)
+    if anchored_end and position != len(actual):
+        return f"printed past the documented output (no {ANY_LINES!r} at its end): {actual[position]!r}"
+    return None
 
 
 def parse_doc(text: str, name: str) -> Doc:
@@ -172,20 +240,82 @@ def test_the_docs_have_examples_and_few_skips() -> None:
     assert not problems, problems
 
 
-@pytest.mark.parametrize("path", DOC_FILES, ids=[str(p.relative_to(ROOT)) for p in DOC_FILES])
-def test_examples_run(path: Path, tmp_path: Path) -> None:
-    doc = _load(path)
-    if not doc.examples:
-        pytest.skip(f"{path.name} has no kvlife examples")
-    for name, content in doc.files.items():
-        (tmp_path / name).write_text(content)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.pop("COLUMNS", None)
-    for example in doc.examples:
-        if example.skip or _missing_extra(example.argv):
-            continue
-        proc = subprocess.run([sys.executable, "-m", "kvlife", *example.argv], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
-        where = f"{example.source}: {example.text}\nstdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-2000:]}"
-        assert "Traceback" not in proc.stderr + proc.stdout, where
-        assert proc.returncode == example.exit_code, where
+def test_documented_output_is_matched_as_documented() -> None:
+    """The output comparison and its markers, on made-up output."""
+    printed = ["header", "TTFT p50 1,234.5 ms", "a", "b", "total 7"]
+    assert output_mismatch(printed, printed) is None
+    assert output_mismatch(["header", "...", "total 7"], printed) is None
+    assert output_mismatch(["...", "TTFT p50 <N> ms", "...", "total <N>"], printed) is None
+    assert output_mismatch(["header", "...", "b", "total 7", "..."], printed) is None
+    assert output_mismatch(["header", "TTFT p50 1,234.5 ms", "..."], printed) is None
+    assert output_mismatch(["header"], printed) is not None  # no "...": the rest must be shown
+    assert output_mismatch(["...", "TTFT p50 9.9 ms", "..."], printed) is not None
+    assert output_mismatch(["...", "total 7", "header", "..."], printed) is not None  # order counts
+    assert output_mismatch(["...", "TTFT p50 <N> s", "..."], printed) is not None
+    assert output_mismatch(["...", "TTFT <N> 1,234.5 ms", "..."], printed) is not None  # <N> is a number
+    doc = parse_doc("```\n$ kvlife run --limit 1\nline one\n...\n$ kvlife replay t.jsonl\n"
+                    "$ kvlife replay t.jsonl\nidentical\n```\n", "X.md")
+    assert [e.output for e in doc.examples] == [("line one", "..."), None, ("identical",)]
+
+
+def _example_params() -> list[object]:
+    params: list[object] = []
+    for path in DOC_FILES:
+        for index, example in enumerate(_load(path).examples):
+            why = example.skip and f"not run in tests: {example.skip}"
+            extra = _missing_extra(example.argv)
+            why = why or (extra and f"needs {extra}, which is not installed here")
+            why = why and f"{example.source}: {why}"
+            params.append(pytest.param(path, index, id=example.source,
+                                       marks=[pytest.mark.skip(reason=why)] if why else []))
+    return params
+
+
+@attrs.define
+class DocRun:
+    """One doc's examples, run in order in one directory, each once (by the first test that
+    needs it or one after it)."""
+
+    doc: Doc
+    where: Path
+    results: list[subprocess.CompletedProcess[str] | None] = attrs.field(factory=list)
+
+    def result(self, index: int) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        env.pop("COLUMNS", None)
+        while len(self.results) <= index:
+            example = self.doc.examples[len(self.results)]
+            if example.skip or _missing_extra(example.argv):
+                self.results.append(None)
+                continue
+            self.results.append(subprocess.run(
+                [sys.executable, "-m", "kvlife", *example.argv], cwd=self.where, env=env, capture_output=True,
+                text=True, timeout=180, stdin=subprocess.DEVNULL))
+        result = self.results[index]
+        assert result is not None
+        return result
+
+
+@pytest.fixture(scope="module")
+def doc_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Path, DocRun]:
+    runs: dict[Path, DocRun] = {}
+    for path in DOC_FILES:
+        where = tmp_path_factory.mktemp(path.stem)
+        doc = _load(path)
+        for name, content in doc.files.items():
+            (where / name).write_text(content)
+        runs[path] = DocRun(doc, where)
+    return runs
+
+
+@pytest.mark.parametrize(("path", "index"), _example_params())
+def test_example(path: Path, index: int, doc_runs: dict[Path, DocRun]) -> None:
+    run = doc_runs[path]
+    example = run.doc.examples[index]
+    proc = run.result(index)
+    where = f"{example.source}: {example.text}\nstdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stderr + proc.stdout, where
+    assert proc.returncode == example.exit_code, where
+    if example.output is not None:
+        mismatch = output_mismatch(example.output, [*proc.stderr.splitlines(), *proc.stdout.splitlines()])
+        assert mismatch is None, f"{mismatch}\n{where}"

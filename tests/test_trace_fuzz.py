@@ -4,6 +4,23 @@ The invariant, whatever the file holds: the command returns (within a time bound
 code 0, 1 or 2, never a traceback; an exit 2 is one line, ``kvlife: error: FILE:LINE: ...``,
 that names the trace file and, when the problem is a value, its line and field.
 
+A mutated real trace is also held to what its mutation did (``expect_reported``), with
+``validate`` and ``replay`` as the two readers that judge a trace: ``validate`` checks it
+against the spec, ``replay`` re-derives every record the engine wrote from the header and
+the inputs. Each mutation is classified from the bytes before and after, and each class
+says which exit codes it may give (``hypothesis.event`` counts the classes):
+
+- ``unchanged``: every line re-reads as the same JSON (a value replaced by itself, a swap
+  of a line with itself, a cut or flip that left the line equal): both commands exit 0.
+- ``outputs``: a record the engine wrote changed, or lines were added, removed or
+  reordered: ``replay`` must report it (1 or 2), since it re-derives each of those records.
+  ``validate`` is not required to: a changed reason text or an added key is no spec
+  violation; whether it reported is counted as an event.
+- ``header or inputs``: only the header or input records changed. Either command reports
+  it, or the change did not matter to this run: ``replay`` reproduces every record (a tier
+  no request reached, a block hash nobody shared, a descriptive header field), and then the
+  trace is the true record of a run and ``validate`` must accept it too (exit 0).
+
 The default suite runs a few dozen examples per test (a few seconds in all);
 ``pytest tests/test_trace_fuzz.py --hypothesis-profile=deep`` runs the deep profile's count.
 """
@@ -20,10 +37,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from kvlife.lifecycle.cli.main import main
@@ -114,11 +131,19 @@ def _set(document: Any, path: tuple[Any, ...], value: Any, delete: bool) -> None
         parent[path[-1]] = value
 
 
+class Mutated(NamedTuple):
+    """A real trace (``base``) and the lines a mutation made of it."""
+
+    base: tuple[bytes, ...]
+    lines: list[bytes]
+
+
 @st.composite
-def value_mutation(draw: st.DrawFn, header: bool) -> list[bytes]:
+def value_mutation(draw: st.DrawFn, header: bool) -> Mutated:
     """A real trace with values replaced, deleted or added: in the header, or in one to
     three records."""
-    lines = list(draw(st.sampled_from(base_traces())))
+    base = draw(st.sampled_from(base_traces()))
+    lines = list(base)
     for _ in range(1 if header else draw(st.integers(1, 3))):
         index = 0 if header else draw(st.integers(1, len(lines) - 1))
         try:
@@ -137,7 +162,7 @@ def value_mutation(draw: st.DrawFn, header: bool) -> list[bytes]:
             where = draw(st.sampled_from(places))
             _set(document, where, draw(NASTY), delete=how == "delete")
         lines[index] = _dumps(document)
-    return lines
+    return Mutated(base, lines)
 
 
 def _get(document: Any, path: tuple[Any, ...]) -> Any:
@@ -147,9 +172,10 @@ def _get(document: Any, path: tuple[Any, ...]) -> Any:
 
 
 @st.composite
-def garbled(draw: st.DrawFn) -> list[bytes]:
+def garbled(draw: st.DrawFn) -> Mutated:
     """A real trace with lines deleted, duplicated, swapped, cut or overwritten with bytes."""
-    lines = list(draw(st.sampled_from(base_traces())))
+    base = draw(st.sampled_from(base_traces()))
+    lines = list(base)
     for _ in range(draw(st.integers(1, 3))):
         if not lines:
             break
@@ -170,7 +196,7 @@ def garbled(draw: st.DrawFn) -> list[bytes]:
             at = draw(st.integers(0, len(lines[i]) - 1))
             lines[i] = lines[i][:at] + bytes([lines[i][at] ^ (1 << draw(st.integers(0, 7)))]) + lines[i][at + 1:]
             lines[i] = lines[i].replace(b"\n", b"")
-    return lines
+    return Mutated(base, lines)
 
 
 # ---- running the commands ------------------------------------------------------------------
@@ -210,8 +236,10 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 ERROR = re.compile(r"kvlife: error: (?P<path>.+?)(?::(?P<line>\d+))?: (?P<message>.*)")
 
 
-def check_all_commands(lines: list[bytes]) -> None:
-    """Every trace-reading command on these lines keeps the invariant (module docstring)."""
+def check_all_commands(lines: list[bytes]) -> dict[str, int]:
+    """Every trace-reading command on these lines keeps the invariant (module docstring);
+    their exit codes by command."""
+    codes: dict[str, int] = {}
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "t.jsonl"
         trace.write_bytes(b"\n".join(lines) + (b"\n" if lines else b""))
@@ -221,9 +249,10 @@ def check_all_commands(lines: list[bytes]) -> None:
             "explain": (["explain", str(trace), "req-0"], (0, 2)),
             "export": (["export", str(trace), "--perfetto", str(Path(tmp) / "x.json")], (0, 2)),
         }
-        for name, (argv, codes) in commands.items():
+        for name, (argv, allowed) in commands.items():
             code, _out, err = run(argv)
-            assert code in codes, (name, code, err)
+            codes[name] = code
+            assert code in allowed, (name, code, err)
             assert "Traceback" not in err, (name, err)
             if code != 2:
                 continue
@@ -233,31 +262,100 @@ def check_all_commands(lines: list[bytes]) -> None:
             message = match["message"]
             if not message.startswith(WHOLE_LINE):
                 assert match["line"] is not None and "field '" in message, (name, err)
+    return codes
+
+
+def _reread(raw: bytes) -> bytes:
+    """A line as the readers see it: its JSON written back the one way ``_dumps`` writes it
+    (so a value replaced by an equal one is no change; ``1`` and ``true`` still differ)."""
+    try:
+        return _dumps(json.loads(raw))
+    except ValueError:
+        return raw
+
+
+def classify(mutated: Mutated) -> str:
+    """The mutation's class (module docstring), from the lines before and after."""
+    before = [_reread(raw) for raw in mutated.base]
+    after = [_reread(raw) for raw in mutated.lines]
+    if before == after:
+        return "unchanged"
+    if len(before) != len(after):
+        return "outputs"
+    changed = [i for i, (old, new) in enumerate(zip(before, after, strict=True)) if old != new]
+    if all(i == 0 or json.loads(mutated.base[i]).get("kind") == "input" for i in changed):
+        return "header or inputs"
+    return "outputs"
+
+
+def expect_reported(mutated: Mutated) -> None:
+    """The invariant of every command, and the exit codes of ``validate`` and ``replay``
+    that the mutation's class allows (module docstring)."""
+    kind = classify(mutated)
+    event(kind)
+    codes = check_all_commands(mutated.lines)
+    validate, replay = codes["validate"], codes["replay"]
+    note(f"class {kind!r}: validate exit {validate}, replay exit {replay}")
+    if kind == "unchanged":
+        assert (validate, replay) == (0, 0), codes
+    elif kind == "outputs":
+        assert replay in (1, 2), f"replay reproduced a trace whose records were changed: {codes}"
+        event(f"outputs: validate exit {validate}")
+    else:
+        if replay == 0:
+            assert validate == 0, f"validate rejects a trace replay reproduces record for record: {codes}"
+            event("header or inputs: a value this run never depended on")
+        else:
+            event(f"header or inputs: validate exit {validate}, replay exit {replay}")
 
 
 @FUZZ
 @given(value_mutation(header=True))
-def test_mutated_header_values(lines: list[bytes]) -> None:
-    check_all_commands(lines)
+def test_mutated_header_values(mutated: Mutated) -> None:
+    expect_reported(mutated)
 
 
 @FUZZ
 @given(value_mutation(header=False))
-def test_mutated_record_values(lines: list[bytes]) -> None:
-    check_all_commands(lines)
+def test_mutated_record_values(mutated: Mutated) -> None:
+    expect_reported(mutated)
 
 
 @FUZZ
 @given(garbled())
-def test_garbled_lines(lines: list[bytes]) -> None:
-    check_all_commands(lines)
+def test_garbled_lines(mutated: Mutated) -> None:
+    expect_reported(mutated)
+
+
+def test_the_base_traces_are_valid_and_replay() -> None:
+    """What the mutations start from: each real trace is valid and replays exactly, so a
+    report on a mutated one is the mutation's doing."""
+    for base in base_traces():
+        assert check_all_commands(list(base)) == {"validate": 0, "replay": 0, "explain": 0, "export": 0}
+
+
+@pytest.mark.parametrize(("name", "edit", "kind"), [
+    ("a value replaced by itself", lambda r: r, "unchanged"),
+    ("a transition's reason text", lambda r: {**r, "reason": "x"} if r["kind"] == "transition" else r, "outputs"),
+    ("an input's time", lambda r: {**r, "t": r["t"] + 0.25} if r.get("type") == "arrival" else r, "header or inputs"),
+])
+def test_a_mutation_is_classified_by_what_it_changed(name: str, edit: Any, kind: str) -> None:
+    """The classifier the fuzz tests rely on, on hand-made edits of one line (the first
+    line its edit changes, or line 1)."""
+    base = base_traces()[0]
+    records = [json.loads(raw) for raw in base]
+    index = next((i for i, r in enumerate(records) if i and edit(r) != r), 1)
+    lines = list(base)
+    lines[index] = _dumps(edit(records[index]))
+    assert classify(Mutated(base, lines)) == kind, name
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n", b"{}", b"[]", b"null", b'{"kind":"header"}', b"\xff\xfe",
                                      b'{"kind":"header","schema":1,"config":{}}\n{"kind":"input"}'])
 def test_degenerate_files(content: bytes, tmp_path: Path) -> None:
     lines = content.split(b"\n") if content else []
-    check_all_commands([line for line in lines if line] if content.strip() else lines)
+    codes = check_all_commands([line for line in lines if line] if content.strip() else lines)
+    assert codes["validate"] in (1, 2) and codes["replay"] == 2, codes  # none of them is a trace
 
 
 def _edit(lines: list[bytes], index: int, **values: Any) -> None:
@@ -298,3 +396,57 @@ def test_arrival_values_the_engine_trusts_are_checked(field: str, value: Any) ->
         assert code == 2 and err.startswith(f"kvlife: error: {trace}:2: field '{field}': "), err
         code, out, _err = run(["validate", str(trace)])
         assert code == 1 and f"line 2: invariant 0 (well-formed trace): bad input record: field '{field}'" in out
+
+
+def test_an_unknown_finish_reason_is_a_bad_input_not_a_crash() -> None:
+    """Found by this fuzz suite: a step output finishing a request for a reason the engine
+    does not know (here "") crashed replay in the scheduler."""
+    lines = list(base_traces()[0])
+    records = [json.loads(raw) for raw in lines]
+    index = next(i for i, r in enumerate(records) if r.get("type") == "step_output" and r["finished"])
+    _edit(lines, index, finished=[[records[index]["finished"][0][0], ""]])
+    check_all_commands(lines)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + b"\n")
+        code, _out, err = run(["replay", str(trace)])
+        assert code == 2 and err.startswith(f"kvlife: error: {trace}:{index + 1}: field 'finished': "
+                                            "unknown finish reason ''"), err
+        code, out, _err = run(["validate", str(trace)])
+        assert code == 1 and f"line {index + 1}: invariant 0 (well-formed trace): bad input record: field 'finished'" \
+            in out, out
+
+
+def test_a_newer_schema_is_one_line_naming_the_field() -> None:
+    """Found by this suite's deep profile: the header's schema past this kvlife's named no field."""
+    lines = list(base_traces()[0])
+    _edit(lines, 0, schema=2)
+    codes = check_all_commands(lines)
+    assert codes == {"validate": 2, "replay": 2, "explain": 2, "export": 2}
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "t.jsonl"
+        trace.write_bytes(b"\n".join(lines) + b"\n")
+        _code, _out, err = run(["validate", str(trace)])
+    assert err == f"kvlife: error: {trace}:1: field 'schema': trace schema 2 is newer than this kvlife " \
+                  "(reads schema 1 and older)\n"
+
+
+def test_a_job_done_with_a_non_integer_failed_count() -> None:
+    lines = list(base_traces()[2])
+    records = [json.loads(raw) for raw in lines]
+    index = next(i for i, r in enumerate(records) if r["kind"] == "job_done")
+    _edit(lines, index, failed="x")
+    codes = check_all_commands(lines)
+    assert codes["validate"] == 1 and codes["replay"] == 1, codes
+
+
+def test_a_late_job_with_a_malformed_move() -> None:
+    """Found by this suite's deep profile: a move that is not a list, in a store job whose
+    report comes late, crashed validate's structure check."""
+    lines = list(base_traces()[2])
+    records = [json.loads(raw) for raw in lines]
+    late = next(r["job"] for r in records if r["kind"] == "job_done" and r["late"])
+    index = next(i for i, r in enumerate(records) if r["kind"] == "job" and r["job"] == late)
+    _edit(lines, index, moves=[1, *records[index]["moves"][1:]])
+    codes = check_all_commands(lines)
+    assert codes["validate"] == 1 and codes["replay"] == 1, codes

@@ -3,7 +3,8 @@
 ``kvlife.lifecycle.engine.events.input_from_record`` checks an input's fields and types;
 the engine then trusts the values, as its own drivers make them. A trace may have been
 edited or crafted, so ``read_input`` also checks what the engine would trip over: block
-hashes and failed blocks are integers, tier names are strings, token counts are not negative.
+hashes and failed blocks are integers, tier names are strings, token counts are not negative,
+a finished request's reason is one the engine knows.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from kvlife.lifecycle.engine.events import (
     BadEvent,
     InputEvent,
     LookupAnswer,
+    StepOutput,
     TransferReport,
     input_from_record,
 )
+from kvlife.lifecycle.engine.request import FINISHED_STATUS
 
 
 def read_input(record: dict[str, Any]) -> InputEvent:
@@ -30,7 +33,8 @@ def read_input(record: dict[str, Any]) -> InputEvent:
 
 def check_input_values(event: InputEvent) -> None:
     """Values a well-typed input can still hold that the engine takes on trust (it is fed
-    by its own drivers): block hashes and failed blocks are 64-bit integers, tiers are names.
+    by its own drivers): block hashes and failed blocks are 64-bit integers, tiers are names,
+finish reasons are the engine's.
     A BadEvent naming the field otherwise."""
     if isinstance(event, Arrival):
         if event.prompt_tokens < 0:
@@ -38,6 +42,10 @@ def check_input_values(event: InputEvent) -> None:
         _check_hashes("block_hashes", event.block_hashes)
     elif isinstance(event, TransferReport):
         _check_hashes("failed", event.failed)
+    elif isinstance(event, StepOutput):
+        for _request_id, reason in event.finished:
+            if reason not in FINISHED_STATUS:
+                raise BadEvent("finished", f"unknown finish reason {reason!r} (one of {', '.join(FINISHED_STATUS)})")
     elif isinstance(event, LookupAnswer) and event.tiers is not None \
             and not all(isinstance(t, str) for t in event.tiers):
         raise BadEvent("tiers", "expected a list of tier names or null")

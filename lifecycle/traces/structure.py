@@ -258,6 +258,8 @@ class TraceStructure:
 
     def _doubt(self, job: dict[str, Any]) -> None:
         for move in job.get("moves") or ():
+            if not isinstance(move, list) or len(move) < 3:
+                continue  # a malformed move: the job record's own finding (invariant 0)
             for tier in (move[1], move[2]) if job.get("op") == "prefetch" else (move[2],):
                 if isinstance(tier, str) and tier in self._sure and move[0] in self._sure[tier]:
                     self._sure[tier].discard(move[0])

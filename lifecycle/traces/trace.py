@@ -279,7 +279,7 @@ def parse_header(path: str | Path, number: int, raw: bytes) -> dict[str, Any]:
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise TraceError(str(path), number, f"field 'schema': expected an integer, got {schema!r}")
     if schema > SCHEMA_VERSION:
-        raise TraceError(str(path), number, f"trace schema {schema} is newer than this kvlife "
+        raise TraceError(str(path), number, f"field 'schema': trace schema {schema} is newer than this kvlife "
                                             f"(reads schema {SCHEMA_VERSION} and older)")
     return record
 

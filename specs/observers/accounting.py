@@ -262,6 +262,9 @@ class Counters(Observer):
 
     def on_record(self, ev: Event) -> None:  # every record as written, inputs included
         self.tally.feed(ev.data)
+        for problem in self.tally.problems:
+            self.fail(0, problem)
+        self.tally.problems.clear()
 
     def on_transition(self, ev: Event) -> None:
         req, trigger = ev.req, str(ev.get("trigger"))
@@ -369,6 +372,7 @@ class CounterTally:
         self.warnings: Counter[str] = Counter()
         self.defers: Counter[str] = Counter()
         self._failed_answer = False  # the lookup answer being handled says the lookup failed
+        self.problems: list[str] = []  # values that are no count, since the last record was fed
 
     def feed(self, record: dict[str, Any]) -> None:
         kind = record.get("kind")
@@ -406,14 +410,20 @@ class CounterTally:
         if op in self.JOBS:
             jobs, blocks = self.JOBS[str(op)]
             self.counts[jobs] += 1
-            if record.get("after") is not None:
-                # A join's device copies cross no tier link: joined, not loaded, blocks.
-                self.counts["joined_blocks"] += int(record.get("blocks") or 0)
-            else:
-                self.counts[blocks] += int(record.get("blocks") or 0)
+            # A join's device copies cross no tier link: joined, not loaded, blocks.
+            self.counts["joined_blocks" if record.get("after") is not None else blocks] += \
+                self._count(record, "blocks")
 
     def _job_done(self, record: dict[str, Any]) -> None:
-        self.counts["failed_blocks"] += int(record.get("failed") or 0)
+        self.counts["failed_blocks"] += self._count(record, "failed")
+
+    def _count(self, record: dict[str, Any], field: str) -> int:
+        """A record's block count; a value that is no count (an edited trace) is a finding."""
+        value = record.get(field) or 0
+        if is_int(value):
+            return value
+        self.problems.append(f"{record.get('kind')} record: field '{field}': expected a block count, got {value!r}")
+        return 0
 
     def _reclaim(self, record: dict[str, Any]) -> None:
         self.counts["reclaimed_jobs"] += 1
