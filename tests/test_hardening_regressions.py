@@ -535,3 +535,19 @@ def test_calibrate_fits_a_large_csv_on_a_sample_and_judges_all_rows(tmp_path: Pa
     path.write_text("prefill_tokens,decode_requests,context_tokens,step_ms\n" + "\n".join(rows) + "\n")
     result = calibrate(path, load_model("llama-3-8b"), load_hardware("h100-sxm"))
     assert result.rows == 4 * FIT_ROWS and result.fitted_rows == FIT_ROWS
+
+
+def test_a_prompt_of_2_to_the_63_tokens_fails_at_its_arrival_without_deriving_its_block_names() -> None:
+    """Found by the deep fuzz profile (replay of an arrival of 2^63 tokens hung): a prompt that
+    can never fit fails at its arrival, and only the device's size of block names is derived
+    for it (the connector core is told of it all the same)."""
+    from kvlife.lifecycle.config import EngineConfig
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.engine.events import Arrival
+    from kvlife.policies.stack import PolicyStack
+
+    engine = Engine(EngineConfig(device_blocks=32), PolicyStack([]))
+    engine.handle(Arrival(0.0, "a", 2**63, (1, 2)))
+    req = engine.requests["a"]
+    assert (req.state, req.finish_reason) == ("finished", "error")
+    assert len(req.hashes) == 32 + 1 and req.hashes[:2] == (1, 2)

@@ -70,6 +70,9 @@ class SchedRequest:
     free_on_recving: bool = False  # finished while its load was in flight: freed at finished_recving
     free_on_sending: bool = False  # held by the connector: freed at finished_sending
     finish_note: str | None = None  # why kvlife failed it (the connector's transition reason)
+    # The most block names it derives: a prompt that can never fit fails at its arrival and
+    # needs none past the device's size (2^63 tokens would derive names for ever).
+    hash_cap: int = 1 << 62
 
     @property
     def num_tokens(self) -> int:
@@ -83,6 +86,8 @@ class SchedRequest:
     def block_hashes(self) -> tuple[int, ...]:
         """The hashes of its full blocks of known tokens (derived past the prompt)."""
         full = (self.prompt_tokens + self.output_tokens) // self.block_tokens
+        if full > self.hash_cap:
+            full = self.hash_cap
         if full > len(self.hashes):
             self.hashes = extend_hashes(self.hashes, self.request_id, full)
         return self.hashes

@@ -107,6 +107,7 @@ class Scheduler:
                            resumable)
         if _cdiv(prompt_tokens + 1, bt) > self.pool.capacity:
             # kvlife's liveness rule: a prompt that can never fit fails at its arrival.
+            req.hash_cap = self.pool.capacity + 1
             self.connector.on_new_request(req, early=False)
             req.finish_note = f"prompt needs more than the {self.pool.capacity} device blocks"
             self._finish(req, "error")
