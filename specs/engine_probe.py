@@ -203,6 +203,13 @@ class EngineProbe:
         pool = self.engine.pool
         return pool.free, pool.capacity, [b for b in range(pool.capacity) if pool.refs[b] > 0]
 
+    def views(self) -> tuple[Any, dict[str, Any]]:
+        """What a policy asked now would be shown: the engine view, and each unfinished
+        request's view, by id (built as ``Lifecycle.ask`` builds them)."""
+        engine = self.engine
+        return (engine.core.lifecycle.engine_view(),
+                {rid: r.view() for rid, r in engine.requests.items() if r.state != "finished"})
+
     def progress(self) -> tuple[Any, ...]:
         """What changes whenever something happens (a move, a job or step started)."""
         state = self.engine.state

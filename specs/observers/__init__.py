@@ -17,6 +17,7 @@ from kvlife.specs.observers.sharing import Sharing
 from kvlife.specs.observers.steps import Steps
 from kvlife.specs.observers.stores import Stores
 from kvlife.specs.observers.transitions import Transitions
+from kvlife.specs.observers.views import Views
 from kvlife.specs.observers.work import Work
 
 # The order findings of one event come in: the family a bug breaks first is named first.
@@ -37,4 +38,5 @@ OBSERVERS: tuple[type[Observer], ...] = (
     Hits,  # 13
     Tiers,  # 13
     Counters,  # 13 (and 8)
+    Views,  # 13
 )

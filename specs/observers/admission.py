@@ -11,6 +11,9 @@
   is not admitted while its patience lasts, and is not passed over once it ran out (the
   pass gives up on the prefetch). A request whose known tokens and the next can never fit
   the device is never admitted.
+- A load joins loads in flight (a join job) only when its request's admission decision
+  said ``join`` (a ``go`` loads its own copy, even of blocks in flight: no sharing). A
+  request with no admission decision recorded (another connector's trace) is not judged.
 """
 
 from __future__ import annotations
@@ -95,6 +98,15 @@ class Admission(Observer):
             return (f"still waits on prefetch job {live[0].job_id}, whose patience ran out at t={live[1]:g}: the "
                     f"pass must give up on it")
         return None
+
+    def on_job(self, ev: Event) -> None:
+        job = ev.job
+        if job is None or job.kind != "load" or not job.join:
+            return
+        said = self.admission.get(job.rid)
+        if said is not None and said != "join":
+            self.fail(11, f"load job {job.job_id} of {job.rid} joins loads in flight, but its admission decision was "
+                          f"{said!r}: only a join decision shares a load")
 
     def on_end(self, ev: Event) -> None:
         self.looked_up = set()
