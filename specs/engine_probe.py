@@ -116,6 +116,14 @@ class EngineProbe:
         req = self.engine.requests.get(rid)
         return tuple(req.hashes) if req is not None else ()
 
+    def lookup(self, rid: str) -> tuple[tuple[str, ...], int]:
+        """The lookup answer ``rid`` is admitted on (the tier of each leading block) and the
+        block from which a failed load forbids tier hits."""
+        req = self.engine.requests.get(rid)
+        if req is None:
+            return (), 0
+        return tuple(req.lookup or ()), int(req.external_hit_limit)
+
     def output_tokens(self, rid: str) -> int | None:
         """Tokens the scheduler has output for ``rid`` (None: it left the scheduler)."""
         return self.engine.output_tokens(rid)
@@ -128,6 +136,9 @@ class EngineProbe:
 
     def tier_holds(self, tier: str, block_hash: int) -> bool:
         return bool(self.engine.tiers[tier].contains(block_hash))
+
+    def tier_has_room(self, tier: str) -> bool:
+        return bool(self.engine.tiers[tier].has_room())
 
     def busy_tiers(self) -> dict[str, list[int]]:
         """Blocks each tier still holds for a transfer (pinned or being written)."""

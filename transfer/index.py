@@ -64,6 +64,11 @@ class TierIndex:
     def free(self) -> int:
         return len(self._free_slots)
 
+    def has_room(self) -> bool:
+        """Whether ``prepare_store`` could take one new block now: a free slot, or a block
+        it may evict."""
+        return bool(self._free_slots) or any(self._evictable(h) for h in self._entries)
+
     def busy(self) -> list[BlockHash]:
         """Blocks a transfer still holds: a store not completed, a load still reading."""
         return [h for h, e in self._entries.items() if not e.ready or e.pins or e.doomed]

@@ -9,6 +9,7 @@ from kvlife.specs.observers.base import Observer
 from kvlife.specs.observers.blocks import Blocks
 from kvlife.specs.observers.epochs import Epochs
 from kvlife.specs.observers.liveness import Liveness
+from kvlife.specs.observers.prefetches import Prefetches
 from kvlife.specs.observers.progress import Progress
 from kvlife.specs.observers.provenance import Provenance
 from kvlife.specs.observers.ranks import Ranks
@@ -39,4 +40,5 @@ OBSERVERS: tuple[type[Observer], ...] = (
     Tiers,  # 13
     Counters,  # 13 (and 8)
     Views,  # 13
+    Prefetches,  # 13
 )

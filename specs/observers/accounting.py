@@ -48,6 +48,7 @@ class Hits(Observer):
         self.hits_due: list[tuple[str, int]] = []
         self.cached_at_admit: dict[str, list[frozenset[int]]] = {}
         self.failed_load: set[str] = set()  # its next admission recomputes on the blocks it kept
+        self.held_at_admit: dict[str, frozenset[int]] = {}  # rid -> blocks its answer's tiers held at admission
         self.published: dict[str, tuple[int, int]] = {}  # rid -> (epoch, leading blocks checked published)
         self.publish_due: list[tuple[str, int, int]] = []
 
@@ -58,12 +59,26 @@ class Hits(Observer):
             self.hit_state[req.rid] = "pending"
         if trigger == "load_failed":
             self.failed_load.add(req.rid)
+            self.held_at_admit.pop(req.rid, None)
             if self.hit_state.get(req.rid) == "pending":
                 self.hit_state[req.rid] = "unknown"  # the first admission's load failed: no figure to check
-        elif trigger == "admitted" and ev.source == "waiting":
+        elif trigger in ("admitted", "load_started") and ev.source == "waiting":
             if self.ctx.probe is not None and req.rid not in self.failed_load:
-                self.cached_at_admit[req.rid] = self._cached(req)
+                if trigger == "admitted":
+                    self.cached_at_admit[req.rid] = self._cached(req)
+                self.held_at_admit[req.rid] = self._tier_held(req)
             self.failed_load.discard(req.rid)
+
+    def _tier_held(self, req: Req) -> frozenset[int]:
+        """The leading blocks that, by the lookup answer ``req`` is admitted on, a tier holds
+        now, below the last token (always computed) and, after a failed load, before its
+        first failed block."""
+        probe = self.ctx.probe
+        assert probe is not None
+        lookup, limit = probe.lookup(req.rid)
+        end = min(len(lookup), (req.prompt + req.generated - 1) // self.bt, limit)
+        return frozenset(i for i in range(end)
+                         if lookup[i] in self.settings.tiers and probe.tier_holds(lookup[i], req.hash_at(i)))
 
     def _cached(self, req: Req) -> list[frozenset[int]]:
         """The device blocks each of its leading hit candidates is cached in now."""
@@ -94,6 +109,11 @@ class Hits(Observer):
         if self.hit_state.get(req.rid) == "pending":
             self.hit_state[req.rid] = "checked"
             self.hits_due.append((req.rid, entry.before // self.bt))
+        held = self.held_at_admit.pop(req.rid, None)
+        if held is not None and entry.before // self.bt in held:
+            self.fail(13, f"{req.rid}'s first step computes its block {entry.before // self.bt}, which the tier its "
+                          f"lookup answer names held at its admission: a hit takes every block the tiers hold, "
+                          f"after the device's")
         cached = self.cached_at_admit.pop(req.rid, None)
         first, table = entry.before // self.bt, entry.table or ()
         own = {table[first]} if first < len(table) else set()
@@ -365,7 +385,7 @@ class CounterTally:
     COUNTED = ("ticks", "steps", "sync_lookups", "async_lookups", "stale_lookup_answers", "failed_lookups",
                "preemptions", "prefetch_gave_up", "loads", "blocks_loaded", "stores", "blocks_stored",
                "prefetches", "blocks_prefetched", "redundant_block_loads", "expired_lookups", "failed_blocks",
-               "joined_blocks", "flushed_stores", "reclaimed_jobs", "late_reports")
+               "joined_blocks", "flushed_stores", "reclaimed_jobs", "late_reports", "failed_loads", "failed_stores")
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -415,7 +435,10 @@ class CounterTally:
                 self._count(record, "blocks")
 
     def _job_done(self, record: dict[str, Any]) -> None:
-        self.counts["failed_blocks"] += self._count(record, "failed")
+        failed = self._count(record, "failed")
+        self.counts["failed_blocks"] += failed
+        if failed and record.get("op") in ("load", "store"):  # device jobs some block of which failed
+            self.counts[f"failed_{record.get('op')}s"] += 1
 
     def _count(self, record: dict[str, Any], field: str) -> int:
         """A record's block count; a value that is no count (an edited trace) is a finding."""

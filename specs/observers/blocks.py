@@ -12,7 +12,8 @@ block once the owner landed), the frees and the steps' block tables:
   given-up store's copy is not kept, a given-up join's blocks are not trusted);
 - a block a store still reads is freed only by a preemption that flushes the store (the
   step planned in the same pass names it in ``flush``: the workers finish it before that
-  step writes anything), and written only by that step or a later one;
+  step writes anything), and written only by that step or a later one; a step flushes only
+  stores in flight (not given up) of requests that pass preempted, each once;
 - a job is reclaimed only at its reclaim deadline (before it, its ranks may still move its
   blocks);
 - live, under async scheduling with a connector (vLLM's defer_block_free): no block is
@@ -21,6 +22,8 @@ block once the owner landed), the frees and the steps' block tables:
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from kvlife.specs.observers.base import Context, Event, Observer, missing_ranks
 from kvlife.specs.observers.picture import Job, Move
@@ -38,6 +41,7 @@ class Blocks(Observer):
         # resolved by a flush in the pass's step, a finding at the end of the handling.
         self.pending: list[tuple[int | None, int, Job, str]] = []
         self.writes: dict[int, set[int]] = {}  # step in flight -> the device blocks it writes
+        self.preempted: set[str] = set()  # requests preempted in this handling
 
     # ---- jobs -----------------------------------------------------------------------------
     def on_job(self, ev: Event) -> None:
@@ -128,9 +132,29 @@ class Blocks(Observer):
                 self.fail(2, f"device block {block} freed while {job.kind} job {job.job_id} still moves it (ranks "
                              f"{missing_ranks(self.settings.ranks, job.reported)} have not reported)")
 
+    def on_transition(self, ev: Event) -> None:
+        if ev.get("trigger") == "preempted" and ev.req is not None:
+            self.preempted.add(ev.req.rid)
+
+    def _flushes(self, step: Any) -> None:
+        for job_id in step.flush:
+            job = self.picture.job(job_id)
+            if job is None or job.kind != "store" or not job.open or job.timed_out or \
+                    job.flushed_in not in (None, step.step_id) or job.rid not in self.preempted:
+                what = "an unknown job" if job is None else (
+                    f"{job.kind} job {job.job_id} of {job.rid}, "
+                    + ("not a store" if job.kind != "store" else "ended" if not job.open else
+                       "given up" if job.timed_out else f"flushed by step {job.flushed_in} already"
+                       if job.flushed_in not in (None, step.step_id) else "whose request this pass did not preempt"))
+                self.fail(2, f"step {step.step_id} flushes {what}: a step flushes only the stores in flight of the "
+                             f"requests its pass preempted")
+                return
+
     def on_plan(self, ev: Event) -> None:
         step = ev.data
         assert step is not None
+        if step.flush:
+            self._flushes(step)
         if self.pending:
             flushed = set(step.flush)
             self.pending = [p for p in self.pending if p[2].job_id not in flushed and p[2].open]
@@ -164,6 +188,7 @@ class Blocks(Observer):
             del self.writes[done]
 
     def on_end(self, ev: Event) -> None:
+        self.preempted = set()
         pending, self.pending = self.pending, []
         if self.picture.cut is not None:
             return

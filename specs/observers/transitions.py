@@ -42,11 +42,14 @@ class Transitions(Observer):
         self.must_move: set[str] = set()  # recompute policy: load_failed due in this handling
         self.refusal_due: set[str] = set()  # an on_load_failure answer the policy cannot carry out
         self.oversized: str | None = None  # a prompt that can never fit, arrived in this handling
+        self.aborted_now: str | None = None  # the request the abort being handled finished
 
     # ---- transitions --------------------------------------------------------------------------
     def on_transition(self, ev: Event) -> None:
         req, trigger, target = ev.req, str(ev.get("trigger")), str(ev.get("to"))
         assert req is not None
+        if trigger == "aborted" and self.picture.input_is("abort"):
+            self.aborted_now = req.rid
         if ev.source == "finished":
             self.fail(1, f"{req.rid} moved out of finished ({trigger} -> {target}): finished absorbs")
         elif not req.arrived:
@@ -127,7 +130,10 @@ class Transitions(Observer):
         what = ev.get("what")
         if what == "abort_ignored":
             req = self.picture.request(ev.get("req"))
-            if req is not None and req.state not in _IGNORABLE and self.picture.input_is("abort"):
+            if req is not None and req.rid == self.aborted_now:
+                self.fail(1, f"the abort of {req.rid} finished it (aborted), yet an abort_ignored warning says it "
+                             f"was ignored")
+            elif req is not None and req.state not in _IGNORABLE and self.picture.input_is("abort"):
                 self.fail(1, f"the abort of {req.rid}, in {req.state}, is ignored (abort_ignored): an abort of a "
                              f"request that has not finished must finish it")
         elif what == "decision_refused" and ev.get("point") == "on_load_failure":
@@ -177,6 +183,7 @@ class Transitions(Observer):
             self.must_fail[rid] = True  # (finished by the end of this handling)
 
     def on_end(self, ev: Event) -> None:
+        self.aborted_now = None
         if self.picture.cut is not None:
             return
         for rid in sorted(self.must_move):

@@ -1,0 +1,55 @@
+"""Invariant 13, an early prefetch is carried out: a request whose ``on_arrival`` decision
+was ``prefetch`` (LMCache's ``on_new_request``, kvlife's ``early-prefetch``) looks up at
+its arrival, and the answer of that lookup starts a prefetch of its hits below the host
+tier into the host tier (``Transfers.start_prefetch``).
+
+Live (through the probe), when that answer is applied (same epoch): if it names a leading
+hit candidate in a tier below the host that still holds it, which the host neither holds
+nor is already bringing in, and the host tier has room for a block (a free slot or one it
+may evict), a prefetch job of the request starts in the same handling.
+"""
+
+from __future__ import annotations
+
+from kvlife.specs.observers.base import Context, Event, Observer
+
+
+class Prefetches(Observer):
+    invariants = (13,)
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.wanted: dict[str, int] = {}  # rid -> the epoch whose lookup answer starts a prefetch
+        self.started: set[str] = set()  # requests that started a prefetch in this handling
+
+    def on_decision(self, ev: Event) -> None:
+        if ev.get("point") == "on_arrival" and ev.get("value") == "prefetch":
+            req = self.picture.requests.get(str(ev.get("req")))
+            if req is not None:
+                self.wanted[req.rid] = req.epoch
+
+    def on_job(self, ev: Event) -> None:
+        job = ev.job
+        if job is not None and job.kind == "prefetch":
+            self.started.add(job.rid)
+
+    def on_end(self, ev: Event) -> None:
+        started, self.started = self.started, set()
+        probe, answer = self.ctx.probe, self.picture.input
+        if probe is None or self.picture.cut is not None or not self.picture.input_is("lookup_answer"):
+            return
+        rid = answer.request_id
+        epoch = self.wanted.pop(rid, None)
+        req = self.picture.requests.get(rid)
+        if (epoch is None or req is None or epoch != answer.epoch or req.epoch != epoch or answer.tiers is None
+                or rid in started or "host" not in self.settings.tiers):
+            return
+        tiers = [t for t in answer.tiers if t in self.settings.tiers]
+        bringing = set(probe.busy_tiers().get("host", ()))
+        lower = [i for i, tier in enumerate(tiers[:(req.prompt + req.generated - 1) // self.bt])
+                 if tier != "host" and probe.tier_holds(tier, req.hash_at(i))
+                 and not probe.tier_holds("host", req.hash_at(i)) and req.hash_at(i) not in bringing]
+        if lower and probe.tier_has_room("host"):
+            self.fail(13, f"{rid} decided to prefetch at its arrival, and its lookup answer names block {lower[0]} "
+                          f"in the {tiers[lower[0]]} tier, which the host tier does not hold and has room for, yet "
+                          f"no prefetch started")
