@@ -227,6 +227,9 @@ class _Probe:
     def cached_blocks(self, block_hash: int) -> tuple[int, ...]:
         return ()
 
+    def lookup(self, rid: str) -> tuple[tuple[str, ...], int]:
+        return (), 0  # no lookup answer: no tier hit to take
+
     def next_wakeup(self) -> float | None:
         return None
 

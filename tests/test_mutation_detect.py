@@ -86,6 +86,25 @@ ENGINE_MUTANTS = [
     # state (the old ConnectorLifecycle set states as strings, so it was accepted there).
     ("lifecycle/engine/connector.py", 'self._finish(req, Trigger.ABORTED, "aborted"',
      'self._finish(req, Trigger.COMPLETED, "aborted"', 1, "completed.*is not allowed in state"),
+    # Survivors of issue 26's re-measured sample, caught by the checks written for them.
+    ("lifecycle/engine/connector.py", 'if choice == "join":', 'if choice <= "join":', 11,
+     "only a join decision shares a load"),
+    ("lifecycle/engine/connector.py", "            if samples:\n                req.placeholders += 1",
+     "            if not samples:\n                req.placeholders += 1", 13, "placeholder_tokens="),
+    ("lifecycle/engine/lifecycle.py", "free_device_blocks=device.free if device is not None else 0",
+     "free_device_blocks=device.free if device is None else 0", 13, "free_device_blocks="),
+    ("lifecycle/engine/connector.py", '                if action == "prefetch":',
+     '                if action > "prefetch":', 13, "no prefetch started"),
+    ("lifecycle/engine/connector.py", "            if tier is None or not tier.contains(block):",
+     "            if not tier is None or not tier.contains(block):", 13, "a hit takes every block the tiers hold"),
+    ("lifecycle/engine/jobs.py", "            state.stats.failed_loads += 1",
+     "            state.stats.failed_loads += 0", 13, "stats.failed_loads is"),
+    ("lifecycle/engine/jobs.py",
+     'if job.kind == "store" and job.request_id == req.request_id and not job.flushed and not job.timed_out:',
+     'if job.kind == "store" or job.request_id == req.request_id and not job.flushed and not job.timed_out:', 2,
+     "a step flushes only the stores in flight of the requests its pass preempted"),
+    ("lifecycle/engine/core.py", "if not self.scheduler.finish_requests(event.request_id):",
+     "if not not self.scheduler.finish_requests(event.request_id):", 1, "yet an abort_ignored warning"),
 ]
 
 
