@@ -12,6 +12,7 @@ may evict), a prefetch job of the request starts in the same handling.
 from __future__ import annotations
 
 from kvlife.specs.observers.base import Context, Event, Observer
+from kvlife.specs.observers.picture import Req
 
 
 class Prefetches(Observer):
@@ -35,21 +36,28 @@ class Prefetches(Observer):
 
     def on_end(self, ev: Event) -> None:
         started, self.started = self.started, set()
-        probe, answer = self.ctx.probe, self.picture.input
-        if probe is None or self.picture.cut is not None or not self.picture.input_is("lookup_answer"):
+        req = self._due(started)
+        probe = self.ctx.probe
+        if req is None or probe is None:
             return
-        rid = answer.request_id
-        epoch = self.wanted.pop(rid, None)
-        req = self.picture.requests.get(rid)
-        if (epoch is None or req is None or epoch != answer.epoch or req.epoch != epoch or answer.tiers is None
-                or rid in started or "host" not in self.settings.tiers):
-            return
-        tiers = [t for t in answer.tiers if t in self.settings.tiers]
+        tiers = [t for t in self.picture.input.tiers if t in self.settings.tiers]
         bringing = set(probe.busy_tiers().get("host", ()))
         lower = [i for i, tier in enumerate(tiers[:(req.prompt + req.generated - 1) // self.bt])
                  if tier != "host" and probe.tier_holds(tier, req.hash_at(i))
                  and not probe.tier_holds("host", req.hash_at(i)) and req.hash_at(i) not in bringing]
         if lower and probe.tier_has_room("host"):
-            self.fail(13, f"{rid} decided to prefetch at its arrival, and its lookup answer names block {lower[0]} "
-                          f"in the {tiers[lower[0]]} tier, which the host tier does not hold and has room for, yet "
-                          f"no prefetch started")
+            self.fail(13, f"{req.rid} decided to prefetch at its arrival, and its lookup answer names block "
+                          f"{lower[0]} in the {tiers[lower[0]]} tier, which the host tier does not hold and has "
+                          f"room for, yet no prefetch started")
+
+    def _due(self, started: set[str]) -> Req | None:
+        """The request whose early prefetch this handling's lookup answer should start (an
+        answer of the epoch its arrival decided in, applied, with a host tier; None if none)."""
+        if self.ctx.probe is None or self.picture.cut is not None or not self.picture.input_is("lookup_answer"):
+            return None
+        answer = self.picture.input
+        epoch = self.wanted.pop(answer.request_id, None)
+        req = self.picture.requests.get(answer.request_id)
+        if epoch is None or req is None or epoch != answer.epoch or req.epoch != epoch or answer.tiers is None:
+            return None
+        return None if req.rid in started or "host" not in self.settings.tiers else req

@@ -126,16 +126,19 @@ class Transitions(Observer):
         if self.settings.live and blocks is not None and cdiv(event.prompt_tokens + 1, self.bt) > blocks:
             self.oversized = event.request_id
 
+    def _abort_ignored(self, ev: Event) -> None:
+        req = self.picture.request(ev.get("req"))
+        if req is not None and req.rid == self.aborted_now:
+            self.fail(1, f"the abort of {req.rid} finished it (aborted), yet an abort_ignored warning says it was "
+                         f"ignored")
+        elif req is not None and req.state not in _IGNORABLE and self.picture.input_is("abort"):
+            self.fail(1, f"the abort of {req.rid}, in {req.state}, is ignored (abort_ignored): an abort of a "
+                         f"request that has not finished must finish it")
+
     def on_warning(self, ev: Event) -> None:
         what = ev.get("what")
         if what == "abort_ignored":
-            req = self.picture.request(ev.get("req"))
-            if req is not None and req.rid == self.aborted_now:
-                self.fail(1, f"the abort of {req.rid} finished it (aborted), yet an abort_ignored warning says it "
-                             f"was ignored")
-            elif req is not None and req.state not in _IGNORABLE and self.picture.input_is("abort"):
-                self.fail(1, f"the abort of {req.rid}, in {req.state}, is ignored (abort_ignored): an abort of a "
-                             f"request that has not finished must finish it")
+            self._abort_ignored(ev)
         elif what == "decision_refused" and ev.get("point") == "on_load_failure":
             self.refusal_due.discard(str(ev.get("req")))
             configured = self.settings.kv_load_failure_policy
