@@ -67,7 +67,7 @@ class TierIndex:
     def has_room(self) -> bool:
         """Whether ``prepare_store`` could take one new block now: a free slot, or a block
         it may evict."""
-        return bool(self._free_slots) or any(self._evictable(h) for h in self._entries)
+        return bool(self._free_slots) or self._order.victim(self._evictable) is not None
 
     def busy(self) -> list[BlockHash]:
         """Blocks a transfer still holds: a store not completed, a load still reading."""

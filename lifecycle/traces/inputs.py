@@ -34,7 +34,7 @@ def read_input(record: dict[str, Any]) -> InputEvent:
 def check_input_values(event: InputEvent) -> None:
     """Values a well-typed input can still hold that the engine takes on trust (it is fed
     by its own drivers): block hashes and failed blocks are 64-bit integers, tiers are names,
-finish reasons are the engine's.
+    finish reasons are the engine's.
     A BadEvent naming the field otherwise."""
     if isinstance(event, Arrival):
         if event.prompt_tokens < 0:

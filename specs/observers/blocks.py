@@ -139,16 +139,27 @@ class Blocks(Observer):
     def _flushes(self, step: Any) -> None:
         for job_id in step.flush:
             job = self.picture.job(job_id)
-            if job is None or job.kind != "store" or not job.open or job.timed_out or \
-                    job.flushed_in not in (None, step.step_id) or job.rid not in self.preempted:
-                what = "an unknown job" if job is None else (
-                    f"{job.kind} job {job.job_id} of {job.rid}, "
-                    + ("not a store" if job.kind != "store" else "ended" if not job.open else
-                       "given up" if job.timed_out else f"flushed by step {job.flushed_in} already"
-                       if job.flushed_in not in (None, step.step_id) else "whose request this pass did not preempt"))
-                self.fail(2, f"step {step.step_id} flushes {what}: a step flushes only the stores in flight of the "
+            problem = "an unknown job" if job is None else self._unflushable(job, step.step_id)
+            if problem is not None:
+                self.fail(2, f"step {step.step_id} flushes {problem}: a step flushes only the stores in flight of the "
                              f"requests its pass preempted")
                 return
+
+    def _unflushable(self, job: Job, step_id: int) -> str | None:
+        """Why ``job`` may not be flushed by step ``step_id`` (None: it may)."""
+        if job.kind != "store":
+            why = "not a store"
+        elif not job.open:
+            why = "ended"
+        elif job.timed_out:
+            why = "given up"
+        elif job.flushed_in not in (None, step_id):
+            why = f"flushed by step {job.flushed_in} already"
+        elif job.rid not in self.preempted:
+            why = "whose request this pass did not preempt"
+        else:
+            return None
+        return f"{job.kind} job {job.job_id} of {job.rid}, {why}"
 
     def on_plan(self, ev: Event) -> None:
         step = ev.data
