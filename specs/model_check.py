@@ -229,6 +229,9 @@ class World:
     # retention); at the end none may be left.
     retention: bool = False
     kv_load_failure_policy: str = "recompute"  # vLLM's: a failed load recomputes, or fails the request
+    # Inputs share a millisecond, three to one (a driver's clock is coarse: vLLM's calls of
+    # one pass read one time); otherwise each input comes 1 ms after the last.
+    coarse_clock: bool = False
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -253,6 +256,7 @@ class World:
             max_async_lookups=rng.choice([1024, 1, 2, 3]),
             retention=rng.random() < 0.3,
             kv_load_failure_policy=rng.choice(["recompute", "recompute", "fail"]),
+            coarse_clock=rng.random() < 0.3,
         )
 
     def config(self, base: Any) -> Any:
@@ -269,7 +273,7 @@ class World:
                 f"tiers {tiers}, async scheduling {self.async_scheduling}, deadline {self.deadline}, lookup deadline "
                 f"{self.lookup_deadline}, reclaim deadline {self.reclaim_deadline}, lookups {self.max_async_lookups}, "
                 f"kv_load_failure_policy {self.kv_load_failure_policy}, stack {list(stack.names)}, sharing {sharing}, "
-                f"warm {tiers[-1] if warmed else 'none'} {list(warmed)}" + (", retention on" if self.retention else "")
+                f"warm {tiers[-1] if warmed else 'none'} {list(warmed)}" + (", retention on" if self.retention else "") + (", coarse clock" if self.coarse_clock else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
@@ -429,7 +433,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.probe: EngineProbe = EngineProbe(None)
         self.observer: InvariantObserver | None = None
         self.log: list[str] = []
-        self.t = 0.0
+        self.t = -1.0  # the first input comes at t=0
+        self.coarse_clock = False
+        self.clock_reads = 0
         self.outputs: dict[str, int] = {}
         self.request_ids: list[str] = []
         # (request, block position, hash) whose load, store or prefetch failed: revisit them.
@@ -476,6 +482,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.workers = WorkerModel(config.ranks)
         self.max_in_flight = 2 if world.async_scheduling else 1
         self.deadline = world.deadline
+        self.coarse_clock = world.coarse_clock
         self.drain_late, self.drain_chaos = world.drain_late, world.drain_chaos
         self.seed = seed
         self.swarm = dict(world.swarm)
@@ -566,8 +573,14 @@ class LifecycleMachine(RuleBasedStateMachine):
                 self.steps.append(c)
                 self.workers.flush(c.flush, c.step_id)
 
+    def _advances(self) -> bool:
+        """Will the next input come a millisecond after the last one?"""
+        return self.t < 0 or not self.coarse_clock or self.clock_reads % 3 == 2
+
     def _now(self) -> float:
-        self.t += 1.0
+        if self._advances():
+            self.t += 1.0
+        self.clock_reads += 1
         return self.t
 
     # ---- actions -----------------------------------------------------------------------------
@@ -684,7 +697,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if wake is not None:
             jump = max(jump, wake - self.t)
             if exact:
-                jump = max(0.0, wake - self.t - 1.0)  # the next input (_now) lands on it
+                jump = max(0.0, wake - self.t - (1.0 if self._advances() else 0.0))  # the next input lands on it
         self.t += jump
         self.log.append(f"(time passes: {jump:g} ms)")
 
@@ -712,6 +725,18 @@ class LifecycleMachine(RuleBasedStateMachine):
             if produced is not None and produced + 1 >= self.outputs.get(entry.request_id, 1):
                 done.append((entry.request_id, "stopped"))
         return tuple(done)
+
+    def _failed_step(self, rank: int) -> None:
+        """The oldest step's output says it raised on a rank and wrote no KV there (the live
+        runtime's): its requests, and any holding a block it was to write, are aborted, and
+        no hit serves those blocks again (10: nothing reads them)."""
+        from kvlife.lifecycle.engine.events import StepOutput
+
+        plan = self.steps.pop(0)
+        reports = [self._take(job, r, False) for job, r in self.workers.due_with(plan.step_id)]
+        self.delivered_steps.append(plan.step_id)
+        failed = (rank % self.probe.config.ranks,)
+        self.feed(StepOutput(self._now(), plan.step_id, (), tuple(reports), failed_ranks=failed))
 
     def early_output(self) -> None:
         """The output of the second step in flight arrives before the first's: the engine
@@ -984,7 +1009,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _deliver_all(self, chaos: random.Random | None = None) -> None:
         """Answer every lookup, report every job on every rank, deliver every step output.
         With ``chaos``, a store or prefetch now and then fails on a rank (the drain reads
-        back what the run stored: a failed copy must never be read)."""
+        back what the run stored: a failed copy must never be read), and a step now and then
+        fails on a rank (the live runtime's: the requests still waiting may hit its blocks)."""
         while self.lookups:
             self._answer(0, "truthful")
         while reportable := self.workers.reportable():
@@ -994,7 +1020,10 @@ class LifecycleMachine(RuleBasedStateMachine):
                     and len(owed.ranks) == 1 and chaos.random() < 0.25)
             self._report(job_id, 0, fail)
         while self.steps:
-            self._step_output()
+            if chaos is not None and chaos.random() < 0.1:
+                self._failed_step(chaos.randrange(4))
+            else:
+                self._step_output()
 
     def drain(self) -> None:
         """Stop new inputs; answer everything outstanding; tick until idle, within a bound."""

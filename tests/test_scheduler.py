@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvlife.lifecycle.config import EngineConfig, TierConfig
 from kvlife.lifecycle.engine.core import Engine
-from kvlife.lifecycle.engine.events import Arrival, StepOutput, StepPlan, Tick
+from kvlife.lifecycle.engine.events import Abort, Arrival, StepOutput, StepPlan, Tick
 from kvlife.policies.stack import PolicyStack
 
 
@@ -153,6 +153,33 @@ def test_a_failed_step_aborts_its_requests_and_its_blocks_serve_no_hit() -> None
         entry = {e.request_id: e for e in plan.entries}["b"]
         assert entry.computed_before == (0 if failed else 48)
         engine.check_invariants()
+
+
+def test_a_failed_step_aborts_the_requests_that_hit_its_blocks_and_those_that_finished_while_it_ran() -> None:
+    """Under async scheduling a later step may already read a failed step's blocks: b hit
+    a's first block (cached when a's step was scheduled) and its own step is in flight. When
+    a's step fails, b computed over garbage: it is aborted, and its blocks after the hit
+    leave the cache too. A request aborted while the step ran (c) has its blocks withdrawn
+    as well: they were freed, still cached, with nothing valid in them."""
+    engine = make_engine(device_blocks=32, max_batched_tokens=256, async_scheduling=True)
+    engine.handle(Arrival(0.0, "a", 64, (1, 2, 3, 4)))
+    engine.handle(Arrival(0.0, "c", 32, (7, 8)))
+    first = plan_of(engine.handle(Tick(0.0)))
+    a_blocks = set({e.request_id: e for e in first.entries}["a"].block_table[:4])
+    c_blocks = set({e.request_id: e for e in first.entries}["c"].block_table[:2])
+    engine.handle(Abort(0.5, "c"))
+    engine.handle(Arrival(1.0, "b", 80, (1, 2, 3, 61, 62)))
+    second = plan_of(engine.handle(Tick(1.0)))
+    b_entry = {e.request_id: e for e in second.entries}["b"]
+    assert b_entry.computed_before == 48  # a's first three blocks, cached when its step was planned
+    b_own = set(b_entry.block_table[3:])
+    engine.handle(StepOutput(2.0, first.step_id, failed_ranks=(0,)))
+    assert engine.requests["a"].finish_reason == "aborted"
+    assert engine.requests["b"].finish_reason == "aborted"
+    cached = {block for blocks in engine.pool.cached.values() for block in blocks}
+    assert not cached & (a_blocks | c_blocks | b_own)
+    engine.handle(StepOutput(3.0, second.step_id))
+    engine.check_invariants()
 
 
 def test_a_store_flushed_at_a_preemption_and_given_up_later_is_not_quarantined() -> None:

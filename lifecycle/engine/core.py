@@ -52,6 +52,7 @@ from kvlife.lifecycle.engine.events import (
     StartPrefetch,
     StartStore,
     StepOutput,
+    StepPlan,
     Tick,
     TransferReport,
     input_to_record,
@@ -118,6 +119,7 @@ class Engine:
         self.workers = [WorkerBook() for _ in range(config.ranks)]
         self.aggregator = OutputAggregator(config.ranks)
         self._worker_steps: deque[tuple[int, tuple[str, ...], tuple[int, ...]]] = deque()
+        self._plans: dict[int, StepPlan] = {}  # steps in flight, until their output (a failed step's blocks)
 
     @property
     def state(self) -> CoreState:
@@ -135,6 +137,7 @@ class Engine:
         kind = type(event)
         if kind is Tick:
             plan, meta = self.scheduler.schedule()
+            self._plans[plan.step_id] = plan
             self._to_workers(meta)
             commands = core.take_commands()
             commands.extend(meta_commands(meta))
@@ -203,8 +206,9 @@ class Engine:
         if not scheduler.steps or next(iter(scheduler.steps)) != event.step_id:
             core.lifecycle.warn("unknown_step", step=event.step_id)
             return
+        plan = self._plans.pop(event.step_id)
         if event.failed_ranks:
-            self._fail_step(event.step_id)
+            self._fail_step(plan)
         scheduled = {req.request_id for req, _, samples in scheduler.steps[event.step_id][0] if samples}
         for rid, _ in event.finished:
             if rid not in scheduled:
@@ -219,21 +223,32 @@ class Engine:
                                    WorkerMeta(event.reports) if event.reports else None, set(invalid))
         scheduler.update_from_output(event.step_id, dict(event.finished), output, given_up)
 
-    def _fail_step(self, step_id: int) -> None:
-        """The step wrote no KV on some rank: the blocks it was to write (and those of any
-        later step of its requests, computed over them) leave the prefix cache, so no hit
-        serves them, and its requests are aborted. It is the oldest step in flight, so a
-        request's tokens from ``num_computed_tokens - num_in_flight_tokens`` on are its."""
+    def _fail_step(self, plan: StepPlan) -> None:
+        """The step wrote no KV on some rank: the blocks it was to write leave the prefix
+        cache, so no hit serves them (those of a request that finished while it ran too),
+        and every request whose blocks include one is aborted, with the blocks it computed
+        over it (a later step of its own, or of a request that hit them) leaving the cache
+        as well: nothing computed over the step's garbage is read again."""
         scheduler = self.scheduler
         bt = scheduler.block_tokens
-        victims = []
-        for req, _, _ in scheduler.steps[step_id][0]:
-            if req.finished:
-                continue
-            start = req.num_computed_tokens - req.num_in_flight_tokens
-            scheduler.pool.forget(req.blocks[start // bt:])
-            victims.append(req.request_id)
-        for rid in dict.fromkeys(victims):
+        bad: set[int] = set()
+        for entry in plan.entries:
+            first = entry.computed_before // bt
+            bad.update(entry.block_table[first:-(-(entry.computed_before + entry.num_tokens) // bt)])
+        victims: dict[str, None] = {}
+        grew = True
+        while grew:  # a victim's later blocks are bad too, and may be another request's hit
+            grew = False
+            for req in scheduler.requests.values():
+                if req.finished or req.request_id in victims:
+                    continue
+                first_bad = next((i for i, block in enumerate(req.blocks) if block in bad), None)
+                if first_bad is not None:
+                    bad.update(req.blocks[first_bad:])
+                    victims[req.request_id] = None
+                    grew = True
+        scheduler.pool.forget(sorted(bad))
+        for rid in victims:
             scheduler.finish_requests(rid)
 
     # ---- what drivers and checks read ------------------------------------------------------------

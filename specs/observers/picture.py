@@ -175,6 +175,7 @@ class Step:
     complete: bool = True  # every entry is listed (live); a trace lists only some
     t: float | None = None
     prefill: int | None = None  # the prefill tokens its record or plan states
+    failed_ranks: tuple[int, ...] = ()  # its output says it wrote no KV on these ranks (the live runtime)
 
 
 class Picture:
@@ -550,9 +551,11 @@ class Tracker:
         if pic.ignored_output is not None:
             return  # the engine ignores it: nothing of it applies (its reports neither)
         step = pic.steps.pop(event.step_id)
+        step.failed_ranks = tuple(getattr(event, "failed_ranks", ()) or ())
         yield Event("output", step)
         pic.last_output = step.step_id
-        self._deliver(step)
+        if not step.failed_ranks:  # (a failed step's requests are aborted: none takes its token)
+            self._deliver(step)
         for job_id, rank, failed in event.reports:
             yield from self._report(job_id, rank, failed)
 

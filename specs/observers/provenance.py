@@ -27,7 +27,7 @@ from collections.abc import Iterable
 import attrs
 
 from kvlife.specs.observers.base import Context, Event, Observer, cdiv
-from kvlife.specs.observers.picture import Entry, Job, Move, Req
+from kvlife.specs.observers.picture import Entry, Job, Move, Req, Step
 
 _Writer = tuple[int, int, int]  # (device block, the block hash it fills, tokens of it written once the step ran)
 
@@ -38,6 +38,9 @@ class Content:
     filled: int = 0  # tokens of that block written
     confirmed: int = 0  # of those, tokens a step output (or a confirmed source) vouches for
     bad: str | None = None  # why nothing in it may be read
+    # The content of the block before it in the table of the step that wrote it: computed
+    # over that, it is garbage once that turns out to be (a failed step's block).
+    over: Content | None = None
 
     def describe(self, need: int, key: int | None = None) -> str:
         """What it holds, for a finding (``need``: tokens read, ``key``: the block expected)."""
@@ -105,7 +108,7 @@ class Provenance(Observer):
             if current is not None and current.key == key and current.bad is None:
                 current.filled = max(current.filled, upto)  # the same tokens again, or the next ones
             else:
-                self.device[block] = Content(key, upto)
+                self.device[block] = Content(key, upto, over=self.device.get(table[i - 1]) if i else None)
             writes.append((block, key, upto))
 
     def _read(self, step_id: int, req: Req, entry: Entry) -> None:
@@ -133,10 +136,31 @@ class Provenance(Observer):
         self.passed[req.rid] = (req.epoch, blocks, contents)
 
     def on_output(self, ev: Event) -> None:
-        for block, key, upto in self.writes.pop(ev.data.step_id, ()):
+        step = ev.data
+        if step.failed_ranks:
+            self._failed_step(step)
+            return
+        for block, key, upto in self.writes.pop(step.step_id, ()):
             content = self.device.get(block)
             if content is not None and content.key == key and content.bad is None:
                 content.confirmed = max(content.confirmed, upto)
+
+    def _failed_step(self, step: Step) -> None:
+        """It wrote nothing usable on those ranks: neither what it wrote nor any block
+        computed over that (a later step of a request that hit it) may be read again."""
+        why = f"step {step.step_id} failed on ranks {list(step.failed_ranks)}"
+        for block, _, _ in self.writes.pop(step.step_id, ()):
+            content = self.device.get(block)
+            if content is not None:
+                content.bad = why  # (in place: contents computed over it point to it)
+            self.device[block] = Content(None, bad=why)
+        changed = True
+        while changed:
+            changed = False
+            for content in self.device.values():
+                if content.bad is None and content.over is not None and content.over.bad is not None:
+                    content.bad = f"computed over a block {why}"
+                    changed = True
 
     # ---- jobs -------------------------------------------------------------------------------
     def on_job(self, ev: Event) -> None:
