@@ -273,7 +273,8 @@ class World:
                 f"tiers {tiers}, async scheduling {self.async_scheduling}, deadline {self.deadline}, lookup deadline "
                 f"{self.lookup_deadline}, reclaim deadline {self.reclaim_deadline}, lookups {self.max_async_lookups}, "
                 f"kv_load_failure_policy {self.kv_load_failure_policy}, stack {list(stack.names)}, sharing {sharing}, "
-                f"warm {tiers[-1] if warmed else 'none'} {list(warmed)}" + (", retention on" if self.retention else "") + (", coarse clock" if self.coarse_clock else "")
+                f"warm {tiers[-1] if warmed else 'none'} {list(warmed)}" + (", retention on" if self.retention else "")
+                + (", coarse clock" if self.coarse_clock else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
