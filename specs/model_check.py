@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -62,6 +62,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from kvlife.lifecycle.drivers.vllm_order import DelayedLookups
 from kvlife.specs.engine_probe import EngineProbe
 from kvlife.specs.invariants import IO_WAIT_STATES, InvariantObserver, InvariantViolation, Settings, Violation
 from kvlife.specs.table import TABLE, IllegalTransition
@@ -132,6 +133,44 @@ EXPLORER_CHOICES: dict[str, tuple[Any, ...]] = {
     "hold_at_finish": (True, True, False),
     "on_load_failure": ("recompute", "recompute", "recompute", "fail"),
 }
+
+
+class OwnLookups(DelayedLookups):
+    """The connector's own lookup client (``DelayedLookups``, as ``KVLifeConnector`` answers
+    lookups inside vLLM: with what the tiers hold then), watched: the connector must ask it
+    for the answers due at the start of every pass, and each lookup is answered ``delay``
+    passes after it went out (the pass after, for 0), counting the asks, not the pass
+    index the connector hands it."""
+
+    def __init__(self, delay: int, answer: Callable[[Sequence[int]], tuple[str, ...]],
+                 applied: Callable[[], None]) -> None:
+        super().__init__(delay, answer)
+        self.applied = applied  # called as the connector asks for the next answer: the last one is applied
+        self.asks = 0
+        self.waiting: dict[tuple[str, int], int] = {}  # (request, epoch) -> the ask it is due at
+        self.late: str | None = None
+
+    def submit(self, command: Any) -> None:
+        self.waiting.setdefault((command.request_id, command.epoch), self.asks + max(self.delay, 1))
+        super().submit(command)
+
+    def due(self, pass_index: int, now: float) -> Iterator[Any]:  # type: ignore[override]
+        self.asks += 1
+        answers = super().due(pass_index, now)
+        for answer in answers:
+            self.waiting.pop((answer.request_id, answer.epoch), None)
+        late = sorted((due, key) for key, due in self.waiting.items() if due <= self.asks)
+        if late and self.late is None:
+            due, (rid, epoch) = late[0]
+            self.late = (f"the connector's own lookup of {rid} (epoch {epoch}) is due at pass {due} of its lookup "
+                         f"client ({self.delay} after it went out) and was not answered at pass {self.asks} "
+                         f"(the connector handed it pass index {pass_index})")
+        for answer in answers:
+            yield answer
+            self.applied()
+
+    def overdue(self) -> str | None:
+        return self.late
 
 
 @attrs.frozen
@@ -232,6 +271,10 @@ class World:
     # Inputs share a millisecond, three to one (a driver's clock is coarse: vLLM's calls of
     # one pass read one time); otherwise each input comes 1 ms after the last.
     coarse_clock: bool = False
+    # The connector answers its own async lookups, this many scheduler passes after they
+    # went out (as ``KVLifeConnector`` does inside vLLM: ``DelayedLookups``); None: the
+    # driver answers them (``LookupAnswer`` inputs, the adversary's).
+    connector_lookups: int | None = None
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -257,6 +300,7 @@ class World:
             retention=rng.random() < 0.3,
             kv_load_failure_policy=rng.choice(["recompute", "recompute", "fail"]),
             coarse_clock=rng.random() < 0.3,
+            connector_lookups=rng.choice([None, None, None, 0, 1, 2]),
         )
 
     def config(self, base: Any) -> Any:
@@ -275,6 +319,8 @@ class World:
                 f"kv_load_failure_policy {self.kv_load_failure_policy}, stack {list(stack.names)}, sharing {sharing}, "
                 f"warm {tiers[-1] if warmed else 'none'} {list(warmed)}" + (", retention on" if self.retention else "")
                 + (", coarse clock" if self.coarse_clock else "")
+                + (f", the connector answers lookups after {self.connector_lookups} passes"
+                   if self.connector_lookups is not None else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
@@ -457,6 +503,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.arrival_hashes: dict[str, tuple[int, ...]] = {}
         self.retired: dict[str, Any] = {}  # requests the engine retired, as they left
         self.retention = False  # the engine retires finished requests (Engine(retire=...))
+        self.own_lookups: OwnLookups | None = None  # the connector answers its own lookups
+        self.handling: str | None = None  # the type of the input being handled, once its record is fed
 
     # ---- setup -------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**32 - 1))
@@ -476,6 +524,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.observer.seed_tier(tiers[-1].name, warmed)
         self.retention = world.retention and cls.engine_factory is None
         extra: dict[str, Any] = {"retire": self._on_retire} if self.retention else {}
+        self.own_lookups = None
+        if world.connector_lookups is not None and cls.engine_factory is None:
+            self.own_lookups = extra["lookups"] = OwnLookups(world.connector_lookups, self._truthful,
+                                                             self._answer_applied)
         self.engine = (cls.engine_factory or Engine)(config, stack, tiers=tiers, recorder=self._on_record, **extra)
         self.probe = EngineProbe(self.engine, self.retired)
         self.probe.watch_admissions()
@@ -489,6 +541,17 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.swarm = dict(world.swarm)
         self.log.append(f"world {seed}: {world.describe(config, stack, sharing, warmed)}")
 
+    def _answer_applied(self) -> None:
+        """The connector applied an answer of its own client: the nested input ends."""
+        assert self.observer is not None
+        commands = self.probe.commands()
+        if commands is not None:
+            self.observer.feed_new_commands(commands)
+        self.observer.end_nested()
+
+    def _truthful(self, hashes: Sequence[int]) -> tuple[str, ...]:
+        return tuple(self.probe.sync_lookup(hashes))
+
     def _on_retire(self, req: Any) -> None:
         """The engine lets go of a finished request: its metrics stay readable here."""
         self.retired[req.request_id] = req
@@ -501,20 +564,33 @@ class LifecycleMachine(RuleBasedStateMachine):
         commands = self.probe.commands() if self.probe.engine is not None else None
         if commands is not None:
             self.observer.feed_new_commands(commands)
-        self.observer.feed_record(record)
+        # A lookup answer the connector's own client hands it as a pass begins: an input
+        # inside the tick's handling (its end: ``OwnLookups`` calls ``end_nested``).
+        is_input = record.get("kind") == "input"
+        self.observer.feed_record(record, nested=self.own_lookups is not None and is_input and self.handling == "tick")
+        if is_input and self.handling is None:
+            self.handling = str(record.get("type"))
 
     def feed(self, event: Any) -> list[Any]:
         assert self.observer is not None
         if event.type == "arrival":
             self.arrival_hashes.setdefault(event.request_id, tuple(event.block_hashes))
         self.log.append(f"t={event.t:g} {describe_input(event)}")
+        self.handling = None
         try:
             commands = self.engine.handle(event)
         except Exception as exc:
             self._crashed(exc, event.t)
+        finally:
+            self.handling = None
         if commands:
             self.log[-1] += "  -> " + describe_commands(commands)
         self.observer.feed_new_commands(commands)  # the rest of them, or all of a list of its own
+        routed = ("SubmitLookup", "DiscardLookup") if self.own_lookups is not None else ()
+        lost = [c for c in self.observer.taken_out(commands) if type(c).__name__ not in routed]
+        if lost:  # (only lookups go to the connector's own client)
+            self._raise(Violation(7, f"the engine issued {describe_commands(lost)} but never handed it to the "
+                                     f"driver, which carries out only the commands a handling returns", t=event.t))
         self.observer.end_input()
         self._judge(event, commands)
         self._track(commands)
@@ -542,6 +618,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             kept = self.probe.kept_for_nothing()
             if kept is not None:
                 self._raise(Violation(7, kept, t=event.t))
+        if event.type == "tick" and self.own_lookups is not None:
+            late = self.own_lookups.overdue()
+            if late is not None:
+                self._raise(Violation(7, late, t=event.t))
         if event.type == "tick" and not any(type(c).__name__ == "FreeBlocks" for c in commands):
             # (Blocks freed in the tick may have been freed after its admission pass.)
             idle = self._idle_with_room()

@@ -42,7 +42,8 @@ class Pipeline:
         self.observers = [cls(self.ctx) for cls in observers]
         self._handlers: dict[str, list[Handler]] = {}
         self._command_list: Sequence[Any] | None = None  # the engine's command list being fed
-        self._command_fed = 0
+        self._commands_fed: list[Any] = []  # what was fed from it (in order)
+        self.outer: Any = None  # the input a nested one came in (``feed_record(nested=True)``)
         self.lines = 0
 
     @property
@@ -84,14 +85,19 @@ class Pipeline:
         return {rid: req.state for rid, req in self.picture.requests.items()}
 
     # ---- feeding -------------------------------------------------------------------------------
-    def feed_record(self, record: dict[str, Any], line: int | None = None) -> None:
+    def feed_record(self, record: dict[str, Any], line: int | None = None, nested: bool = False) -> None:
+        """``nested``: an input taken inside the handling under way, which goes on after it
+        (live: a lookup answer the connector's own client hands it as a pass begins); its
+        end comes with ``end_nested``."""
         kind = record.get("kind")
         self.lines += 1
         if self.picture.cut is not None:
             self.ctx.line = line if line is not None else self.ctx.line
             self.ctx.fail(0, f"{kind} record after the interrupted record: the run had ended")
             return
-        if kind == "input":
+        if kind == "input" and nested and self.picture.input is not None and self.outer is None:
+            self.outer = self.picture.input
+        elif kind == "input":
             self.end_input()
         if line is not None:
             self.ctx.line = line
@@ -109,17 +115,40 @@ class Pipeline:
 
     def feed_new_commands(self, commands: Sequence[Any]) -> None:
         """Feed what ``commands`` (the engine's list for the handling under way, replaced at
-        each input) holds beyond what was fed from it already: a recorder sees commands
-        before ``handle`` returns them."""
+        each input) holds that was not fed from it already: a recorder sees commands before
+        ``handle`` returns them (and the connector may take some out of the list meanwhile:
+        the lookups its own client answers)."""
         if commands is not self._command_list:
-            self._command_list, self._command_fed = commands, 0
-        if len(commands) > self._command_fed:
-            new = commands[self._command_fed:]
-            self._command_fed = len(commands)
+            self._command_list, self._commands_fed = commands, []
+        fed = self._commands_fed
+        n = len(fed)
+        if len(commands) >= n and (n == 0 or commands[n - 1] is fed[-1]):  # appended to only
+            new = list(commands[n:])
+        else:  # some were taken out (only ever taken out: what is left keeps its order)
+            seen = {id(c) for c in fed}  # (fed keeps them alive: no id is reused meanwhile)
+            new = [c for c in commands if id(c) not in seen]
+        if new:
+            fed.extend(new)
             self.feed_commands(new)
+
+    def taken_out(self, commands: Sequence[Any]) -> list[Any]:
+        """Commands fed from ``commands`` (the list a handling returned) that it no longer
+        holds: issued, yet never handed to the driver."""
+        if commands is not self._command_list:
+            return []
+        left = {id(c) for c in commands}
+        return [c for c in self._commands_fed if id(c) not in left]
+
+    def end_nested(self) -> None:
+        """A nested input is applied: its checks, then the handling it came in goes on."""
+        if self.outer is None:
+            return
+        self._run(Event("end"))
+        self.picture.input, self.outer = self.outer, None
 
     def end_input(self) -> None:
         """Close the handling under way: the checks that need all of its records."""
+        self.end_nested()
         if self.picture.input is None:
             return
         self._run(Event("end"))
