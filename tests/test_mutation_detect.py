@@ -105,6 +105,15 @@ ENGINE_MUTANTS = [
      "a step flushes only the stores in flight of the requests its pass preempted"),
     ("lifecycle/engine/core.py", "if not self.scheduler.finish_requests(event.request_id):",
      "if not not self.scheduler.finish_requests(event.request_id):", 1, "yet an abort_ignored warning"),
+    # A failed step's blocks stay in the prefix cache: a waiting request reads them (10).
+    ("lifecycle/engine/blocks.py", "        for block in blocks:\n            self._evict(block)",
+     "        for block in []:\n            self._evict(block)", 10, "holds no usable content \\(step \\d+ failed"),
+    # The connector's own lookup client is handed pass index 0 at every pass (vLLM's path).
+    ("lifecycle/engine/connector_api.py", "        self.passes += 1", "        self.passes += 0", 7,
+     "the connector's own lookup of"),
+    # Every command but a lookup's goes to the lookup client and out of the driver's list.
+    ("lifecycle/engine/connector_api.py", "            elif type(command) is DiscardLookup:",
+     "            elif type(command) is not DiscardLookup:", 7, "but never handed it to the driver"),
 ]
 
 
