@@ -268,9 +268,9 @@ class World:
     # retention); at the end none may be left.
     retention: bool = False
     kv_load_failure_policy: str = "recompute"  # vLLM's: a failed load recomputes, or fails the request
-    # Inputs share a millisecond, three to one (a driver's clock is coarse: vLLM's calls of
-    # one pass read one time); otherwise each input comes 1 ms after the last.
-    coarse_clock: bool = False
+    # How many inputs share a millisecond (a driver's clock is coarse: vLLM's calls of one
+    # pass read one time; 8: the first few jobs start at t=0, a boundary of the deadlines).
+    inputs_per_ms: int = 1
     # The connector answers its own async lookups, this many scheduler passes after they
     # went out (as ``KVLifeConnector`` does inside vLLM: ``DelayedLookups``); None: the
     # driver answers them (``LookupAnswer`` inputs, the adversary's).
@@ -299,7 +299,7 @@ class World:
             max_async_lookups=rng.choice([1024, 1, 2, 3]),
             retention=rng.random() < 0.3,
             kv_load_failure_policy=rng.choice(["recompute", "recompute", "fail"]),
-            coarse_clock=rng.random() < 0.3,
+            inputs_per_ms=rng.choice([1, 1, 1, 1, 3, 8]),
             connector_lookups=rng.choice([None, None, None, 0, 1, 2]),
         )
 
@@ -318,7 +318,7 @@ class World:
                 f"{self.lookup_deadline}, reclaim deadline {self.reclaim_deadline}, lookups {self.max_async_lookups}, "
                 f"kv_load_failure_policy {self.kv_load_failure_policy}, stack {list(stack.names)}, sharing {sharing}, "
                 f"warm {tiers[-1] if warmed else 'none'} {list(warmed)}" + (", retention on" if self.retention else "")
-                + (", coarse clock" if self.coarse_clock else "")
+                + (f", {self.inputs_per_ms} inputs per ms" if self.inputs_per_ms > 1 else "")
                 + (f", the connector answers lookups after {self.connector_lookups} passes"
                    if self.connector_lookups is not None else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
@@ -481,7 +481,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.observer: InvariantObserver | None = None
         self.log: list[str] = []
         self.t = -1.0  # the first input comes at t=0
-        self.coarse_clock = False
+        self.inputs_per_ms = 1
         self.clock_reads = 0
         self.outputs: dict[str, int] = {}
         self.request_ids: list[str] = []
@@ -535,7 +535,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.workers = WorkerModel(config.ranks)
         self.max_in_flight = 2 if world.async_scheduling else 1
         self.deadline = world.deadline
-        self.coarse_clock = world.coarse_clock
+        self.inputs_per_ms = world.inputs_per_ms
         self.drain_late, self.drain_chaos = world.drain_late, world.drain_chaos
         self.seed = seed
         self.swarm = dict(world.swarm)
@@ -656,7 +656,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def _advances(self) -> bool:
         """Will the next input come a millisecond after the last one?"""
-        return self.t < 0 or not self.coarse_clock or self.clock_reads % 3 == 2
+        return self.t < 0 or self.clock_reads % self.inputs_per_ms == self.inputs_per_ms - 1
 
     def _now(self) -> float:
         if self._advances():
@@ -738,14 +738,16 @@ class LifecycleMachine(RuleBasedStateMachine):
     def oversized_arrival(self, extra: int = 1) -> None:
         """A prompt at the device's size: larger than the device (``extra`` 1), or filling it
         exactly, with no block left for its first output token (``extra`` 0): it can never
-        run and must not block the queue; or one token less (``extra`` -1): it just fits."""
+        run and must not block the queue; or one token less (``extra`` -1): it just fits its
+        first output token, and then, wanting more, its known tokens fill the device: it can
+        never run again, and fails once preempted (vLLM would loop preempting it)."""
         from kvlife.lifecycle.engine.events import Arrival
 
         config = self.probe.config
         tokens = config.device_blocks * config.block_tokens + extra
         rid = f"r{len(self.request_ids)}"
         self.request_ids.append(rid)
-        self.outputs[rid] = 1
+        self.outputs[rid] = 1 if extra >= 0 else 3
         self.feed(Arrival(self._now(), rid, tokens, tuple(7000 + i for i in range(tokens // config.block_tokens))))
 
     def tick(self) -> None:
