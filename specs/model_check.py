@@ -275,6 +275,10 @@ class World:
     # went out (as ``KVLifeConnector`` does inside vLLM: ``DelayedLookups``); None: the
     # driver answers them (``LookupAnswer`` inputs, the adversary's).
     connector_lookups: int | None = None
+    # With the connector answering its own lookups: the trace's inputs are written from the
+    # connector calls they cause, as inside vLLM (``Engine(record_calls=True)``), in a shadow
+    # run of the same inputs at the end; the adversary sends only inputs vLLM's calls show.
+    calls_recorded: bool = False
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -301,7 +305,13 @@ class World:
             kv_load_failure_policy=rng.choice(["recompute", "recompute", "fail"]),
             inputs_per_ms=rng.choice([1, 1, 1, 1, 3, 8]),
             connector_lookups=rng.choice([None, None, None, 0, 1, 2]),
+            calls_recorded=rng.random() < 0.5,
         )
+
+    @property
+    def vllm_calls(self) -> bool:
+        """Only inputs vLLM's calls show, recorded from them (its own lookups answered)."""
+        return self.calls_recorded and self.connector_lookups is not None
 
     def config(self, base: Any) -> Any:
         """The engine config of this world (``base``: a fixed config, or None: the world's)."""
@@ -321,6 +331,7 @@ class World:
                 + (f", {self.inputs_per_ms} inputs per ms" if self.inputs_per_ms > 1 else "")
                 + (f", the connector answers lookups after {self.connector_lookups} passes"
                    if self.connector_lookups is not None else "")
+                + (", inputs recorded from the connector's calls" if self.vllm_calls else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
@@ -505,6 +516,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.retention = False  # the engine retires finished requests (Engine(retire=...))
         self.own_lookups: OwnLookups | None = None  # the connector answers its own lookups
         self.handling: str | None = None  # the type of the input being handled, once its record is fed
+        self.vllm_calls = False  # only inputs vLLM's calls show (World.vllm_calls)
 
     # ---- setup -------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**32 - 1))
@@ -537,6 +549,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.deadline = world.deadline
         self.inputs_per_ms = world.inputs_per_ms
         self.drain_late, self.drain_chaos = world.drain_late, world.drain_chaos
+        self.vllm_calls = world.vllm_calls and self.own_lookups is not None
+        if self.vllm_calls:
+            self.drain_chaos = False  # (its misbehaviours are inputs vLLM never sends)
         self.seed = seed
         self.swarm = dict(world.swarm)
         self.log.append(f"world {seed}: {world.describe(config, stack, sharing, warmed)}")
@@ -672,7 +687,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         its arguments. A single rule, so that rare but enabled actions (a report, a second
         step output) come as often as their weight says, not as Hypothesis's rule order
         and filters happen to favour them."""
-        enabled = [(a, w) for a in ACTIONS if (w := a.weight * self.swarm.get(a.name, 1)) and a.enabled(self)]
+        enabled = [(a, w) for a in ACTIONS if (w := a.weight * self.swarm.get(a.name, 1)) and a.enabled(self)
+                   and not (self.vllm_calls and a.name in NOT_FROM_VLLM)]
         # Hypothesis draws small integers far more often than large ones; a Fibonacci hash
         # of a wide draw spreads them over [0, 1) (a draw of 0, its simplest, is a tick).
         raw = data.draw(st.integers(0, 2**32 - 1), label="action")
@@ -989,6 +1005,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         from kvlife.lifecycle.engine.events import Abort
 
         states = {self.probe.state(rid) for rid in self.request_ids}
+        if self.vllm_calls:  # (vLLM tells a connector only of the abort of a request it still schedules)
+            states -= {"sending", "finished", None}
+        if not states:
+            return
         present = [s for s in TABLE.states if s in states]
         state = present[k % len(present)]
         pool = [rid for rid in self.request_ids if self.probe.state(rid) == state]
@@ -998,8 +1018,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         """Abort a request that waits on IO (a lookup, a load, its stores)."""
         from kvlife.lifecycle.engine.events import Abort
 
-        pool = [rid for rid in self.request_ids if self.probe.state(rid) in IO_WAIT_STATES]
-        self.feed(Abort(self._now(), pool[i % len(pool)]))
+        pool = [rid for rid in self.request_ids if self.probe.state(rid) in IO_WAIT_STATES
+                and not (self.vllm_calls and self.probe.state(rid) == "sending")]
+        if pool:
+            self.feed(Abort(self._now(), pool[i % len(pool)]))
 
     def corrupt_block(self, i: int) -> None:
         """A tier copy goes bad: every load of it fails until it is stored again."""
@@ -1096,6 +1118,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         fails on a rank (the live runtime's: the requests still waiting may hit its blocks)."""
         while self.lookups:
             self._answer(0, "truthful")
+        while self.vllm_calls and self.workers.reportable():  # (vLLM's come with a step's output)
+            if not self.steps:
+                self.tick()
+            self._step_output(len(self.workers.reportable()))
         while reportable := self.workers.reportable():
             job_id = reportable[0][0]
             owed = self.workers.owed[job_id]
@@ -1103,7 +1129,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                     and len(owed.ranks) == 1 and chaos.random() < 0.25)
             self._report(job_id, 0, fail)
         while self.steps:
-            if chaos is not None and chaos.random() < 0.1:
+            if chaos is not None and chaos.random() < 0.1:  # (no chaos under vllm_calls: vLLM's engine dies)
                 self._failed_step(chaos.randrange(4))
             else:
                 self._step_output()
@@ -1228,6 +1254,10 @@ class Action:
     swarm: bool = True  # its weight is scaled per example (0 switches it off)
 
 
+# Inputs that no vLLM call shows a connector: a report outside a step output (vLLM's come in
+# its kv_connector_output), outputs out of turn, a driver's lookup answer.
+NOT_FROM_VLLM = frozenset({"report", "late_report", "pull_fails", "silent_rank_reports", "duplicate_report",
+                           "bogus_report", "early_output", "stale_step_output", "first_step_finishes"})
 ACTIONS: tuple[Action, ...] = (
     Action("tick", 16, lambda self: len(self.steps) < self.max_in_flight, swarm=False),
     Action("arrive", 6, args=(

@@ -102,6 +102,7 @@ class Engine:
         reference: bool = False,
         retire: Retire | None = None,
         lookups: LookupClient | None = None,
+        record_calls: bool = False,
     ) -> None:
         self.core = self.core_class(config, policies, tiers, recorder, reference, retire)
         core = self.core
@@ -109,7 +110,12 @@ class Engine:
             core.transfers = self.transfers_class(core.state, core.lifecycle)
         # ``lookups``: the connector answers its own async lookups (as inside vLLM) instead
         # of the driver (``LookupAnswer`` inputs).
-        self.connector = ConnectorAPI(core, clock=lambda: core.state.now, lookups=lookups, refresh_hashes=False)
+        # ``record_calls``: the trace's inputs are written from the connector calls they cause
+        # (``ConnectorAPI(record_inputs=True)``, as ``KVLifeConnector`` writes them inside
+        # vLLM), not as ``handle`` takes them: only inputs vLLM's calls show are recorded.
+        self.record_calls = record_calls
+        self.connector = ConnectorAPI(core, clock=lambda: core.state.now, lookups=lookups,
+                                      record_inputs=record_calls, refresh_hashes=False)
         self.scheduler = self.scheduler_class(config, self.connector)
         core.lifecycle.device = self.scheduler.pool
         core.transfers.hold_blocks = self.scheduler.pool.hold
@@ -132,7 +138,7 @@ class Engine:
         if event.t < state.now:
             raise ValueError(f"time went backwards: {event.t} < {state.now}")
         state.now = event.t
-        if state.recorder is not None:
+        if state.recorder is not None and not self.record_calls:
             state.recorder(input_to_record(event))
         kind = type(event)
         if kind is Tick:
