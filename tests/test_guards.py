@@ -139,3 +139,13 @@ def test_check_policy_runs_the_guards(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stack_module, "REASON_MAX", 4095)
     with pytest.raises(AssertionError, match="policy guard: a reason of 4,096 characters"):
         check_policy("baseline", examples=1, steps=1)
+
+
+def test_a_policy_of_the_stack_that_fails_is_left_to_the_model_checker(tmp_path: Path) -> None:
+    """The one-request run of the reason check asks the stack's own policies too: one that
+    answers nonsense is the model checker's finding (invariant 0, with a counterexample),
+    not a guard's."""
+    policy = tmp_path / "bad.py"
+    policy.write_text("from kvlife import Decision\n\nclass Bad:\n"
+                      "    def store_limit(self, req, engine):\n        return Decision('all', 'store it all')\n")
+    assert guard_problems(load_stack([f"{policy}:Bad"])) == []
