@@ -1405,7 +1405,12 @@ def _reproduce_line(exc: BaseException) -> str | None:
 def check_policy(*policies: str, examples: int = DEFAULT_EXAMPLES, steps: int = DEFAULT_STEPS,
                  sharing: bool | None = None, engine_factory: EngineFactory | None = None) -> None:
     """One line in a user's suite: raise AssertionError with a readable counterexample
-    if the stack (``"pkg.mod:Class"``, file paths or built-in names) breaks an invariant."""
+    if the stack (``"pkg.mod:Class"``, file paths or built-in names) breaks an invariant,
+    or its guards fail against hostile policies (``kvlife.specs.guards``)."""
+    from kvlife.specs.guards import guard_problems
+
+    if guards := guard_problems(_build_stack(policies)):
+        raise AssertionError(f"FAILED: policy guard: {guards[0]}")
     result = run_check(policies, examples=examples, steps=steps, sharing=sharing, engine_factory=engine_factory)
     if not result.ok:
         raise AssertionError(result.report())

@@ -71,6 +71,14 @@ def views(seed: int = 0, count: int = SAMPLES) -> Iterator[Views]:
         yield Views(req, load, prefetch, engine, rng.randint(0, 4), rng.randint(1, 8))
 
 
+def hook_args(v: Views) -> dict[str, tuple[Any, ...]]:
+    """Each hook's arguments (``kvlife.policies.base.Policy``) taken from ``v``."""
+    return {"on_arrival": (v.req, v.engine), "lookup_mode": (v.req, v.engine), "lookup_reuse": (v.req, v.engine),
+            "prefetch_patience": (v.req, v.prefetch, v.engine), "admission": (v.req, v.load, v.engine),
+            "store_limit": (v.req, v.engine), "hold_at_finish": (v.req, v.stores_in_flight, v.engine),
+            "on_load_failure": (v.req, v.failed_blocks, v.engine)}
+
+
 def _value(policy: Any, hook: str, *args: Any) -> Any:
     decision = getattr(policy, hook)(*args)
     return None if decision is None else decision.value
@@ -91,9 +99,7 @@ def _describe(req: RequestView) -> str:
 
 def _constant(hook: str, want: Any) -> Callable[[Any, Views], str | None]:
     def check(policy: Any, v: Views) -> str | None:
-        args = {"on_arrival": (v.req, v.engine), "lookup_mode": (v.req, v.engine),
-                "lookup_reuse": (v.req, v.engine), "on_load_failure": (v.req, v.failed_blocks, v.engine)}[hook]
-        got = _value(policy, hook, *args)
+        got = _value(policy, hook, *hook_args(v)[hook])
         return None if got == want else f"{hook} answered {got!r}, documented {want!r}"
     return check
 
@@ -194,19 +200,14 @@ def stack_guard_problems() -> list[str]:
     one, whatever a user's policy returns."""
     from kvlife.policies.stack import PolicyStack
 
-    v = next(views(count=1))
-    args = {"on_arrival": (v.req, v.engine), "lookup_mode": (v.req, v.engine), "lookup_reuse": (v.req, v.engine),
-            "prefetch_patience": (v.req, v.prefetch, v.engine), "admission": (v.req, v.load, v.engine),
-            "store_limit": (v.req, v.engine), "hold_at_finish": (v.req, v.stores_in_flight, v.engine),
-            "on_load_failure": (v.req, v.failed_blocks, v.engine)}
     problems = []
-    for hook, hook_args in args.items():
+    for hook, args in hook_args(next(views(count=1))).items():
         answers: list[Any] = [Decision(value, "a malformed answer") for value in _malformed(hook)]
-        answers += ["not a Decision", Decision(_fallback(hook), "")]
+        answers += ["not a Decision", Decision(legal_value(hook), "")]
         for answer in answers:
             policy = type("Malformed", (), {"name": "malformed", hook: lambda self, *a, _x=answer: _x})()
             try:
-                PolicyStack([policy]).ask(hook, *hook_args)
+                PolicyStack([policy]).ask(hook, *args)
             except PolicyError:
                 continue
             except Exception as exc:  # noqa: BLE001 - any other failure is the finding
@@ -217,8 +218,8 @@ def stack_guard_problems() -> list[str]:
     return problems
 
 
-def _fallback(hook: str) -> Any:
-    """A well-typed value for ``hook`` (the malformed part is elsewhere)."""
+def legal_value(hook: str) -> Any:
+    """A legal value for ``hook``'s answer (what is malformed or hostile is elsewhere)."""
     allowed = HOOK_VALUES[hook]
     return allowed[0] if isinstance(allowed, tuple) else {float: 1.0, int: 1, bool: True}[allowed]
 
