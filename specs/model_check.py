@@ -33,7 +33,9 @@ true order; what it needs of the engine's internals comes through
 and keeps misbehaving (old answers, late reports, early outputs, failed stores), answers
 everything outstanding and ticks, and checks liveness (7): every request, in whatever
 state, finishes within a bound; no request stays parked while nothing runs (a head that
-can never fit must not block the queue); every device block is free at the end.
+can never fit must not block the queue); every device block is free at the end. Then, on
+one example in ``REPLAY_EVERY``, the example's trace must replay exactly (15,
+``kvlife.specs.replay_check``).
 
 One line in a user's suite model-checks their policy::
 
@@ -83,6 +85,9 @@ PARKED_ROUNDS = 3
 # drain's own deadlines.
 DRAIN_BASE = 30
 DRAIN_PER_TOKEN = 1
+# The replay check (15) runs on the examples whose seed is a multiple of this: on every
+# example it adds about 30 % to a check (measured in the replay-check commit).
+REPLAY_EVERY = 3
 WORLDS: tuple[tuple[str, ...], ...] = (("host",), ("host", "disk"), ("host", "disk", "remote"), ())
 # (A world with no tier is plain vLLM: the scheduler still calls the connector core, which
 # answers no hit and stores nothing.)
@@ -450,6 +455,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.arrival_hashes: dict[str, tuple[int, ...]] = {}
         self.retired: dict[str, Any] = {}  # requests the engine retired, as they left
         self.retention = False  # the engine retires finished requests (Engine(retire=...))
+        self.records: list[dict[str, Any]] = []  # every record the engine made (the replay check)
+        self.world: World | None = None
+        self.warmed: list[int] = []
+        self.stack_names: tuple[str, ...] = ()
 
     # ---- setup -------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**32 - 1))
@@ -470,6 +479,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.retention = world.retention and cls.engine_factory is None
         extra: dict[str, Any] = {"retire": self._on_retire} if self.retention else {}
         self.engine = (cls.engine_factory or Engine)(config, stack, tiers=tiers, recorder=self._on_record, **extra)
+        self.world, self.warmed, self.stack_names = world, warmed, stack.names
         self.probe = EngineProbe(self.engine, self.retired)
         self.probe.watch_admissions()
         self.observer.attach(self.probe)
@@ -490,6 +500,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         """The engine's recorder: commands issued so far in this handling go to the
         observer first, so it sees them in the order the engine produced them."""
         assert self.observer is not None
+        self.records.append(record)
         commands = self.probe.commands() if self.probe.engine is not None else None
         if commands is not None:
             self.observer.feed_new_commands(commands)
@@ -951,6 +962,31 @@ class LifecycleMachine(RuleBasedStateMachine):
         if self.broken or self.engine is None:
             return
         self.drain()
+        self._replays()
+
+    def _replays(self) -> None:
+        """The example's trace replays exactly (``kvlife.specs.replay_check``): its records,
+        written as a run writes them, re-fed to a fresh engine built as this one was. On the
+        examples whose seed is a multiple of ``REPLAY_EVERY``."""
+        from kvlife.specs.replay_check import replays_exactly
+
+        if self.seed % REPLAY_EVERY:
+            return
+        differs = replays_exactly(self.records, self.probe.config, self.stack_names, self._fresh_engine, self.seed)
+        if differs is not None:
+            self._raise(Violation(15, differs))
+
+    def _fresh_engine(self, config: Any, recorder: Any) -> Any:
+        """An engine as this example's: the stack built again, the same explorer (it answers
+        from its seed and the request ids only), the same warmed tiers, retention."""
+        from kvlife.lifecycle.engine.core import Engine
+
+        cls = type(self)
+        assert self.world is not None
+        stack = _with_explorer(_build_stack(cls.stack), self.world.explorer)
+        extra: dict[str, Any] = {"retire": lambda req: None} if self.retention else {}
+        return (cls.engine_factory or Engine)(config, stack, tiers=_tier_indexes(config, self.warmed),
+                                              recorder=recorder, **extra)
 
     def _past_deadlines(self) -> None:
         """Move the clock past the transfer deadline and the next prefetch patience."""
