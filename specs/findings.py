@@ -26,6 +26,7 @@ INVARIANTS: dict[int, str] = {
     12: "bounded work: one lookup at a time, lookup_reuse obeyed, no retry of a copy that failed to load",
     13: "accounting: a request's recorded hit is what its first admission skipped; counters match the trace; "
         "stores offered",
+    15: "replay: a run's trace replays exactly, byte for byte",
 }
 
 

@@ -103,6 +103,12 @@ class ConnectorAPI:
         if self._inputs and self._output is None:
             self._output = []
 
+    def begin_output(self) -> None:
+        """kvlife's own scheduler starts each step's output here (``update_from_output``),
+        so that all it causes is recorded after the output, blocks freed before any
+        connector call included. Inside vLLM the output begins at its first connector call."""
+        self._begin_output()
+
     @property
     def pass_index(self) -> int:
         """The index (from 0) of the scheduler pass under way, or of the next one between
@@ -245,12 +251,15 @@ class ConnectorAPI:
         rid = request.request_id
         self._refresh(rid)
         self._requests.pop(rid, None)
-        reason = FINISH_REASONS.get(request.status.name, "error")
+        status = request.status.name
+        reason = FINISH_REASONS.get(status, "error")
         if reason == "aborted":
             self._input(Abort(self.core.state.now, rid))
-        else:
+        elif status != "FINISHED_IGNORED":  # (ignored: the scheduler's own doing, in the input under way)
+            # Finished by a step's output: its tokens (a stop), or what its reports say (an
+            # error: a load failed under kv_load_failure_policy fail), recorded with it.
             self._begin_output()
-            if self._inputs:
+            if self._inputs and reason != "error":
                 self._stops.append((rid, reason))
         hold = self.core.request_finished(rid, reason, getattr(request, "finish_note", None), held)
         self._route()

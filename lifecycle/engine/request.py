@@ -30,6 +30,7 @@ class Status(enum.Enum):
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_ERROR = enum.auto()
+    FINISHED_IGNORED = enum.auto()  # it can never fit the device (kvlife's liveness rule; vLLM's too-long prompt)
 
 
 # kvlife's finish reasons -> vLLM's status of a finished request.

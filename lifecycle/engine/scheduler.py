@@ -110,7 +110,7 @@ class Scheduler:
             req.hash_cap = self.pool.capacity + 1
             self.connector.on_new_request(req, early=False)
             req.finish_note = f"prompt needs more than the {self.pool.capacity} device blocks"
-            self._finish(req, "error")
+            self._finish(req, "error", Status.FINISHED_IGNORED)
             return
         self.requests[request_id] = req
         self.waiting.append(req)
@@ -131,11 +131,13 @@ class Scheduler:
         self._free_request(req, reason, delay=delay)
         return True
 
-    def _finish(self, req: SchedRequest, reason: str) -> bool:
-        """The request is finished (``reason``): the connector hears (``request_finished``)
-        and says whether it holds the blocks."""
+    def _finish(self, req: SchedRequest, reason: str, status: Status | None = None) -> bool:
+        """The request is finished (``reason``; ``status``: vLLM's, if not the reason's): the
+        connector hears (``request_finished``) and says whether it holds the blocks. One
+        that can never fit is ``FINISHED_IGNORED``: the scheduler's own doing, at its arrival
+        or in a pass, not a step output's."""
         req.finished = True
-        req.status = FINISHED_STATUS[reason]
+        req.status = status or FINISHED_STATUS[reason]
         self.finished_ids.add(req.request_id)
         hold, _ = self.connector.request_finished(req, req.blocks)
         return hold
@@ -146,12 +148,13 @@ class Scheduler:
         elif req in self.kv_holding:
             self.kv_holding.remove(req)
 
-    def _free_request(self, req: SchedRequest, reason: str, delay: bool = False, why: str | None = None) -> None:
+    def _free_request(self, req: SchedRequest, reason: str, delay: bool = False, why: str | None = None,
+                      status: Status | None = None) -> None:
         """vLLM's ``_free_request``: the connector learns of the finish (``request_finished``)
         and may hold the blocks; a loading request's are kept until its load reports."""
         self.inflight_prefills.pop(req, None)
         req.finish_note = why
-        hold = self._finish(req, reason)
+        hold = self._finish(req, reason, status)
         if delay:
             req.free_on_recving = True
         elif hold:
@@ -222,8 +225,9 @@ class Scheduler:
             if need > capacity:
                 # It outgrew the whole device: preempting anything could never make room.
                 running.pop(index)
-                self._free_request(req, "error", why=f"needs {need} blocks for {req.num_computed_tokens} computed "
-                                                     f"tokens and the chunk, the device has {pool.capacity}")
+                self._free_request(req, "error", status=Status.FINISHED_IGNORED,
+                                   why=f"needs {need} blocks for {req.num_computed_tokens} computed tokens and the "
+                                       f"chunk, the device has {pool.capacity}")
                 continue
             fits = True
             while need - len(req.blocks) > pool.free:
@@ -286,9 +290,9 @@ class Scheduler:
                 continue
             if _cdiv(req.num_tokens + 1, bt) > pool.capacity:
                 queue.popleft()
-                self._free_request(req, "error", why=f"needs {_cdiv(req.num_tokens + 1, bt)} blocks for its "
-                                                     f"{req.num_tokens} known tokens and the next, the device has "
-                                                     f"{pool.capacity}")
+                self._free_request(req, "error", status=Status.FINISHED_IGNORED,
+                                   why=f"needs {_cdiv(req.num_tokens + 1, bt)} blocks for its {req.num_tokens} known "
+                                       f"tokens and the next, the device has {pool.capacity}")
                 continue
             local: list[int] = []
             external = 0
@@ -503,6 +507,7 @@ class Scheduler:
         step = self.steps.pop(step_id, None)
         if step is None:
             return False
+        self.connector.begin_output()
         scheduled, total = step
         if self.defer_block_free and total > 0:
             self.processed_step_seq += 1

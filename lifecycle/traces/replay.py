@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
@@ -47,6 +47,9 @@ from kvlife.lifecycle.traces.header import (
 from kvlife.lifecycle.traces.inputs import read_input
 from kvlife.lifecycle.traces.trace import TraceError, is_driver_record, parse_record, read_header, render_record
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+
+if TYPE_CHECKING:
+    from kvlife.lifecycle.engine.state import Recorder
 
 
 def config_from_header(header: dict[str, Any], path: str = "trace", line: int = 1) -> RunConfig:
@@ -89,30 +92,34 @@ class ReplayResult:
         return self.divergence is None
 
 
+# Builds the engine an exact replay re-feeds: (the header's config, the recorder) -> Engine.
+EngineBuilder = Callable[[RunConfig, "Recorder"], Any]
+
+
 def replay(path: str | Path, stop_at_divergence: bool = True, *, allow_code: bool = False,
-           named: Collection[str] = (), stack: Sequence[str] | None = None) -> ReplayResult:
+           named: Collection[str] = (), stack: Sequence[str] | None = None,
+           build_engine: EngineBuilder | None = None) -> ReplayResult:
     """Re-feed the recorded inputs; the first record that differs is the divergence, and
     when every line matched, the first difference between the engine's end and the trace's.
 
     The recorded stack is loaded from the registry; code it names needs ``allow_code`` or
-    its name in ``named``. ``stack`` replays under a stack the user named instead."""
-    from kvlife.lifecycle.engine.core import Engine
-    from kvlife.policies.loading import load_stack
-    from kvlife.transfer.index import TierIndex
-
+    its name in ``named``. ``stack`` replays under a stack the user named instead.
+    ``build_engine``: the caller builds the engine from the header's config (the model
+    checker, whose explorer policy and warmed tiers are not data a header carries); the
+    header's stack and recovered slots are then not read."""
     p = str(path)
     header, header_line, lines = read_header(path)
     config = config_from_header(header, p, header_line)
     expected_requests = workload_size(header, p, header_line)
-    policies = load_stack(stack, config.hook_budget_s) if stack is not None else trace_stack(
-        config.policies, p, header_line, allow_code=allow_code, named=named, budget_s=config.hook_budget_s)
     produced: deque[bytes] = deque()
-    # A live run's kept disk tier starts with the blocks it recovered (the header lists them).
-    recovered = recovered_slots(header, config, p, header_line)
-    tiers = [TierIndex.adopting(t.name, t.capacity_blocks, t.eviction, recovered.get(t.name, ()))
-             for t in config.engine.tiers] if recovered else None
-    engine = Engine(config.engine, policies, tiers=tiers,
-                    recorder=lambda record: produced.append(render_record(record)))
+
+    def recorder(record: dict[str, Any]) -> None:
+        produced.append(render_record(record))
+
+    if build_engine is None:
+        engine = _header_engine(header, header_line, config, p, recorder, allow_code, named, stack)
+    else:
+        engine = build_engine(config, recorder)
     inputs = 0
     number = header_line
     divergence: Divergence | None = None
@@ -150,6 +157,22 @@ def replay(path: str | Path, stop_at_divergence: bool = True, *, allow_code: boo
     if divergence is None:
         divergence = end_divergence(engine, number + 1, last_output, cut, expected_requests)
     return ReplayResult(number, inputs, divergence, engine)
+
+
+def _header_engine(header: dict[str, Any], header_line: int, config: RunConfig, path: str, recorder: Recorder,
+                   allow_code: bool, named: Collection[str], stack: Sequence[str] | None) -> Any:
+    """The engine the header describes: its stack (or ``stack``) and its recovered tier slots."""
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.policies.loading import load_stack
+    from kvlife.transfer.index import TierIndex
+
+    policies = load_stack(stack, config.hook_budget_s) if stack is not None else trace_stack(
+        config.policies, path, header_line, allow_code=allow_code, named=named, budget_s=config.hook_budget_s)
+    # A live run's kept disk tier starts with the blocks it recovered (the header lists them).
+    recovered = recovered_slots(header, config, path, header_line)
+    tiers = [TierIndex.adopting(t.name, t.capacity_blocks, t.eviction, recovered.get(t.name, ()))
+             for t in config.engine.tiers] if recovered else None
+    return Engine(config.engine, policies, tiers=tiers, recorder=recorder)
 
 
 # ---- the end of the trace -----------------------------------------------------------------
