@@ -147,8 +147,8 @@ class StoresScheduledTransfers(Transfers):
 class IgnoresHoldScheduler(Scheduler):
     """The connector says hold (a store reads the blocks); the scheduler frees them at once."""
 
-    def _finish(self, req: SchedRequest, reason: str) -> bool:
-        super()._finish(req, reason)
+    def _finish(self, req: SchedRequest, reason: str, status: Status | None = None) -> bool:
+        super()._finish(req, reason, status)
         return False
 
 

