@@ -64,6 +64,7 @@ from hypothesis.stateful import (
 
 from kvlife.specs.engine_probe import EngineProbe
 from kvlife.specs.invariants import IO_WAIT_STATES, InvariantObserver, InvariantViolation, Settings, Violation
+from kvlife.specs.recording_check import RecordingCheck
 from kvlife.specs.table import TABLE, IllegalTransition
 from kvlife.specs.worker_model import Report, WorkerModel
 
@@ -229,6 +230,7 @@ class World:
     # retention); at the end none may be left.
     retention: bool = False
     kv_load_failure_policy: str = "recompute"  # vLLM's: a failed load recomputes, or fails the request
+    recorded: bool = False  # the connector is recorded as inside vLLM, and the recording judged (recording_check)
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -253,6 +255,7 @@ class World:
             max_async_lookups=rng.choice([1024, 1, 2, 3]),
             retention=rng.random() < 0.3,
             kv_load_failure_policy=rng.choice(["recompute", "recompute", "fail"]),
+            recorded=rng.random() < 0.25,
         )
 
     def config(self, base: Any) -> Any:
@@ -270,6 +273,7 @@ class World:
                 f"{self.lookup_deadline}, reclaim deadline {self.reclaim_deadline}, lookups {self.max_async_lookups}, "
                 f"kv_load_failure_policy {self.kv_load_failure_policy}, stack {list(stack.names)}, sharing {sharing}, "
                 f"warm {tiers[-1] if warmed else 'none'} {list(warmed)}" + (", retention on" if self.retention else "")
+                + (", recorded" if self.recorded else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
@@ -450,6 +454,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.arrival_hashes: dict[str, tuple[int, ...]] = {}
         self.retired: dict[str, Any] = {}  # requests the engine retired, as they left
         self.retention = False  # the engine retires finished requests (Engine(retire=...))
+        self.recording: RecordingCheck | None = None  # a recorded world's recording of the connector
 
     # ---- setup -------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**32 - 1))
@@ -470,6 +475,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.retention = world.retention and cls.engine_factory is None
         extra: dict[str, Any] = {"retire": self._on_retire} if self.retention else {}
         self.engine = (cls.engine_factory or Engine)(config, stack, tiers=tiers, recorder=self._on_record, **extra)
+        if world.recorded:
+            self.recording = RecordingCheck(config, sharing, {tiers[-1].name: warmed} if warmed else None)
+            self.recording.install(self.engine)
         self.probe = EngineProbe(self.engine, self.retired)
         self.probe.watch_admissions()
         self.observer.attach(self.probe)
@@ -530,6 +538,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert self.observer is not None
         if self.observer.violations:
             self._raise(self.observer.violations[0])
+        if self.recording is not None and (found := self.recording.findings(event.t)) is not None:
+            self._raise(found)
         if self.retention:
             kept = self.probe.kept_for_nothing()
             if kept is not None:
@@ -1044,6 +1054,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.observer.finish()
         if self.observer.violations:
             self._raise(self.observer.violations[0])
+        if self.recording is not None and (found := self.recording.findings(final=True)) is not None:
+            self._raise(found)
         stranded = self.probe.stranded()
         if stranded:
             self._raise(Violation(7, f"engine.stranded() after drain: {stranded}"))
