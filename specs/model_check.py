@@ -45,9 +45,10 @@ One line in a user's suite model-checks their policy::
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -1254,15 +1255,44 @@ def run_check(
     machine = make_machine(stack, engine_factory=engine_factory, engine_config=engine_config, sharing=sharing)
     try:
         chosen = check_settings(examples, steps, derandomize=derandomize, shrink=shrink)
-        if seed is None:
-            run_state_machine_as_test(machine, settings=chosen)
-        else:
-            hypothesis.seed(seed)(get_state_machine_test(machine, settings=chosen))()
+        with _no_source_constants():
+            if seed is None:
+                run_state_machine_as_test(machine, settings=chosen)
+            else:
+                hypothesis.seed(seed)(get_state_machine_test(machine, settings=chosen))()
     except InvariantViolation as exc:
         return CheckResult(False, exc.violation, tuple(getattr(exc, "events", ())), _reproduce_line(exc))
     except Exception as exc:  # a driver-level bug: still a counterexample, never a traceback
         return CheckResult(False, None, (), _reproduce_line(exc), f"{type(exc).__name__}: {exc}")
     return CheckResult(True)
+
+
+@contextlib.contextmanager
+def _no_source_constants() -> Iterator[None]:
+    """Hypothesis (6.131+) now and then draws a literal from the source of the local modules
+    loaded so far (``providers._get_local_constants``, within a 100 ms parsing budget): the
+    checker's examples then change whenever any kvlife module is added, imported or gains a
+    literal, and with the machine's load. Without them, a seed explores the same examples
+    from one version of the code to the next. (A private hook: if it is gone, nothing is
+    changed.)"""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:  # pragma: no cover - another Hypothesis
+        yield
+        return
+    original = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if original is None or cache is None:  # pragma: no cover - another Hypothesis
+        yield
+        return
+    providers._get_local_constants = Constants  # (no arguments: no constants)
+    cache.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = original
+        cache.cache.clear()
 
 
 def _reproduce_line(exc: BaseException) -> str | None:
