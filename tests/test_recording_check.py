@@ -38,13 +38,13 @@ def recorded_worlds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RecordingC
 
 
 def _check(stack: tuple[str, ...] = ("baseline",)) -> Any:
-    return run_check(stack, examples=12, steps=30, shrink=False)
+    return run_check(stack, examples=30, steps=30, shrink=False)
 
 
 def test_the_real_engine_s_recording_agrees_with_it(recorded_worlds: list[RecordingCheck]) -> None:
     result = _check()
     assert result.ok, result.report()
-    assert len(recorded_worlds) >= 12
+    assert len(recorded_worlds) >= 30
     # Something was recorded and compared: transitions of many requests, loads and stores.
     moves = sum(len(m) for check in recorded_worlds for m in check.recorded_moves.values())
     assert moves > 100
