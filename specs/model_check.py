@@ -68,6 +68,7 @@ from hypothesis.stateful import (
 from kvlife.lifecycle.drivers.vllm_order import DelayedLookups
 from kvlife.specs.engine_probe import EngineProbe
 from kvlife.specs.invariants import IO_WAIT_STATES, InvariantObserver, InvariantViolation, Settings, Violation
+from kvlife.specs.recording_check import RecordingCheck
 from kvlife.specs.table import TABLE, IllegalTransition
 from kvlife.specs.worker_model import Report, WorkerModel
 
@@ -293,6 +294,7 @@ class World:
     # connector calls they cause, as inside vLLM (``Engine(record_calls=True)``), in a shadow
     # run of the same inputs at the end; the adversary sends only inputs vLLM's calls show.
     calls_recorded: bool = False
+    recorded: bool = False  # the connector is recorded as inside vLLM, and the recording judged (recording_check)
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -320,6 +322,7 @@ class World:
             inputs_per_ms=rng.choice([1, 1, 1, 1, 3, 8]),
             connector_lookups=rng.choice([None, None, None, 0, 1, 2]),
             calls_recorded=rng.random() < 0.5,
+            recorded=rng.random() < 0.25,
         )
 
     @property
@@ -346,6 +349,7 @@ class World:
                 + (f", the connector answers lookups after {self.connector_lookups} passes"
                    if self.connector_lookups is not None else "")
                 + (", inputs recorded from the connector's calls" if self.vllm_calls else "")
+                + (", recorded" if self.recorded else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
@@ -536,6 +540,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.world: World | None = None
         self.warmed: list[int] = []
         self.stack_names: tuple[str, ...] = ()
+        self.recording: RecordingCheck | None = None  # a recorded world's recording of the connector
 
     # ---- setup -------------------------------------------------------------------------
     @initialize(seed=st.integers(0, 2**32 - 1))
@@ -561,6 +566,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                                                              self._answer_applied)
         self.engine = (cls.engine_factory or Engine)(config, stack, tiers=tiers, recorder=self._on_record, **extra)
         self.world, self.warmed, self.stack_names = world, warmed, stack.names
+        if world.recorded:
+            self.recording = RecordingCheck(config, sharing, {tiers[-1].name: warmed} if warmed else None)
+            self.recording.install(self.engine)
         self.probe = EngineProbe(self.engine, self.retired)
         self.probe.watch_admissions()
         self.observer.attach(self.probe)
@@ -651,6 +659,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert self.observer is not None
         if self.observer.violations:
             self._raise(self.observer.violations[0])
+        if self.recording is not None and (found := self.recording.findings(event.t)) is not None:
+            self._raise(found)
         if self.retention:
             kept = self.probe.kept_for_nothing()
             if kept is not None:
@@ -1266,6 +1276,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.observer.finish()
         if self.observer.violations:
             self._raise(self.observer.violations[0])
+        if self.recording is not None and (found := self.recording.findings(final=True)) is not None:
+            self._raise(found)
         stranded = self.probe.stranded()
         if stranded:
             self._raise(Violation(7, f"engine.stranded() after drain: {stranded}"))

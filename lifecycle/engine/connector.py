@@ -694,6 +694,7 @@ class ConnectorCore:
         if req.state == RUNNING:
             self._preempted_outside(req)
         req.local_tokens = num_computed_tokens
+        req.landed = False  # (as in get_num_new_matched_tokens: a failed load's request that kept no block)
         if answer is None:
             if req.state == WAITING and not deferred:
                 self._submit_lookup(req, "the connector cannot answer yet")

@@ -99,6 +99,14 @@ def sharing_from_header(header: dict[str, Any]) -> bool:
     return any(isinstance(n, str) and n in SHARING_POLICIES for n in names)
 
 
+def trace_settings(config: EngineConfig, sharing: bool, recorded: bool) -> Settings:
+    """The observers' settings for a trace of ``config`` (``recorded``: a recording of
+    another connector, source "vllm:...", which has no hold_at_finish decisions and whose
+    worker may store a step's blocks after its forward pass)."""
+    return Settings.of(config, live=False, sharing=sharing, finish_after_stores=not recorded,
+                       stores_after_forward=recorded)
+
+
 def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
     """``sharing``: check invariant 6; None decides from the header's policy stack. The
     trace is read as a stream (one line ahead, to recognise a truncated last line), so
@@ -143,10 +151,7 @@ def validate(path: str | Path, sharing: bool | None = None) -> ValidationReport:
         sharing = sharing_from_header(header) if header is not None else False
     sharing = bool(sharing)
     recorded = str((header or {}).get("source", "")).startswith("vllm:")  # another connector's records
-    observer = InvariantObserver(Settings.of(
-        config, live=False, sharing=sharing,
-        # A recording of another connector (source "vllm:...") has no hold_at_finish decisions.
-        finish_after_stores=not recorded, stores_after_forward=recorded))
+    observer = InvariantObserver(trace_settings(config, sharing, recorded))
     structure = _structure(header, run_config, p, number)
     if header is not None and run_config is not None:
         for tier, slots in recovered_slots(header, run_config, p, number).items():

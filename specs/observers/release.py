@@ -44,6 +44,12 @@ class Release(Observer):
     def on_job(self, ev: Event) -> None:
         if ev.job is not None and ev.job.kind == "store":
             self.stores.setdefault(ev.job.rid, []).append(ev.job)
+            hold = self.sending.get(ev.job.rid)
+            if hold is not None and self.picture.max_planned <= hold.hold_step:
+                # A recording of another connector learns of a finishing request's last
+                # stores with the step metadata that announces its hold: the hold waits
+                # for them too.
+                hold.stores.append(ev.job)
 
     def _open(self, rid: str) -> list[Job]:
         stores = [job for job in self.stores.get(rid, ()) if job.open and not job.timed_out]

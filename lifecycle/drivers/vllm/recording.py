@@ -15,14 +15,18 @@ mode). ``RecordingConnector`` claims no HMA support (vLLM then turns the hybrid 
 manager off); ``RecordingConnectorHMA`` claims it, and refuses an inner connector that has
 none.
 
-The scheduler side drives kvlife's connector core (``ConnectorCore(observing=True)``)
-through the same ``ConnectorAPI`` that kvlife's engine and ``KVLifeConnector`` use, with the
-inner connector's answers in place of kvlife's decisions: the same state machine, the same
-transitions at the same calls, the same records (``kvlife validate``, ``explain``, ``export``
-and ``plot`` read them). What the core cannot see of vLLM, this module adds: the inner
-connector's jobs and per-rank reports (kvlife's, or OffloadingConnector's per-step counts),
-the device blocks vLLM frees (a ``free`` record when no request holds a block any more), and
-request ids vLLM reuses after a finish (the trace names the new request ``id#2``). Block
+The scheduler side hands every call and the inner connector's answer to
+``kvlife.lifecycle.engine.recorder.ConnectorRecorder``, which drives kvlife's connector core
+(``ConnectorCore(observing=True)``) through the same ``ConnectorAPI`` that kvlife's engine and
+``KVLifeConnector`` use, with the inner connector's answers in place of kvlife's decisions:
+the same state machine, the same transitions at the same calls, the same records (``kvlife
+validate``, ``explain``, ``export`` and ``plot`` read them); ``kvlife check`` runs the same
+recorder beside kvlife's own engine. This module adapts vLLM to it: the inner connector's
+jobs read off its metadata (kvlife's, or OffloadingConnector's), the trace's header from
+vLLM's config, the stats and class-level hooks. The recorder adds what the core cannot see
+of vLLM: the inner connector's per-rank reports (kvlife's, or OffloadingConnector's per-step
+counts), the device blocks vLLM frees (a ``free`` record when no request holds a block any
+more), and request ids vLLM reuses after a finish (the trace names the new request ``id#2``). Block
 hashes are vLLM's (``block_hash_int``), so a later turn holding an earlier one's answer is
 recorded under the same names. The trace is for validate, explain, export and plot: inside a
 pass its inputs are ordered as vLLM calls the connector, so it is not replayed by ``kvlife
@@ -58,11 +62,9 @@ from vllm.v1.outputs import KVConnectorOutput
 from kvlife.lifecycle.config import EngineConfig, RunConfig, TierConfig
 from kvlife.lifecycle.drivers.vllm.connector import block_hash_int
 from kvlife.lifecycle.engine import records
-from kvlife.lifecycle.engine.connector import ConnectorCore
 from kvlife.lifecycle.engine.connector_api import ConnectorAPI
-from kvlife.lifecycle.engine.events import BlockMove
+from kvlife.lifecycle.engine.recorder import ConnectorRecorder, ObservedJob
 from kvlife.lifecycle.traces.trace import TraceWriter
-from kvlife.policies.stack import PolicyStack
 
 if TYPE_CHECKING:
     from vllm.config import KVTransferConfig, VllmConfig
@@ -112,33 +114,18 @@ def _job_blocks(job: Any) -> list[int] | None:
     return None
 
 
-class _Blocks:
-    """vLLM's reference count of each device block, as the connector calls show it: the
-    requests whose block tables hold it. A ``free`` record when the last one lets go."""
-
-    def __init__(self, record: Any) -> None:
-        self.record = record
-        self.refs: dict[int, int] = {}
-        self.tables: dict[str, list[int]] = {}
-
-    def hold(self, rid: str, blocks: Iterable[int], replace: bool = False) -> None:
-        if replace:
-            self.release(rid)
-        table = self.tables.setdefault(rid, [])
-        for b in blocks:
-            if b not in table:
-                table.append(b)
-                self.refs[b] = self.refs.get(b, 0) + 1
-
-    def release(self, rid: str, t: float | None = None) -> None:
-        freed = []
-        for b in reversed(self.tables.pop(rid, [])):
-            self.refs[b] -= 1
-            if self.refs[b] == 0:
-                del self.refs[b]
-                freed.append(b)
-        if freed and t is not None:
-            self.record(records.free(t, freed))
+def _jobs(meta: Any) -> list[ObservedJob]:
+    """The load and store jobs of a connector's step metadata (kvlife's or OffloadingConnector's)."""
+    out = []
+    for kind, jobs in (("load", getattr(meta, "load_jobs", None)), ("store", getattr(meta, "store_jobs", None))):
+        for job_id, job in sorted((jobs or {}).items()):
+            blocks = _job_blocks(job)
+            if blocks is None:
+                continue
+            given = getattr(job, "block_hashes", None)
+            out.append(ObservedJob(int(job_id), kind, job.req_id, tuple(blocks),
+                                   None if given is None else tuple(int(h) for h in given)))
+    return out
 
 
 class RecordingConnector(KVConnectorBase_V1):
@@ -157,7 +144,7 @@ class RecordingConnector(KVConnectorBase_V1):
                              "HMA; use RecordingConnector")
         self.inner: KVConnectorBase_V1 = inner_cls(vllm_config, role, kv_cache_config)  # type: ignore[arg-type,unused-ignore]
         self.writer: TraceWriter | None = None
-        self.api: ConnectorAPI | None = None
+        self.recorder: ConnectorRecorder | None = None
         trace = record.get("trace")
         if role == KVConnectorRole.SCHEDULER and trace:
             self._start_recording(vllm_config, kv_cache_config, record, str(trace), inner_cls.__name__)
@@ -178,171 +165,67 @@ class RecordingConnector(KVConnectorBase_V1):
         self.writer = TraceWriter(trace)
         self.writer.write_header(RunConfig(engine=config, policies=tuple(policies)).to_dict(), policies, 0,
                                  source=f"vllm:{inner_name}")
-        core = ConnectorCore(config, PolicyStack([]), recorder=self.writer.record, observing=True)
-        self.api = ConnectorAPI(core, lambda: float(api.pass_index), hash_of=block_hash_int, record_inputs=True)
-        api = self.api
-        self.blocks = _Blocks(self.api._record)
-        self.names: dict[str, str] = {}  # vLLM's request id -> the trace's (a reused id gets a suffix)
-        self.reuses: dict[str, int] = {}
-        self.requests: dict[str, Request] = {}
+        self.recorder = ConnectorRecorder(config, self.writer.record, self.tier, hash_of=block_hash_int,
+                                          inner_name=inner_name)
+
+    @property
+    def api(self) -> ConnectorAPI | None:
+        """The recording's connector API (None: not recording, or the recording stopped)."""
+        return self.recorder.api if self.recorder is not None else None
 
     @contextlib.contextmanager
-    def _observing(self, call: str) -> Iterator[ConnectorAPI | None]:
+    def _observing(self, call: str) -> Iterator[ConnectorRecorder | None]:
         """Record what ``call`` showed, if recording: an error there ends the recording (a
         ``recording_stopped`` warning is the trace's last record) and never reaches vLLM,
         which the inner connector serves as before."""
-        api = self.api
+        recorder = self.recorder
         try:
-            yield api
+            yield recorder
         except Exception as exc:  # the recorder must not break the connector it wraps
-            self.api = None
+            self.recorder = None
             error = f"{type(exc).__name__}: {exc}"
             logger.warning("RecordingConnector: recording stopped at %s (%s); %s keeps running unrecorded", call,
                            error, type(self.inner).__name__)
-            if self.writer is not None and api is not None:
-                self.writer.record(records.warning(api.core.state.now, "recording_stopped", call=call, error=error))
+            if self.writer is not None and recorder is not None:
+                self.writer.record(records.warning(recorder.now, "recording_stopped", call=call, error=error))
             self.close()
 
     # ---- observed scheduler hooks ------------------------------------------------------------
-    def _named(self, request: Request) -> _Named:
-        return _Named(request, self.names.get(request.request_id, request.request_id))
-
     def on_new_request(self, request: Request) -> None:
-        with self._observing("on_new_request") as api:
-            if api is not None:
-                self._arrive(request)
+        with self._observing("on_new_request") as recorder:
+            if recorder is not None:
+                recorder.on_new_request(request)
         self.inner.on_new_request(request)
-
-    def _arrive(self, request: Request) -> None:
-        api = self.api
-        assert api is not None
-        rid = request.request_id
-        name = rid
-        if rid in self.reuses or rid in api.core.state.requests:
-            count = self.reuses.get(rid, 1) + 1
-            self.reuses[rid] = count
-            name = f"{rid}#{count}"
-        else:
-            self.reuses[rid] = 1
-        self.names[rid] = name
-        self.requests[rid] = request
-        api.on_new_request(_Named(request, name), early=False)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         result = self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
-        with self._observing("get_num_new_matched_tokens") as api:
-            if api is not None:
-                if request.request_id not in self.names:
-                    self._arrive(request)
+        with self._observing("get_num_new_matched_tokens") as recorder:
+            if recorder is not None:
                 why = getattr(self.inner, "kvlife_pending_reason", None)
                 deferred = why is not None and why(request.request_id) == "defer"
-                api.observe_matched(self._named(request), num_computed_tokens, result, self.tier, deferred)
+                recorder.get_num_new_matched_tokens(request, num_computed_tokens, result, deferred)
         return result
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         self.inner.update_state_after_alloc(request, blocks, num_external_tokens)
-        with self._observing("update_state_after_alloc") as api:
-            if api is not None:
-                ids = blocks.get_block_ids()[0]
-                name = self.names[request.request_id]
-                self.blocks.hold(name, ids)
-                api.update_state_after_alloc(self._named(request), ids, num_external_tokens)
+        with self._observing("update_state_after_alloc") as recorder:
+            if recorder is not None:
+                recorder.update_state_after_alloc(request, blocks.get_block_ids()[0], num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = self.inner.build_connector_meta(scheduler_output)
-        with self._observing("build_connector_meta") as api:
-            if api is not None:
-                self._observe_step(api, scheduler_output, meta)
+        with self._observing("build_connector_meta") as recorder:
+            if recorder is not None:
+                recorder.build_connector_meta(scheduler_output, _jobs(meta),
+                                              getattr(meta, "jobs_to_abandon", None) or (),
+                                              getattr(meta, "jobs_to_flush", None) or ())
         return meta
-
-    def _observe_step(self, api: ConnectorAPI, scheduler_output: SchedulerOutput, meta: KVConnectorMetadata) -> None:
-        named = _NamedOutput(scheduler_output, self.names)
-        for rid in sorted(named.preempted_req_ids):
-            self.blocks.release(rid, api.core.state.now)
-        for new in named.scheduled_new_reqs:
-            self.blocks.hold(new.req_id, new.block_ids[0], replace=True)
-        cached = named.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            ids = cached.new_block_ids[i]
-            if ids is not None:
-                self.blocks.hold(rid, ids[0], replace=rid in cached.resumed_req_ids)
-        api.build_connector_meta(named)
-        api.core.observe_jobs(self._jobs(meta))
-        for job_id in sorted(getattr(meta, "jobs_to_abandon", None) or ()):
-            job = api.core.state.jobs.get(int(job_id))
-            if job is not None and not job.timed_out:  # the inner connector gave it up (a deadline)
-                missing = list(api.core.state.ranks.missing_ranks(job.job_id))
-                api.core.transfers.give_up(job, "the connector gave it up; the workers that owe it report it failed",
-                                           f"given up by {type(self.inner).__name__}: ranks {missing} silent")
-        for job_id in sorted(getattr(meta, "jobs_to_flush", None) or ()):
-            job = api.core.state.jobs.get(int(job_id))
-            if job is not None and job.kind == "store" and not job.flushed:
-                job.flushed = True
-                api.core.state.stats.flushed_stores += 1
-
-    def _jobs(self, meta: Any) -> list[tuple[int, str, str, tuple[BlockMove, ...]]]:
-        api = self.api
-        assert api is not None
-        out = []
-        for kind, jobs in (("load", getattr(meta, "load_jobs", None)), ("store", getattr(meta, "store_jobs", None))):
-            for job_id, job in sorted((jobs or {}).items()):
-                name = self.names.get(job.req_id, job.req_id)
-                req = api.core.state.requests.get(name)
-                blocks = _job_blocks(job)
-                if req is None or blocks is None:
-                    continue
-                table = self.blocks.tables.get(name, [])
-                given = getattr(job, "block_hashes", None)
-                moves = []
-                for k, block in enumerate(blocks):
-                    index = table.index(block) if block in table else None
-                    if index is not None and index < len(req.hashes):
-                        h = req.hashes[index]  # vLLM's hash of that block of the request
-                    elif given is not None:
-                        h = int(given[k])
-                    else:
-                        h = -1
-                    moves.append(BlockMove(int(h), block, self.tier, -1))
-                out.append((int(job_id), kind, name, tuple(moves)))
-        return out
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         self.inner.update_connector_output(connector_output)
-        with self._observing("update_connector_output") as api:
-            if api is not None:
-                self._observe_output(api, connector_output)
-
-    def _observe_output(self, api: ConnectorAPI, connector_output: KVConnectorOutput) -> None:
-        api.update_connector_output(_NamedConnectorOutput(connector_output, self._reports(connector_output),
-                                                          self.names))
-        now = api.core.state.now
-        for rid in sorted(connector_output.finished_sending or ()):
-            self.blocks.release(self.names.get(rid, rid), now)
-        for rid in sorted(connector_output.finished_recving or ()):
-            name = self.names.get(rid, rid)
-            req = api.core.state.requests.get(name)
-            if req is not None and req.state == "finished":
-                self.blocks.release(name, now)  # aborted while loading: vLLM freed it now
-            vllm_request = self.requests.get(rid)
-            if vllm_request is not None and getattr(vllm_request, "num_computed_tokens", 1) == 0 \
-                    and req is not None and req.state != "finished":
-                self.blocks.release(name, now)  # a failed load with nothing valid: vLLM frees its blocks
-
-    def _reports(self, output: KVConnectorOutput) -> list[tuple[int, int, tuple[int, ...]]]:
-        """The workers' per-rank reports: kvlife's, or OffloadingConnector's per-step counts."""
-        meta = output.kv_connector_worker_meta
-        reports = getattr(meta, "reports", None)
-        if reports is not None:
-            return [(int(j), int(r), tuple(f)) for j, r, f in reports]
-        api = self.api
-        assert api is not None
-        out: list[tuple[int, int, tuple[int, ...]]] = []
-        ranks = api.core.state.ranks
-        for job_id, count in sorted((getattr(meta, "completed_jobs", None) or {}).items()):
-            job_id = int(job_id)
-            missing = list(ranks.missing_ranks(job_id)) if ranks.in_flight(job_id) else []
-            out += [(job_id, rank, ()) for rank in missing[:count]]
-        return out
+        with self._observing("update_connector_output") as recorder:
+            if recorder is not None:
+                recorder.update_connector_output(connector_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished_all_groups(request, (block_ids,))
@@ -354,21 +237,16 @@ class RecordingConnector(KVConnectorBase_V1):
             held, params = self.inner.request_finished_all_groups(request, block_ids)
         else:
             held, params = self.inner.request_finished(request, block_ids[0])
-        with self._observing("request_finished") as api:
-            if api is not None and request.request_id in self.names:
-                name = self.names[request.request_id]
-                was = api.core.state.requests[name].state if name in api.core.state.requests else None
-                api.request_finished(self._named(request), block_ids[0], held=held)
-                self.requests.pop(request.request_id, None)
-                if not held and was != "loading":  # vLLM keeps a loading request's blocks until its load reports
-                    self.blocks.release(name, api.core.state.now)
+        with self._observing("request_finished") as recorder:
+            if recorder is not None:
+                recorder.request_finished(request, block_ids[0], held)
         return held, params
 
     def take_events(self) -> Iterable[Any]:
         events = self.inner.take_events()
-        with self._observing("take_events") as api:
-            if api is not None:
-                api.take_events()
+        with self._observing("take_events") as recorder:
+            if recorder is not None:
+                recorder.take_events()
         return events
 
     def shutdown(self) -> None:
@@ -474,67 +352,6 @@ class _TaggedProm(KVConnectorPromMetrics):
 
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         self.inner.observe({k: v for k, v in transfer_stats_data.items() if k != _INNER_KEY}, engine_idx)
-
-
-class _Named:
-    """A vLLM request as the trace names it (a reused id gets a suffix)."""
-
-    def __init__(self, request: Any, name: str) -> None:
-        self._request = request
-        self.request_id = name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._request, attr)
-
-
-class _NamedOutput:
-    """A scheduler output with the trace's request names."""
-
-    def __init__(self, out: Any, names: dict[str, str]) -> None:
-        def name(rid: str) -> str:
-            return names.get(rid, rid)
-
-        self.scheduled_new_reqs = [_NamedNew(n, name(n.req_id)) for n in out.scheduled_new_reqs]
-        cached = out.scheduled_cached_reqs
-        self.scheduled_cached_reqs = _NamedCached([name(r) for r in cached.req_ids], list(cached.num_computed_tokens),
-                                                  list(cached.new_block_ids), {name(r) for r in cached.resumed_req_ids})
-        self.num_scheduled_tokens = {name(r): n for r, n in out.num_scheduled_tokens.items()}
-        self.preempted_req_ids = {name(r) for r in (out.preempted_req_ids or ())}
-
-
-@dataclass
-class _NamedNew:
-    base: Any
-    req_id: str
-
-    @property
-    def num_computed_tokens(self) -> int:
-        return int(self.base.num_computed_tokens)
-
-    @property
-    def block_ids(self) -> Any:
-        return self.base.block_ids
-
-
-@dataclass
-class _NamedCached:
-    req_ids: list[str]
-    num_computed_tokens: list[int]
-    new_block_ids: list[Any]
-    resumed_req_ids: set[str]
-
-
-class _NamedConnectorOutput:
-    def __init__(self, output: Any, reports: list[tuple[int, int, tuple[int, ...]]], names: dict[str, str]) -> None:
-        self.finished_sending = {names.get(r, r) for r in (output.finished_sending or ())}
-        self.finished_recving = {names.get(r, r) for r in (output.finished_recving or ())}
-        self.kv_connector_worker_meta = _Reports(reports)
-        self.invalid_block_ids = set(output.invalid_block_ids or ())
-
-
-@dataclass
-class _Reports:
-    reports: list[tuple[int, int, tuple[int, ...]]]
 
 
 # Every other KVConnectorBase_V1 method and property forwards to the wrapped connector.

@@ -1,0 +1,136 @@
+"""The recorded world of ``kvlife check`` (``specs/recording_check.py``): kvlife's engine with
+its connector recorded as ``RecordingConnector`` records one inside vLLM. The recording of the
+real engine agrees with it; a recorder that gets something wrong is a counterexample."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+
+from kvlife.lifecycle.config import EngineConfig, TierConfig
+from kvlife.lifecycle.engine.core import Engine
+from kvlife.lifecycle.engine.events import Arrival, StepOutput, Tick, TransferReport
+from kvlife.lifecycle.engine.jobs import Transfers
+from kvlife.lifecycle.engine.recorder import ConnectorRecorder
+from kvlife.policies.loading import load_stack
+from kvlife.specs import recording_check
+from kvlife.specs.model_check import World, run_check
+from kvlife.specs.recording_check import RecordingCheck
+
+
+@pytest.fixture
+def recorded_worlds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RecordingCheck]]:
+    """Every example of the checker in a recorded world; the checks it built, listed."""
+    draw = World.draw.__func__  # type: ignore[attr-defined]
+    built: list[RecordingCheck] = []
+    monkeypatch.setattr(World, "draw", classmethod(lambda cls, seed: attrs.evolve(draw(cls, seed), recorded=True)))
+    init = RecordingCheck.__init__
+
+    def note(self: RecordingCheck, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(RecordingCheck, "__init__", note)
+    yield built
+
+
+def _check(stack: tuple[str, ...] = ("baseline",)) -> Any:
+    return run_check(stack, examples=30, steps=30, shrink=False)
+
+
+def test_the_real_engine_s_recording_agrees_with_it(recorded_worlds: list[RecordingCheck]) -> None:
+    result = _check()
+    assert result.ok, result.report()
+    assert len(recorded_worlds) >= 30
+    # Something was recorded and compared: transitions of many requests, loads and stores.
+    moves = sum(len(m) for check in recorded_worlds for m in check.recorded_moves.values())
+    assert moves > 100
+    assert any(check.recorder.core.state.stats.loads for check in recorded_worlds)
+    assert any(check.recorder.core.state.stats.stores for check in recorded_worlds)
+
+
+def test_a_recording_of_a_tier_hit_has_the_engine_s_transitions() -> None:
+    """One request stores its prompt, a second one loads it back: the recording says what the
+    engine did, transition by transition, and passes the trace observers."""
+    config = EngineConfig(block_tokens=4, device_blocks=4, max_batched_tokens=16, max_running=2, ranks=1,
+                          tiers=(TierConfig("host", capacity_blocks=8),))
+    engine = Engine(config, load_stack(["baseline"]))
+    check = RecordingCheck(config, sharing=False)
+    check.install(engine)
+    t = 0.0
+
+    def feed(event: Any) -> list[Any]:
+        commands = engine.handle(event)
+        assert check.findings(event.t) is None
+        for c in commands:  # every rank reports every job at once
+            if type(c).__name__ in ("StartLoad", "StartStore"):
+                engine.handle(TransferReport(event.t, c.job_id, 0, ()))
+                assert check.findings(event.t) is None
+        return commands
+
+    # a stores its prompt; the filler takes the whole device; b finds a's blocks in the host tier.
+    for rid, tokens, hashes in (("a", 9, (1, 2)), ("filler", 15, (50, 51, 52)), ("b", 9, (1, 2))):
+        t += 1
+        feed(Arrival(t, rid, tokens, hashes, max_tokens=1))
+        for _ in range(6):
+            t += 1
+            plan = [c for c in feed(Tick(t)) if type(c).__name__ == "StepPlan"][0]
+            t += 1
+            stops = tuple((e.request_id, "stopped") for e in plan.entries if e.samples)
+            feed(StepOutput(t, plan.step_id, stops))
+    assert check.findings(t, final=True) is None
+    assert check.recorded_moves["b"] == check.engine_moves["b"]
+    assert ("waiting", "loading") in check.recorded_moves["b"]
+    assert check.recorder.core.state.stats.loads == engine.stats.loads == 1
+
+
+class _Ignores:
+    """Broken recorders, each wrong in one way."""
+
+    @staticmethod
+    def external_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+        real = ConnectorRecorder.update_state_after_alloc
+        monkeypatch.setattr(ConnectorRecorder, "update_state_after_alloc",
+                            lambda self, request, block_ids, external: real(self, request, block_ids, 0))
+
+    @staticmethod
+    def step_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(ConnectorRecorder, "take_events", lambda self: None)
+
+    @staticmethod
+    def held_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+        real = ConnectorRecorder.request_finished
+        monkeypatch.setattr(ConnectorRecorder, "request_finished",
+                            lambda self, request, block_ids, held, in_output=True:
+                            real(self, request, block_ids, False, in_output))
+
+    @staticmethod
+    def store_count(monkeypatch: pytest.MonkeyPatch) -> None:
+        real = Transfers.observe_job
+
+        def twice(self: Transfers, req: Any, job_id: int, kind: str, moves: Any) -> None:
+            real(self, req, job_id, kind, moves)
+            if kind == "store":
+                self.state.stats.stores += 1
+
+        monkeypatch.setattr(Transfers, "observe_job", twice)
+
+
+@pytest.mark.parametrize("broken", ["external_tokens", "step_outputs", "held_blocks", "store_count"])
+def test_a_broken_recorder_is_a_counterexample(recorded_worlds: list[RecordingCheck], broken: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    getattr(_Ignores, broken)(monkeypatch)
+    result = _check()
+    assert not result.ok
+    assert result.violation is not None and "recording" in result.violation.message, result.report()
+
+
+def test_the_comparison_reads_lookup_pending_as_waiting_and_sending_as_finished() -> None:
+    read = recording_check._read
+    assert read([("waiting", "lookup_pending"), ("lookup_pending", "waiting"), ("waiting", "running"),
+                 ("running", "sending"), ("sending", "finished")]) == [("waiting", "running"),
+                                                                       ("running", "finished")]
+    assert read([("lookup_pending", "finished")]) == [("waiting", "finished")]
