@@ -37,8 +37,8 @@ def recorded_worlds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RecordingC
     yield built
 
 
-def _check(stack: tuple[str, ...] = ("baseline",)) -> Any:
-    return run_check(stack, examples=30, steps=30, shrink=False)
+def _check(stack: tuple[str, ...] = ("baseline",), examples: int = 30) -> Any:
+    return run_check(stack, examples=examples, steps=30, shrink=False)
 
 
 def test_the_real_engine_s_recording_agrees_with_it(recorded_worlds: list[RecordingCheck]) -> None:
@@ -123,7 +123,7 @@ class _Ignores:
 def test_a_broken_recorder_is_a_counterexample(recorded_worlds: list[RecordingCheck], broken: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     getattr(_Ignores, broken)(monkeypatch)
-    result = _check()
+    result = _check(examples=100)  # (a dropped hold needs a held request's blocks reused: 30 seldom do)
     assert not result.ok
     assert result.violation is not None and "recording" in result.violation.message, result.report()
 
