@@ -140,6 +140,49 @@ def mutant_key(m: dict[str, Any]) -> str:
     return f"{m['path']} {m['operator']} {m['occurrence']} {m['line']}:{m['col']}"
 
 
+def remap_sample(old_commit: str, sample_file: Path, session: Path, out: Path) -> int:
+    """Map a sample drawn on ``old_commit``'s sources onto today's (a session initialized on
+    them lists today's mutants): the same file, operator and column, on a line whose text is
+    unchanged, the nearest in occurrence. A mutant whose line was rewritten or removed is
+    listed as lost, with its old text."""
+    current: dict[tuple[str, str], list[tuple[int, int, int]]] = defaultdict(list)
+    for m in mutants(session):
+        current[(m["path"], m["operator"])].append((m["occurrence"], m["line"], m["col"]))
+    files: dict[tuple[str | None, str], list[str] | None] = {}
+
+    def text(commit: str | None, path: str, row: int) -> str | None:
+        if (commit, path) not in files:
+            if commit is None:
+                source = ROOT / path
+                files[(commit, path)] = source.read_text().splitlines() if source.exists() else None
+            else:
+                shown = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                                       check=False)
+                files[(commit, path)] = shown.stdout.splitlines() if shown.returncode == 0 else None
+        lines = files[(commit, path)]
+        return lines[row - 1] if lines is not None and 0 < row <= len(lines) else None
+
+    mapped, lost = [], []
+    for key in (line.strip() for line in sample_file.read_text().splitlines()):
+        if not key:
+            continue
+        path, operator, occurrence, position = key.split()
+        row, col = (int(x) for x in position.split(":"))
+        was = text(old_commit, path, row)
+        found = sorted((abs(o - int(occurrence)), o, r) for o, r, c in current.get((path, operator), ())
+                       if c == col and was is not None and text(None, path, r) == was)
+        if found:
+            _, o, r = found[0]
+            mapped.append(f"{path} {operator} {o} {r}:{col}")
+        else:
+            lost.append(f"{key}  ({(was or '(gone)').strip()[:90]})")
+    out.write_text("\n".join(sorted(mapped)) + "\n")
+    print(f"{len(mapped)} mutants mapped to {out}; {len(lost)} lost (line rewritten or removed):")
+    for line in lost:
+        print(f"  {line}")
+    return 0
+
+
 def export_sample(session: Path, out: Path) -> int:
     """Write the session's sample (the mutants it ran), one ``mutant_key`` per line."""
     keys = sorted(mutant_key(m) for m in mutants(session) if m["worker"] != "skipped")
@@ -374,12 +417,20 @@ def main(argv: list[str] | None = None) -> int:
     export_p = sub.add_parser("export", help="write the session's sample, to run it again with --sample-file")
     export_p.add_argument("out", type=Path)
     export_p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
+    remap_p = sub.add_parser("remap", help="map a sample drawn on older sources onto today's (for --sample-file)")
+    remap_p.add_argument("old_commit", help="the commit the sample was drawn on")
+    remap_p.add_argument("sample_file", type=Path)
+    remap_p.add_argument("out", type=Path)
+    remap_p.add_argument("--session", type=Path, default=DEFAULT_SESSION,
+                         help="a session initialized on today's sources (its mutants)")
     all_p = sub.add_parser("all-detectors", help="check's survivors against every detector (chaos validate, pytest)")
     all_p.add_argument("--session", type=Path, default=DEFAULT_SESSION, help="session database")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(args.session, None if args.all else args.sample, args.seed, fresh=not args.resume,
                    scope=args.scope, sample_file=args.sample_file)
+    if args.command == "remap":
+        return remap_sample(args.old_commit, args.sample_file, args.session, args.out)
     if args.command == "export":
         return export_sample(args.session, args.out)
     if args.command == "rerun":
