@@ -59,17 +59,6 @@ _COUNTERS = ("loads", "stores", "blocks_loaded", "blocks_stored", "preemptions")
 TIER = "host"  # where the recording says the recorded connector keeps its copies
 
 
-def pending_reason(inner: ConnectorAPI, request_id: str) -> str | None:
-    """Why kvlife's connector answered ``None``: "lookup", "prefetch" or "defer" (as
-    ``KVLifeConnector.kvlife_pending_reason`` tells ``RecordingConnector``)."""
-    req = inner.core.state.requests.get(request_id)
-    if req is None:
-        return None
-    if req.state == "lookup_pending":
-        return "lookup"
-    return "prefetch" if request_id in inner.core.state.prefetch_waits else "defer"
-
-
 def observed_jobs(meta: ConnectorMeta) -> list[ObservedJob]:
     """The step's load and store jobs as a connector's metadata names them (the device
     blocks of each; the hashes its moves carry)."""
@@ -146,7 +135,7 @@ class RecordingTee:
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         answer = self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
-        deferred = answer[0] is None and pending_reason(self.inner, request.request_id) == "defer"
+        deferred = answer[0] is None and self.inner.core.pending_reason(request.request_id) == "defer"
         self._mirror("get_num_new_matched_tokens", request, num_computed_tokens, answer, deferred)
         return answer
 

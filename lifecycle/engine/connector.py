@@ -683,6 +683,16 @@ class ConnectorCore:
                                 f"submitted at t={req.lookup_submitted_ms:g} (deadline "
                                 f"{state.config.lookup_deadline_ms:g} ms): treated as a miss; its answer is stale now")
 
+    def pending_reason(self, request_id: str) -> str | None:
+        """Why the last match answered None: "lookup", "prefetch" or "defer"; None if the
+        request is unknown (``RecordingConnector`` records a deferral as no lookup)."""
+        req = self.state.requests.get(request_id)
+        if req is None:
+            return None
+        if req.state == LOOKUP_PENDING:
+            return "lookup"
+        return "prefetch" if request_id in self.state.prefetch_waits else "defer"
+
     # ---- recording another connector --------------------------------------------------------------
     def observe_answer(self, request_id: str, num_computed_tokens: int, answer: int | None, load_async: bool,
                        tier: str, deferred: bool = False) -> None:

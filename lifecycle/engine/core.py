@@ -48,11 +48,11 @@ from kvlife.lifecycle.engine.events import (
     Command,
     InputEvent,
     LookupAnswer,
+    Scheduled,
     StartLoad,
     StartPrefetch,
     StartStore,
     StepOutput,
-    StepPlan,
     Tick,
     TransferReport,
     input_to_record,
@@ -125,7 +125,6 @@ class Engine:
         self.workers = [WorkerBook() for _ in range(config.ranks)]
         self.aggregator = OutputAggregator(config.ranks)
         self._worker_steps: deque[tuple[int, tuple[str, ...], tuple[int, ...]]] = deque()
-        self._plans: dict[int, StepPlan] = {}  # steps in flight, until their output (a failed step's blocks)
 
     @property
     def state(self) -> CoreState:
@@ -143,7 +142,6 @@ class Engine:
         kind = type(event)
         if kind is Tick:
             plan, meta = self.scheduler.schedule()
-            self._plans[plan.step_id] = plan
             self._to_workers(meta)
             commands = core.take_commands()
             commands.extend(meta_commands(meta))
@@ -212,9 +210,8 @@ class Engine:
         if not scheduler.steps or next(iter(scheduler.steps)) != event.step_id:
             core.lifecycle.warn("unknown_step", step=event.step_id)
             return
-        plan = self._plans.pop(event.step_id)
         if event.failed_ranks:
-            self._fail_step(plan)
+            self._fail_step(scheduler.steps[event.step_id][2])
         scheduled = {req.request_id for req, _, samples in scheduler.steps[event.step_id][0] if samples}
         for rid, _ in event.finished:
             if rid not in scheduled:
@@ -229,7 +226,7 @@ class Engine:
                                    WorkerMeta(event.reports) if event.reports else None, set(invalid))
         scheduler.update_from_output(event.step_id, dict(event.finished), output, given_up)
 
-    def _fail_step(self, plan: StepPlan) -> None:
+    def _fail_step(self, planned: Sequence[Scheduled]) -> None:
         """The step wrote no KV on some rank: the blocks it was to write leave the prefix
         cache, so no hit serves them (those of a request that finished while it ran too),
         and every request whose blocks include one is aborted, with the blocks it computed
@@ -238,7 +235,7 @@ class Engine:
         scheduler = self.scheduler
         bt = scheduler.block_tokens
         bad: set[int] = set()
-        for entry in plan.entries:
+        for entry in planned:
             first = entry.computed_before // bt
             bad.update(entry.block_table[first:-(-(entry.computed_before + entry.num_tokens) // bt)])
         victims: dict[str, None] = {}

@@ -90,7 +90,8 @@ class Scheduler:
         self.sched_step_seq = 0
         self.processed_step_seq = 0
         self.deferred_frees: deque[tuple[int, list[int]]] = deque()
-        self.steps: dict[int, tuple[list[Entry], int]] = {}  # step id -> (entries, tokens), until its output
+        # step id -> (entries, tokens, the plan's entries: what each writes), until its output
+        self.steps: dict[int, tuple[list[Entry], int, tuple[Scheduled, ...]]] = {}
         self.next_step_id = 0
         self.results = 0  # transfer results applied (finished_recving / finished_sending)
 
@@ -490,8 +491,9 @@ class Scheduler:
                 # derived hashes too, so a live worker writes their content.
                 hashes = extend_hashes(hashes, req.request_id, end // bt)
             entries.append(Scheduled(req.request_id, n, before, samples, table, hashes))
-        self.steps[step_id] = (scheduled, total)
-        return StepPlan(step_id, tuple(entries), len(meta.sync_lookup_keys), meta.sync_lookup_keys, meta.flush), meta
+        planned = tuple(entries)
+        self.steps[step_id] = (scheduled, total, planned)
+        return StepPlan(step_id, planned, len(meta.sync_lookup_keys), meta.sync_lookup_keys, meta.flush), meta
 
     # ---- the step's output -----------------------------------------------------------------------
     def update_from_output(self, step_id: int, stops: dict[str, str], output: KVConnectorOutput | None,
@@ -508,7 +510,7 @@ class Scheduler:
         if step is None:
             return False
         self.connector.begin_output()
-        scheduled, total = step
+        scheduled, total, _ = step
         if self.defer_block_free and total > 0:
             self.processed_step_seq += 1
             while self.deferred_frees and self.deferred_frees[0][0] <= self.processed_step_seq:

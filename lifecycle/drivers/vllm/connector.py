@@ -303,12 +303,7 @@ class KVLifeConnector(KVConnectorBase_V1, SupportsHMA):
     def kvlife_pending_reason(self, request_id: str) -> str | None:
         """Why the last match answered None (``RecordingConnector`` records a deferral as no
         lookup): "lookup", "prefetch" or "defer"; None if it did not."""
-        req = self.core.state.requests.get(request_id)
-        if req is None:
-            return None
-        if req.state == "lookup_pending":
-            return "lookup"
-        return "prefetch" if request_id in self.core.state.prefetch_waits else "defer"
+        return self.core.pending_reason(request_id)
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """The scheduler side's counters since the last call (vLLM adds them to the step's
