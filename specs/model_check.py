@@ -1118,6 +1118,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         self.drain()
         self._replays()
+        self._refuses_altered()
         self._calls_recorded()
 
     def _replays(self) -> None:
@@ -1137,6 +1138,15 @@ class LifecycleMachine(RuleBasedStateMachine):
         differs = replays_exactly(self.records, self.probe.config, self.stack_names, self._fresh_engine, self.seed)
         if differs is not None:
             self._raise(Violation(15, differs))
+
+    def _refuses_altered(self) -> None:
+        """The trace reader refuses the example's input records altered one value at a
+        time, naming the field (``kvlife.specs.refusal_check``; 15)."""
+        from kvlife.specs.refusal_check import refuses_altered
+
+        taken = refuses_altered(self.records)
+        if taken is not None:
+            self._raise(Violation(15, taken))
 
     def _calls_recorded(self) -> None:
         """Under ``vllm_calls``: the example's inputs again, into an engine that writes the

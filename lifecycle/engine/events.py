@@ -182,6 +182,8 @@ def _check_types(values: dict[str, Any]) -> None:
             isinstance(value, bool) or not isinstance(value, int) or value < 1
         ):
             raise BadEvent(name, f"expected a positive integer or null, got {value!r}")
+        if name == "resumable" and not isinstance(value, bool):
+            raise BadEvent(name, f"expected true or false, got {value!r}")
         if name == "request_id" and not isinstance(value, str):
             raise BadEvent(name, f"expected a string, got {value!r}")
 

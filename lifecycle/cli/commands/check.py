@@ -115,7 +115,7 @@ def handle(args: argparse.Namespace) -> int:
         seeded = f", seed {seed}" if seed is not None else ""
         print(f"kvlife check: stack {name}: {args.examples} examples x up to {args.steps} steps{seeded}, "
               f"guards hold, invariants 1-8 and 10-13 hold, nothing stranded, the traces of 1 example in "
-              f"{REPLAY_EVERY} replay exactly (15) ({wall:.1f} s)")
+              f"{REPLAY_EVERY} replay exactly and altered inputs are refused (15) ({wall:.1f} s)")
         return 0
     print(f"kvlife check: stack {name}: counterexample found ({wall:.1f} s)")
     # Hypothesis's own advice (an @reproduce_failure decorator) has no use on the command line.
