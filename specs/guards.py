@@ -75,6 +75,7 @@ def guard_problems(stack: PolicyStack) -> list[str]:
         _hang(own, "admission", spin=True),
         _hang(own, "store_limit", spin=True, catch=True),
         _hang(own, "lookup_mode", spin=True, thread=True),
+        _hang(own, "admission", spin=True, after=1),
         _innermost_frame(own),
         _reason_over_limit(own),
         _reason_at_limit(own),
@@ -89,11 +90,13 @@ def guard_problems(stack: PolicyStack) -> list[str]:
 class Hang:
     """A policy whose hook ``hook`` does not return for ``BOUND_S``: it sleeps, or spins in
     pure Python; with ``catch`` it catches what it is sent (``except Exception``), keeps it
-    in ``caught`` and goes on. Past the bound it gives up and answers."""
+    in ``caught`` and goes on. Past the bound it gives up and answers. With ``after``, its
+    first ``after`` asks answer at once (the watchdog must time every call, not the first)."""
 
     hook: str
     spin: bool
     catch: bool = False
+    after: int = 0
     name: str = "guard-hang"
     caught: list[Exception] = attrs.Factory(list)
 
@@ -103,6 +106,9 @@ class Hang:
         raise AttributeError(name)
 
     def hang(self, *args: Any) -> Decision[Any]:
+        if self.after:
+            self.after -= 1
+            return Decision(legal_value(self.hook), "answered at once")
         deadline = time.monotonic() + BOUND_S
         while time.monotonic() < deadline:
             try:
@@ -120,13 +126,20 @@ def _wait(deadline: float, spin: bool) -> None:
             time.sleep(min(left, SLEEP_S))
 
 
-def _hang(own: Sequence[object], hook: str, *, spin: bool, catch: bool = False, thread: bool = False) -> str | None:
-    """A hook that never returns, asked first in a fresh stack: stopped, and named."""
-    hostile = Hang(hook, spin, catch)
+def _hang(own: Sequence[object], hook: str, *, spin: bool, catch: bool = False, thread: bool = False,
+          after: int = 0) -> str | None:
+    """A hook that never returns, asked first in a fresh stack (or after ``after`` quick
+    answers): stopped, and named."""
+    hostile = Hang(hook, spin, catch, after)
     stack = PolicyStack([hostile, *own], budget_s=BUDGET_S)
     here = "in the main thread" if threading.current_thread() is threading.main_thread() else "in the asking thread"
+    when = f"after {after} quick answer{'s' if after > 1 else ''}" if after else "first"
     what = (f"a hook ({hook}) that {'spins' if spin else 'sleeps'}{' and catches what it is sent' if catch else ''}, "
-            f"asked first in a fresh stack {'from another thread' if thread else here}")
+            f"asked {when} in a fresh stack {'from another thread' if thread else here}")
+    for _ in range(after):
+        quick = _ask(stack, hook)
+        if not isinstance(quick, Answer):
+            return f"{what}: a quick answer was stopped: {type(quick).__name__}: {quick}"
     outcome = _ask_in_thread(stack, hook) if thread else _ask(stack, hook)
     # (A hook that caught nothing and gave up was sent nothing: the timeout's problem.)
     sent = bool(hostile.caught) or not isinstance(outcome, Answer)

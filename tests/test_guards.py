@@ -67,9 +67,25 @@ def test_a_watchdog_that_never_fires_fails_every_hang(monkeypatch: pytest.Monkey
     monkeypatch.setattr(Watch, "_fire", lambda self, seq: None)
     problems = guard_problems(load_stack([]))
     hangs = [p for p in problems if "the watchdog did not stop it within 0.3 s (6 budgets" in p]
-    assert len(hangs) == 4, problems
+    assert len(hangs) == 5, problems
     assert any("sleeps, asked first in a fresh stack in the main thread" in p for p in hangs)
     assert any("spins, asked first in a fresh stack from another thread" in p for p in hangs)
+
+
+@pytest.mark.usefixtures("short_bound")
+def test_a_watchdog_that_times_only_a_stacks_first_call_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a stack that stops marking its calls after the first one does (``seq`` left odd)."""
+    check = Watch._check
+
+    def first_call_only(self: Watch, now: float) -> None:
+        if self.seq <= 1:
+            check(self, now)
+
+    monkeypatch.setattr(Watch, "_check", first_call_only)
+    problems = guard_problems(load_stack([]))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("a hook (admission) that spins, asked after 1 quick answer in a fresh stack in "
+                                  "the main thread: the watchdog did not stop it within 0.3 s")
 
 
 def test_a_watchdog_that_sends_the_uncatchable_error_first_fails(monkeypatch: pytest.MonkeyPatch) -> None:

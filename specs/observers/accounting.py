@@ -21,8 +21,9 @@ Live, through the probe (``kvlife.specs.engine_probe``):
   every admission pass that passed over a request waiting on its prefetch was counted;
 - after every handling, the engine's device pool and tiers pass ``check_accounting`` (8).
 
-From records alone: a ``lookup_reuse`` record counts the uses of its answer, and a
-prefetch's ``job_done`` says whether it was abandoned.
+From records alone: a ``lookup_reuse`` record counts the uses of its answer, and says
+when the answer came and how old it is (the time of its ``lookup_answered`` or
+``lookup_expired`` transition); a prefetch's ``job_done`` says whether it was abandoned.
 """
 
 from __future__ import annotations
@@ -279,6 +280,7 @@ class Counters(Observer):
         self.waited: dict[int, str] = {}  # prefetch job -> patience policy: an admission passed its request
         self.finished_at: dict[str, float | None] = {}
         self.reuses: dict[str, int] = {}
+        self.answered: dict[str, float | None] = {}  # the time of each request's last async answer (or expiry)
 
     def on_record(self, ev: Event) -> None:  # every record as written, inputs included
         self.tally.feed(ev.data)
@@ -295,6 +297,8 @@ class Counters(Observer):
             self.finished_at[req.rid] = self.ctx.t
         if trigger in _NEW_ANSWER:
             self.reuses.pop(req.rid, None)  # its answer's uses count from 1 again
+        if trigger in ("lookup_answered", "lookup_expired"):
+            self.answered[req.rid] = self.ctx.t
 
     def _passed_prefetches(self, req: Req) -> None:
         """Requests ahead of ``req`` waiting on their prefetch while its patience lasts were
@@ -321,9 +325,13 @@ class Counters(Observer):
     def on_lookup_reuse(self, ev: Event) -> None:
         rid, uses = str(ev.get("req")), ev.get("uses")
         self.reuses[rid] = self.reuses.get(rid, 0) + 1
-        if is_int(uses) and uses != self.reuses[rid] + 1:
-            self.fail(13, f"{rid}: the lookup_reuse record counts {uses} uses of its answer, this is use "
+        if not is_int(uses) or uses != self.reuses[rid] + 1:
+            self.fail(13, f"{rid}: the lookup_reuse record counts {uses!r} uses of its answer, this is use "
                           f"{self.reuses[rid] + 1} (the first use writes no such record)")
+        answered, age, t = self.answered.get(rid), ev.get("age_ms"), self.ctx.t
+        if answered is not None and t is not None and (ev.get("answered") != answered or age != t - answered):
+            self.fail(13, f"{rid}: the lookup_reuse record says its answer came at t={ev.get('answered')!r}, "
+                          f"{age!r} ms ago; it came at t={answered:g}, {t - answered:g} ms ago")
 
     def on_end(self, ev: Event) -> None:
         probe = self.ctx.probe
