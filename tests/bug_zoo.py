@@ -526,6 +526,21 @@ class PreemptsFencedScheduler(Scheduler):
             self._freeing = False
 
 
+# ---- 30. blocks still in flight kept as hits when patience runs out -------------------------------------------------
+class KeepsPrefetchingHitsTransfers(Transfers):
+    """When a request's patience with its prefetch runs out, it keeps its whole answer: the
+    blocks the prefetch still has in flight count as hits too, so its load reads them from
+    their lower tier while the prefetch pulls them into the host tier (the same blocks read
+    twice; the rule is that they are computed)."""
+
+    def prefetch_gate(self, req: Any) -> bool:
+        answer = req.lookup
+        waiting = super().prefetch_gate(req)
+        if not waiting and answer is not None and req.lookup is not None and len(req.lookup) < len(answer):
+            req.lookup = answer
+        return waiting
+
+
 @attrs.frozen
 class ZooBug:
     name: str
@@ -608,6 +623,9 @@ ZOO: tuple[ZooBug, ...] = (
     ZooBug("preempts_fenced_victim", "a preemption victim whose blocks a step in flight still writes: no room made, "
            "the next victim taken (a zero-progress cascade)", 7, "vllm#49674",
            engine_factory=_with_scheduler(PreemptsFencedScheduler)),
+    ZooBug("keeps_prefetching_hits", "blocks a prefetch still has in flight kept as hits when patience runs out",
+           12, "issue 26 (prefetch patience)",
+           engine_factory=_engine("KeepsPrefetchingHits", transfers_class=KeepsPrefetchingHitsTransfers)),
 )
 
 __all__ = ["ZOO", "LeaksPreemptedScheduler", "ZooBug", "_with_scheduler"]

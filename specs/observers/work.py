@@ -10,6 +10,10 @@
 - No load or prefetch reads a tier copy that failed to load, until a store or prefetch
   wrote it again (a stale hit: retries without bound); a request never loads its block
   past the first one whose load failed for it.
+- Live: when patience runs out on a prefetch (its ``abandon`` record), its request keeps
+  the hits of its answer before the first block the prefetch still has in flight, and no
+  more: that block and the rest are computed (checked at the next record, before anything
+  else reads the answer).
 - Live: a load reads what its request's own prefetch landed from where it landed. (A
   prefetch starts at arrival, from the connector, which does not see the device's prefix
   cache, as in vLLM: a prefetch of a block the device holds is not a finding.)
@@ -45,6 +49,8 @@ class Work(Observer):
         super().__init__(ctx)
         self.of: dict[str, _Lookups] = {}
         self.bad: dict[tuple[str, int], int] = {}  # (tier, hash) -> the load job it failed in
+        # After a prefetch's abandon: (its request, its job, the answer it must keep, the answer it had).
+        self.cut_due: tuple[str, int, tuple[str, ...], tuple[str, ...]] | None = None
 
     def _of(self, rid: str) -> _Lookups:
         found = self.of.get(rid)
@@ -123,6 +129,38 @@ class Work(Observer):
         elif said != "keep":
             self.fail(12, f"{rid}: an async lookup answer is used again, but the admission that used it was told "
                           f"{said or 'consume'} (lookup_reuse): it should have looked up again")
+
+    # ---- prefetch patience ----------------------------------------------------------------------
+    def on_abandon(self, ev: Event) -> None:
+        job, probe = ev.job, self.ctx.probe
+        if job is None or probe is None:
+            return
+        req = self.picture.requests.get(job.rid)
+        if req is None:
+            return
+        answer, _ = probe.lookup(req.rid)  # (the record comes before the engine cuts it)
+        moving = {m.block_hash for m in job.moves or ()}
+        candidates = min(len(answer), (req.prompt + req.generated - 1) // self.bt)
+        keep = next((i for i in range(candidates) if req.hash_at(i) in moving), candidates)
+        self.cut_due = (req.rid, job.job_id, answer[:keep], answer)
+
+    def on_record(self, ev: Event) -> None:
+        if self.cut_due is not None and ev.get("kind") != "abandon":
+            self._cut_kept()
+
+    def on_end(self, ev: Event) -> None:
+        if self.cut_due is not None:
+            self._cut_kept()
+
+    def _cut_kept(self) -> None:
+        assert self.cut_due is not None and self.ctx.probe is not None
+        rid, job_id, keep, answer = self.cut_due
+        self.cut_due = None
+        kept, _ = self.ctx.probe.lookup(rid)
+        if kept != keep:
+            self.fail(12, f"patience ran out on {rid}'s prefetch job {job_id}: of its answer {list(answer)} it keeps "
+                          f"{list(kept)}; the hits before the first block the prefetch still has in flight, "
+                          f"{list(keep)}, are kept, and no more")
 
     # ---- loads and prefetches -----------------------------------------------------------------
     def on_job(self, ev: Event) -> None:
