@@ -25,6 +25,9 @@ class EngineProbe:
         self.retired: Mapping[str, Any] = retired if retired is not None else {}
         # With watch_admissions: each request's last admission answer and the pass it came in.
         self._admissions: dict[str, tuple[int, Any]] | None = None
+        # With watch_admissions: the asks not yet looked at: (request, hook, the views past
+        # the request's and before the engine's), noted as each ask begins.
+        self._shown: list[tuple[str, str, tuple[Any, ...]]] = []
 
     def watch_admissions(self) -> None:
         """Note each admission answer with the pass (step id) it was given in. A request
@@ -34,8 +37,10 @@ class EngineProbe:
         ask = lifecycle.ask
         admissions: dict[str, tuple[int, Any]] = {}
         self._admissions = admissions
+        shown = self._shown
 
         def watched(req: Any, hook: str, *args: Any) -> Any:
+            shown.append((req.request_id, hook, args))
             answer = ask(req, hook, *args)
             if hook == "admission":
                 admissions[req.request_id] = (scheduler.next_step_id, answer)
@@ -44,6 +49,13 @@ class EngineProbe:
         lifecycle.ask = watched
 
     # ---- what the observers read --------------------------------------------------------------
+    def take_shown(self) -> list[tuple[str, str, tuple[Any, ...]]]:
+        """The policy asks begun since the last call (with watch_admissions): each request,
+        hook and the hook's own views (a ``LoadView``, a ``PrefetchView``, a count)."""
+        shown = list(self._shown)
+        self._shown.clear()
+        return shown
+
     def commands(self) -> list[Any] | None:
         """The commands of the handling under way, as the engine issues them."""
         commands = getattr(getattr(self.engine, "state", None), "commands", None)
