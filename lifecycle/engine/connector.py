@@ -441,7 +441,6 @@ class ConnectorCore:
         req.block_table = []
         req.epoch += 1
         req.lookup = None
-        req.lookup_async = False
         req.lookup_uses = 0
         req.preemptions += 1
         self.state.stats.preemptions += 1
@@ -485,7 +484,6 @@ class ConnectorCore:
         req.block_table = list(block_ids)
         req.local_tokens = req.computed = req.confirmed = kept
         req.lookup = None
-        req.lookup_async = False
         req.lookup_uses = 0
         req.plan = ()
         req.joins = {}

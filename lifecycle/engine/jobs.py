@@ -343,7 +343,6 @@ class Transfers:
         req.computed = req.confirmed = cut
         req.epoch += 1
         req.lookup = None
-        req.lookup_async = False
         req.lookup_uses = 0
         if configured == "fail":
             return  # the scheduler fails it with the step output that reports the load
