@@ -284,7 +284,9 @@ class World:
     retention: bool = False
     kv_load_failure_policy: str = "recompute"  # vLLM's: a failed load recomputes, or fails the request
     # How many inputs share a millisecond (a driver's clock is coarse: vLLM's calls of one
-    # pass read one time; 8: the first few jobs start at t=0, a boundary of the deadlines).
+    # pass read one time; 8: the first few jobs start at t=0, a boundary of the deadlines;
+    # 64: all but the clock's jumps within one ms, so a job given up at its deadline
+    # started at t=0).
     inputs_per_ms: int = 1
     # The connector answers its own async lookups, this many scheduler passes after they
     # went out (as ``KVLifeConnector`` does inside vLLM: ``DelayedLookups``); None: the
@@ -319,7 +321,7 @@ class World:
             max_async_lookups=rng.choice([1024, 1, 2, 3]),
             retention=rng.random() < 0.3,
             kv_load_failure_policy=rng.choice(["recompute", "recompute", "fail"]),
-            inputs_per_ms=rng.choice([1, 1, 1, 1, 3, 8]),
+            inputs_per_ms=rng.choice([1, 1, 1, 1, 3, 8, 64]),
             connector_lookups=rng.choice([None, None, None, 0, 1, 2]),
             calls_recorded=rng.random() < 0.5,
             recorded=rng.random() < 0.25,
