@@ -297,6 +297,8 @@ class World:
     # run of the same inputs at the end; the adversary sends only inputs vLLM's calls show.
     calls_recorded: bool = False
     recorded: bool = False  # the connector is recorded as inside vLLM, and the recording judged (recording_check)
+    # A recorded world's scheduler shows the recorder vLLM's block names (recording_check.VllmNames).
+    vllm_names: bool = False
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -325,6 +327,7 @@ class World:
             connector_lookups=rng.choice([None, None, None, 0, 1, 2]),
             calls_recorded=rng.random() < 0.5,
             recorded=rng.random() < 0.25,
+            vllm_names=rng.random() < 0.5,
         )
 
     @property
@@ -351,7 +354,8 @@ class World:
                 + (f", the connector answers lookups after {self.connector_lookups} passes"
                    if self.connector_lookups is not None else "")
                 + (", inputs recorded from the connector's calls" if self.vllm_calls else "")
-                + (", recorded" if self.recorded else "")
+                + ((", recorded with vLLM's block names" if self.vllm_names else ", recorded") if self.recorded
+                   else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
@@ -569,7 +573,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.engine = (cls.engine_factory or Engine)(config, stack, tiers=tiers, recorder=self._on_record, **extra)
         self.world, self.warmed, self.stack_names = world, warmed, stack.names
         if world.recorded:
-            self.recording = RecordingCheck(config, sharing, {tiers[-1].name: warmed} if warmed else None)
+            self.recording = RecordingCheck(config, sharing, {tiers[-1].name: warmed} if warmed else None,
+                                            world.vllm_names)
             self.recording.install(self.engine)
         self.probe = EngineProbe(self.engine, self.retired)
         self.probe.watch_admissions()

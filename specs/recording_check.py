@@ -26,7 +26,20 @@ then judges the recording (``findings``):
   and when inputs stop, the jobs counted (loads, stores and their blocks, preemptions) are
   the engine's (a store the engine starts at a finish or a step output reaches the
   recorder only with the next step's metadata). An answer the recorder makes up for a
-  pending lookup is never dropped as stale.
+  pending lookup is never dropped as stale;
+- the recorded jobs name the blocks the engine's jobs move (through the names below).
+
+A share of recorded worlds (``model_check.World.vllm_names``) names blocks as vLLM does:
+inside vLLM, the scheduler's request names every block by vLLM's own hash of its tokens,
+so the blocks generated tokens fill have names the connector core cannot derive (its
+``blocks.derived_block_hash``); the recorder reads them off the request as they grow
+(``ConnectorAPI(refresh_hashes=True)``), derives none past what it was told, and its
+trace carries the position of each such block it stores (a job's ``moves``), for a reader
+that could not place it otherwise. There the tee hands the recorder every block hash the
+engine's scheduler shows it through one map, kvlife's name -> vLLM's (``VllmNames``): the
+requests' ``block_hashes`` (prompt blocks, and generated ones as they fill), the jobs'
+block names and the blocks the workers' reports say failed, and the blocks a warm tier
+held; the recorded jobs are then compared through that map.
 
 What the recorder cannot see: a job the engine reclaims at its reclaim deadline (ranks
 silent on it) ends the judging (the recording is judged up to then); a prefetch (a pull
@@ -34,18 +47,23 @@ between tiers, no device block moved) leaves the recording not knowing which cop
 holds, so its provenance findings (10) are not judged from then on.
 
 ``kvlife check`` draws a recorded world for a quarter of its examples
-(``model_check.World.recorded``).
+(``model_check.World.recorded``), half of them with vLLM's block names
+(``model_check.World.vllm_names``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import attrs
 
 from kvlife.lifecycle.config import EngineConfig, TierConfig
 from kvlife.lifecycle.engine.connector import ConnectorMeta
 from kvlife.lifecycle.engine.connector_api import ConnectorAPI
 from kvlife.lifecycle.engine.recorder import ConnectorRecorder, ObservedJob
+from kvlife.lifecycle.engine.vllm_shapes import WorkerMeta
 from kvlife.lifecycle.traces.validate import trace_settings
 from kvlife.specs.findings import Violation
 from kvlife.specs.observers.pipeline import Pipeline
@@ -59,12 +77,73 @@ _COUNTERS = ("loads", "stores", "blocks_loaded", "blocks_stored", "preemptions")
 TIER = "host"  # where the recording says the recorded connector keeps its copies
 
 
-def observed_jobs(meta: ConnectorMeta) -> list[ObservedJob]:
+def observed_jobs(meta: ConnectorMeta, name: Callable[[int], int] = int) -> list[ObservedJob]:
     """The step's load and store jobs as a connector's metadata names them (the device
-    blocks of each; the hashes its moves carry)."""
+    blocks of each; the hashes its moves carry, by ``name``)."""
     return [ObservedJob(job.job_id, job.kind, job.request_id, tuple(m.device_block for m in job.moves),
-                        tuple(m.block_hash for m in job.moves), tuple(m.tier for m in job.moves))
+                        tuple(name(m.block_hash) for m in job.moves), tuple(m.tier for m in job.moves))
             for job in (*meta.loads, *meta.stores)]
+
+
+def vllm_name(block_hash: int) -> int:
+    """vLLM's name of the block kvlife's engine names ``block_hash``: a stand-in for vLLM's
+    hash of the block's tokens and its parent's hash (kvlife's names are chained on the
+    parent's too, so one block, one name), which no reader derives from kvlife's; below
+    2**63, as every block name in a trace."""
+    digest = hashlib.blake2b(f"vllm/{block_hash}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+class VllmNames:
+    """The one map from kvlife's block names to vLLM's (``vllm_name``), as a recorded world
+    with vLLM's names shows blocks to the recorder."""
+
+    def __init__(self) -> None:
+        self.names: dict[int, int] = {}
+        # Per request: the scheduler's hashes last renamed, and their names (a request's
+        # hashes are read before most calls; they change only when a block fills).
+        self._renamed: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+
+    def __call__(self, block_hash: int) -> int:
+        name = self.names.get(block_hash)
+        if name is None:
+            name = self.names[block_hash] = vllm_name(block_hash)
+        return name
+
+    def hashes(self, request_id: str, hashes: tuple[int, ...]) -> tuple[int, ...]:
+        last = self._renamed.get(request_id)
+        if last is not None and last[0] is hashes:
+            return last[1]
+        names = tuple(self(h) for h in hashes)
+        self._renamed[request_id] = (hashes, names)
+        return names
+
+    def request(self, request: Any) -> Any:
+        return _VllmNamedRequest(request, self)
+
+    def output(self, output: Any) -> Any:
+        """A step's connector output, the blocks its reports say failed named by vLLM."""
+        meta = output.kv_connector_worker_meta
+        if meta is None:
+            return output
+        reports = tuple((job, rank, tuple(self(h) for h in failed)) for job, rank, failed in meta.reports)
+        return attrs.evolve(output, kv_connector_worker_meta=WorkerMeta(reports))
+
+
+class _VllmNamedRequest:
+    """A scheduler's request as vLLM's shows its blocks: by vLLM's names, read as they grow."""
+
+    def __init__(self, request: Any, names: VllmNames) -> None:
+        self._request = request
+        self._names = names
+
+    @property
+    def block_hashes(self) -> tuple[int, ...]:
+        request = self._request
+        return self._names.hashes(request.request_id, request.block_hashes)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._request, attr)
 
 
 def recording_config(config: EngineConfig) -> EngineConfig:
@@ -85,12 +164,15 @@ class RecordingTee:
 
     A step output's connector output comes right before its ``take_events``; one that does
     not (kvlife's drivers deliver a transfer report as soon as it comes, between step
-    outputs) is mirrored as such (``observe_reports``) at the next call or ``settle``."""
+    outputs) is mirrored as such (``observe_reports``) at the next call or ``settle``.
 
-    def __init__(self, inner: ConnectorAPI, recorder: ConnectorRecorder) -> None:
+    ``names``: the recorder sees the blocks by vLLM's names (``VllmNames``; None: kvlife's)."""
+
+    def __init__(self, inner: ConnectorAPI, recorder: ConnectorRecorder, names: VllmNames | None = None) -> None:
         self.inner = inner
         self.core = inner.core
         self.recorder: ConnectorRecorder | None = recorder
+        self.names = names
         self.error: str | None = None
         self._output: Any = None  # a connector output not yet mirrored
         # A finish comes with a step output, unless it comes in a pass or right at the
@@ -114,6 +196,10 @@ class RecordingTee:
             self.recorder = None
             self.error = f"the recorder raised at {call}: {type(exc).__name__}: {exc}"
 
+    def _shown(self, request: Any) -> Any:
+        """``request`` as the recorder sees it."""
+        return request if self.names is None else self.names.request(request)
+
     def settle(self) -> None:
         """The end of a handling: a connector output still unmirrored came on its own."""
         recorder = self.recorder
@@ -130,23 +216,24 @@ class RecordingTee:
 
     def on_new_request(self, request: Any, early: bool = True) -> None:
         self.inner.on_new_request(request, early)
-        self._mirror("on_new_request", request)
+        self._mirror("on_new_request", self._shown(request))
         self._arrived = request.request_id
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         answer = self.inner.get_num_new_matched_tokens(request, num_computed_tokens)
         deferred = answer[0] is None and self.inner.core.pending_reason(request.request_id) == "defer"
-        self._mirror("get_num_new_matched_tokens", request, num_computed_tokens, answer, deferred)
+        self._mirror("get_num_new_matched_tokens", self._shown(request), num_computed_tokens, answer, deferred)
         return answer
 
     def update_state_after_alloc(self, request: Any, block_ids: Sequence[int], num_external_tokens: int) -> None:
         self.inner.update_state_after_alloc(request, block_ids, num_external_tokens)
-        self._mirror("update_state_after_alloc", request, list(block_ids), num_external_tokens)
+        self._mirror("update_state_after_alloc", self._shown(request), list(block_ids), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> ConnectorMeta:
         meta = self.inner.build_connector_meta(scheduler_output)
         self._in_pass = False
-        self._mirror("build_connector_meta", scheduler_output, observed_jobs(meta), meta.abandon, meta.flush)
+        jobs = observed_jobs(meta) if self.names is None else observed_jobs(meta, self.names)
+        self._mirror("build_connector_meta", scheduler_output, jobs, meta.abandon, meta.flush)
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -154,13 +241,13 @@ class RecordingTee:
         if self.recorder is not None:
             if self._output is not None:
                 self._mirror("_settled")
-            self._output = connector_output
+            self._output = connector_output if self.names is None else self.names.output(connector_output)
 
     def request_finished(self, request: Any, block_ids: Sequence[int] = (),
                          held: bool | None = None) -> tuple[bool, dict[str, Any] | None]:
         hold, params = self.inner.request_finished(request, block_ids, held)
         in_output = not self._in_pass and self._arrived != request.request_id
-        self._mirror("request_finished", request, list(block_ids), hold, in_output)
+        self._mirror("request_finished", self._shown(request), list(block_ids), hold, in_output)
         return hold, params
 
     def take_events(self) -> tuple[()]:
@@ -177,12 +264,21 @@ class RecordingCheck:
     """A recorded world: ``install`` puts the tee between an engine's scheduler and its
     connector; ``findings`` judges the recording so far (module docstring)."""
 
-    def __init__(self, config: EngineConfig, sharing: bool, warm: dict[str, Sequence[int]] | None = None) -> None:
+    def __init__(self, config: EngineConfig, sharing: bool, warm: dict[str, Sequence[int]] | None = None,
+                 vllm_names: bool = False) -> None:
         self.records: list[dict[str, Any]] = []
+        # vLLM's block names (module docstring); None: kvlife's, as the engine names them.
+        self.names = VllmNames() if vllm_names else None
+        name = self.names or int
         config = recording_config(config)
         self.pipeline = Pipeline(trace_settings(config, sharing=sharing, recorded=True))
         for tier, hashes in (warm or {}).items():
-            self.pipeline.seed_tier(tier, hashes)  # (a recording's header names what a tier held)
+            # (a recording's header names what a tier held)
+            self.pipeline.seed_tier(tier, [name(h) for h in hashes])
+        # Each load and store job the engine started: the blocks it moves, as the recorder
+        # is shown them; compared with the recorded job, then dropped.
+        self.engine_jobs: dict[int, list[int]] = {}
+        self.misnamed: str | None = None  # the first recorded job that names other blocks
         self.recorder = ConnectorRecorder(config, self._recorded, TIER, inner_name="kvlife's connector")
         self.engine_moves: dict[str, list[tuple[str, str]]] = {}
         self.recorded_moves: dict[str, list[tuple[str, str]]] = {}
@@ -199,7 +295,8 @@ class RecordingCheck:
     def install(self, engine: Any) -> None:
         """Between ``engine``'s scheduler and its connector, and beside its trace recorder."""
         self.engine = engine
-        self.tee = RecordingTee(engine.connector, self.recorder)
+        self.tee = RecordingTee(engine.connector, self.recorder, self.names)
+        name = self.names or int
         engine.connector = engine.scheduler.connector = self.tee
         state = engine.core.state
         sink = state.recorder
@@ -210,6 +307,8 @@ class RecordingCheck:
                 self.reclaimed = True
             elif kind == "job" and record.get("op") == "prefetch":
                 self.prefetched = True
+            elif kind == "job":
+                self.engine_jobs[int(record["job"])] = [name(int(move[0])) for move in record["moves"]]
             _note(self.engine_moves, record)
             if sink is not None:
                 sink(record)
@@ -218,6 +317,13 @@ class RecordingCheck:
 
     def _recorded(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+        if record.get("kind") == "job" and self.misnamed is None:
+            moved = self.engine_jobs.pop(int(record["job"]), None)
+            named = [int(move[0]) for move in record["moves"]]
+            if moved != named:
+                self.misnamed = (f"recording: {record['op']} job {record['job']} of {record['req']} names blocks "
+                                 f"{named}, the engine's job {moved}"
+                                 + (" (as vLLM names them)" if self.names is not None else ""))
         _note(self.recorded_moves, record)
         self.pipeline.feed_record(record)
 
@@ -230,6 +336,8 @@ class RecordingCheck:
             return None
         if tee.error is not None:
             return Violation(0, f"recording: {tee.error}", t=t)
+        if self.misnamed is not None:
+            return Violation(13, self.misnamed, t=t)
         if final:
             self.pipeline.finish()
         for v in self.pipeline.violations:

@@ -115,6 +115,19 @@ ENGINE_MUTANTS = [
     # Every command but a lookup's goes to the lookup client and out of the driver's list.
     ("lifecycle/engine/connector_api.py", "            elif type(command) is DiscardLookup:",
      "            elif type(command) is not DiscardLookup:", 7, "but never handed it to the driver"),
+    # vLLM names generated blocks by its own hashes: only the recorded world with vLLM's
+    # block names (recording_check.VllmNames) runs these. A recorder that derives the names
+    # instead of reading them off the scheduler's request, or names a block before it fills,
+    # names other blocks than the engine's jobs move; one whose trace leaves out the
+    # position of such a stored block has it read as a block the request never computed.
+    ("lifecycle/engine/connector_api.py", "record_inputs: bool = False, refresh_hashes: bool = True)",
+     "record_inputs: bool = False, refresh_hashes: bool = False)", 13, "names blocks .* the engine's job"),
+    ("lifecycle/engine/jobs.py", "range(max(positions.start, req.prompt_tokens // req.block_tokens)",
+     "range(max(positions.start, req.prompt_tokens + req.block_tokens)", 5, "not a block r\\d+ has computed"),
+    ("lifecycle/engine/connector.py", "full = req.confirmed // self.state.config.block_tokens",
+     "full = req.confirmed / self.state.config.block_tokens", 13, "names blocks .* the engine's job"),
+    ("lifecycle/engine/connector.py", "full = req.confirmed // self.state.config.block_tokens",
+     "full = req.confirmed + self.state.config.block_tokens", 13, "names blocks .* the engine's job"),
 ]
 
 

@@ -4,6 +4,7 @@ real engine agrees with it; a recorder that gets something wrong is a counterexa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,9 @@ import attrs
 import pytest
 
 from kvlife.lifecycle.config import EngineConfig, TierConfig
+from kvlife.lifecycle.engine import jobs
+from kvlife.lifecycle.engine.connector import ConnectorCore
+from kvlife.lifecycle.engine.connector_api import ConnectorAPI
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.events import Arrival, StepOutput, Tick, TransferReport
 from kvlife.lifecycle.engine.jobs import Transfers
@@ -35,6 +39,15 @@ def recorded_worlds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RecordingC
 
     monkeypatch.setattr(RecordingCheck, "__init__", note)
     yield built
+
+
+@pytest.fixture
+def vllm_named_worlds(monkeypatch: pytest.MonkeyPatch, recorded_worlds: list[RecordingCheck]) -> list[RecordingCheck]:
+    """Every example in a recorded world whose scheduler shows the recorder vLLM's block names."""
+    draw = World.draw.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(World, "draw", classmethod(lambda cls, seed: attrs.evolve(draw(cls, seed), recorded=True,
+                                                                                  vllm_names=True)))
+    return recorded_worlds
 
 
 def _check(stack: tuple[str, ...] = ("baseline",), examples: int = 30) -> Any:
@@ -134,3 +147,83 @@ def test_the_comparison_reads_lookup_pending_as_waiting_and_sending_as_finished(
                  ("running", "sending"), ("sending", "finished")]) == [("waiting", "running"),
                                                                        ("running", "finished")]
     assert read([("lookup_pending", "finished")]) == [("waiting", "finished")]
+
+
+def _stored_moves(checks: list[RecordingCheck]) -> list[list[Any]]:
+    return [move for check in checks for record in check.records
+            if record.get("kind") == "job" and record["op"] == "store" for move in record["moves"]]
+
+
+def test_a_recording_under_vllm_s_block_names_agrees_with_the_engine(
+        vllm_named_worlds: list[RecordingCheck]) -> None:
+    """The recorder reads the names of generated blocks off the scheduler's requests: its
+    stores name them as vLLM does (the engine's jobs' blocks, through the map), each with
+    its position, which no trace reader could derive, and the recording passes every check."""
+    result = _check()
+    assert result.ok, result.report()
+    assert len(vllm_named_worlds) >= 30 and all(check.names is not None for check in vllm_named_worlds)
+    moves = _stored_moves(vllm_named_worlds)
+    placed = [move for move in moves if len(move) == 4]
+    assert len(placed) > 20, "no stored block of generated tokens came with its position"
+    # Every recorded name is vLLM's, none kvlife's own (a tee that renamed nothing fails here).
+    vllm = {name for check in vllm_named_worlds for name in check.names.names.values()}  # type: ignore[union-attr]
+    assert all(move[0] in vllm for move in moves)
+
+
+class _DerivesNames:
+    """Recorders that name generated blocks their own way, not as the scheduler's request does."""
+
+    @staticmethod
+    def no_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+        """The recorder never reads the names off the request (ConnectorAPI's default off)."""
+        init = ConnectorAPI.__init__
+
+        def derive(self: ConnectorAPI, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            self.refresh_hashes = False
+
+        monkeypatch.setattr(ConnectorAPI, "__init__", derive)
+
+    @staticmethod
+    def names_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+        """The core names the block its confirmed tokens only began to fill (a derived name,
+        which the request's, read once the block fills, does not replace)."""
+        confirm = ConnectorCore._confirm
+
+        def ahead(self: ConnectorCore, req: Any, before: int, n: int, samples: bool) -> None:
+            confirm(self, req, before, n, samples)
+            self.state.ensure_hashes(req, req.confirmed // self.state.config.block_tokens + 1)
+
+        monkeypatch.setattr(ConnectorCore, "_confirm", ahead)
+
+    @staticmethod
+    def no_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+        """A stored block of generated tokens goes into the trace without its position."""
+        monkeypatch.setattr(jobs, "_underivable", lambda req, positions, among=None: {})
+
+
+# A block misnamed is found when its job is recorded, or sooner by the trace's reader (a
+# request that revisits it names it as vLLM does, so the store wrote a block it never computed).
+MISNAMED = "names blocks|not a block r\\d+ has computed"
+
+
+@pytest.mark.parametrize(("broken", "phrase"), [("no_refresh", MISNAMED), ("names_ahead", MISNAMED),
+                                                ("no_positions", "not a block r\\d+ has computed")])
+def test_a_recorder_that_names_generated_blocks_its_own_way_is_a_counterexample(
+        vllm_named_worlds: list[RecordingCheck], monkeypatch: pytest.MonkeyPatch, broken: str, phrase: str) -> None:
+    getattr(_DerivesNames, broken)(monkeypatch)
+    result = _check()
+    assert not result.ok
+    assert result.violation is not None and "recording" in result.violation.message, result.report()
+    assert re.search(phrase, result.violation.message), result.violation.message
+
+
+def test_under_kvlife_s_own_names_the_same_recorders_pass(recorded_worlds: list[RecordingCheck],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What only vLLM's names reveal: kvlife's scheduler names generated blocks as the core
+    derives them, so a recorder that derives them too records the same trace."""
+    draw = World.draw.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(World, "draw", classmethod(lambda cls, seed: attrs.evolve(draw(cls, seed), vllm_names=False)))
+    _DerivesNames.no_refresh(monkeypatch)
+    result = _check()
+    assert result.ok, result.report()
