@@ -299,6 +299,9 @@ class World:
     recorded: bool = False  # the connector is recorded as inside vLLM, and the recording judged (recording_check)
     # A recorded world's scheduler shows the recorder vLLM's block names (recording_check.VllmNames).
     vllm_names: bool = False
+    # A recorded world's jobs name only their device blocks (as vLLM's OffloadingConnector's
+    # transfer specs): the recorder reads each block's name off its request's table.
+    unnamed_jobs: bool = False
 
     @classmethod
     def draw(cls, seed: int) -> World:
@@ -328,6 +331,7 @@ class World:
             calls_recorded=rng.random() < 0.5,
             recorded=rng.random() < 0.25,
             vllm_names=rng.random() < 0.5,
+            unnamed_jobs=rng.random() < 0.5,
         )
 
     @property
@@ -354,8 +358,8 @@ class World:
                 + (f", the connector answers lookups after {self.connector_lookups} passes"
                    if self.connector_lookups is not None else "")
                 + (", inputs recorded from the connector's calls" if self.vllm_calls else "")
-                + ((", recorded with vLLM's block names" if self.vllm_names else ", recorded") if self.recorded
-                   else "")
+                + ((", recorded with vLLM's block names" if self.vllm_names else ", recorded")
+                   + (", its jobs naming device blocks only" if self.unnamed_jobs else "") if self.recorded else "")
                 + (f", explorer {attrs.asdict(self.explorer)}" if self.explorer is not None else ""))
 
 
@@ -574,7 +578,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.world, self.warmed, self.stack_names = world, warmed, stack.names
         if world.recorded:
             self.recording = RecordingCheck(config, sharing, {tiers[-1].name: warmed} if warmed else None,
-                                            world.vllm_names)
+                                            world.vllm_names, world.unnamed_jobs)
             self.recording.install(self.engine)
         self.probe = EngineProbe(self.engine, self.retired)
         self.probe.watch_admissions()

@@ -77,11 +77,13 @@ _COUNTERS = ("loads", "stores", "blocks_loaded", "blocks_stored", "preemptions")
 TIER = "host"  # where the recording says the recorded connector keeps its copies
 
 
-def observed_jobs(meta: ConnectorMeta, name: Callable[[int], int] = int) -> list[ObservedJob]:
+def observed_jobs(meta: ConnectorMeta, name: Callable[[int], int] | None = int) -> list[ObservedJob]:
     """The step's load and store jobs as a connector's metadata names them (the device
-    blocks of each; the hashes its moves carry, by ``name``)."""
+    blocks of each; the hashes its moves carry, by ``name``; None: the jobs name no block
+    hash, as vLLM's OffloadingConnector's, and the recorder reads them off the requests)."""
     return [ObservedJob(job.job_id, job.kind, job.request_id, tuple(m.device_block for m in job.moves),
-                        tuple(name(m.block_hash) for m in job.moves), tuple(m.tier for m in job.moves))
+                        None if name is None else tuple(name(m.block_hash) for m in job.moves),
+                        tuple(m.tier for m in job.moves))
             for job in (*meta.loads, *meta.stores)]
 
 
@@ -168,11 +170,13 @@ class RecordingTee:
 
     ``names``: the recorder sees the blocks by vLLM's names (``VllmNames``; None: kvlife's)."""
 
-    def __init__(self, inner: ConnectorAPI, recorder: ConnectorRecorder, names: VllmNames | None = None) -> None:
+    def __init__(self, inner: ConnectorAPI, recorder: ConnectorRecorder, names: VllmNames | None = None,
+                 unnamed_jobs: bool = False) -> None:
         self.inner = inner
         self.core = inner.core
         self.recorder: ConnectorRecorder | None = recorder
         self.names = names
+        self.unnamed_jobs = unnamed_jobs  # the jobs name their device blocks only
         self.error: str | None = None
         self._output: Any = None  # a connector output not yet mirrored
         # A finish comes with a step output, unless it comes in a pass or right at the
@@ -232,7 +236,7 @@ class RecordingTee:
     def build_connector_meta(self, scheduler_output: Any) -> ConnectorMeta:
         meta = self.inner.build_connector_meta(scheduler_output)
         self._in_pass = False
-        jobs = observed_jobs(meta) if self.names is None else observed_jobs(meta, self.names)
+        jobs = observed_jobs(meta, None if self.unnamed_jobs else self.names or int)
         self._mirror("build_connector_meta", scheduler_output, jobs, meta.abandon, meta.flush)
         return meta
 
@@ -265,8 +269,9 @@ class RecordingCheck:
     connector; ``findings`` judges the recording so far (module docstring)."""
 
     def __init__(self, config: EngineConfig, sharing: bool, warm: dict[str, Sequence[int]] | None = None,
-                 vllm_names: bool = False) -> None:
+                 vllm_names: bool = False, unnamed_jobs: bool = False) -> None:
         self.records: list[dict[str, Any]] = []
+        self.unnamed_jobs = unnamed_jobs  # the recorded jobs name only their device blocks
         # vLLM's block names (module docstring); None: kvlife's, as the engine names them.
         self.names = VllmNames() if vllm_names else None
         name = self.names or int
@@ -295,7 +300,7 @@ class RecordingCheck:
     def install(self, engine: Any) -> None:
         """Between ``engine``'s scheduler and its connector, and beside its trace recorder."""
         self.engine = engine
-        self.tee = RecordingTee(engine.connector, self.recorder, self.names)
+        self.tee = RecordingTee(engine.connector, self.recorder, self.names, self.unnamed_jobs)
         name = self.names or int
         engine.connector = engine.scheduler.connector = self.tee
         state = engine.core.state

@@ -227,3 +227,42 @@ def test_under_kvlife_s_own_names_the_same_recorders_pass(recorded_worlds: list[
     _DerivesNames.no_refresh(monkeypatch)
     result = _check()
     assert result.ok, result.report()
+
+
+@pytest.fixture
+def unnamed_job_worlds(monkeypatch: pytest.MonkeyPatch, recorded_worlds: list[RecordingCheck]) -> list[RecordingCheck]:
+    """Every example in a recorded world whose jobs name only their device blocks (as vLLM's
+    OffloadingConnector's transfer specs), half of them with vLLM's block names."""
+    draw = World.draw.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(World, "draw", classmethod(lambda cls, seed: attrs.evolve(draw(cls, seed), recorded=True,
+                                                                                  unnamed_jobs=True)))
+    return recorded_worlds
+
+
+def test_jobs_that_name_only_device_blocks_are_recorded_by_the_requests_tables(
+        unnamed_job_worlds: list[RecordingCheck]) -> None:
+    result = _check()
+    assert result.ok, result.report()
+    assert len(unnamed_job_worlds) >= 30 and all(check.unnamed_jobs for check in unnamed_job_worlds)
+    moves = [move for check in unnamed_job_worlds for record in check.records if record.get("kind") == "job"
+             for move in record["moves"]]
+    assert len(moves) > 100 and all(move[0] != -1 for move in moves)
+
+
+def test_a_recorder_that_cannot_place_a_jobs_device_blocks_is_a_counterexample(
+        unnamed_job_worlds: list[RecordingCheck], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorder that looks a block up in no table (as one that reads the wrong request's,
+    or past the names it has) names it -1: its job is not the engine's."""
+    jobs_of = ConnectorRecorder._jobs
+
+    def tableless(self: ConnectorRecorder, jobs: Any, released: Any = None) -> Any:
+        tables, self.blocks.tables = self.blocks.tables, {}
+        try:
+            return jobs_of(self, jobs)
+        finally:
+            self.blocks.tables = tables
+
+    monkeypatch.setattr(ConnectorRecorder, "_jobs", tableless)
+    result = _check()
+    assert result.violation is not None and "recording" in result.violation.message, result.report()
+    assert re.search(r"job \d+ of r\d+ names blocks \[-1", result.violation.message), result.violation.message

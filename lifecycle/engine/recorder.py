@@ -119,6 +119,7 @@ class ConnectorRecorder:
         self.names: dict[str, str] = {}  # the scheduler's request id -> the trace's (a reused id gets a suffix)
         self.reuses: dict[str, int] = {}
         self.requests: dict[str, Any] = {}  # the scheduler's request objects, until they finish
+        self.ended: dict[str, list[int]] = {}  # the tables of requests finished since the last step
 
     def _clock(self) -> float:
         return float(self.api.pass_index)
@@ -169,7 +170,11 @@ class ConnectorRecorder:
         api = self.api
         api.begin_pass()  # (it may be the pass's first call: its preemptions' frees belong to the pass)
         named = _NamedOutput(scheduler_output, self.names)
+        # The tables of the requests that let go of their blocks since the last step (finished)
+        # or in this pass (preempted): a job the connector starts for them names those blocks.
+        released, self.ended = self.ended, {}
         for rid in sorted(named.preempted_req_ids):
+            released[rid] = list(self.blocks.tables.get(rid, ()))
             self.blocks.release(rid, api.core.state.now)
         for new in named.scheduled_new_reqs:
             self.blocks.hold(new.req_id, new.block_ids[0], replace=True)
@@ -184,7 +189,7 @@ class ConnectorRecorder:
         # them up before it planned the step (a load of the same blocks may follow one given
         # up); then those of the step's new jobs (a store given up or flushed at once).
         self._gave_up(abandon, flush)
-        api.core.observe_jobs(self._jobs(jobs))
+        api.core.observe_jobs(self._jobs(jobs, released))
         self._gave_up(abandon, flush)
 
     def _gave_up(self, abandon: Sequence[int], flush: Sequence[int]) -> None:
@@ -201,9 +206,12 @@ class ConnectorRecorder:
                 job.flushed = True
                 core.state.stats.flushed_stores += 1
 
-    def _jobs(self, jobs: Iterable[ObservedJob]) -> list[tuple[int, str, str, tuple[BlockMove, ...]]]:
+    def _jobs(self, jobs: Iterable[ObservedJob], released: dict[str, list[int]] | None = None
+              ) -> list[tuple[int, str, str, tuple[BlockMove, ...]]]:
         """The jobs as the core records them: each block named by the request's hash of the
-        block at its place in the request's table, else by the job's own name for it."""
+        block at its place in the request's table (as the step had it: a request that let go
+        of its blocks since, finished or preempted, by the table it released), else by the
+        job's own name for it."""
         requests = self.api.core.state.requests
         out = []
         for job in jobs:
@@ -211,7 +219,7 @@ class ConnectorRecorder:
             req = requests.get(name)
             if req is None:
                 continue
-            table = self.blocks.tables.get(name, [])
+            table = self.blocks.tables.get(name) or (released or {}).get(name, [])
             given = job.block_hashes
             moves = []
             for k, block in enumerate(job.device_blocks):
@@ -292,6 +300,7 @@ class ConnectorRecorder:
             api._inputs = inputs
         self.requests.pop(rid, None)
         if not held and was != "loading":  # the scheduler keeps a loading request's blocks until its load reports
+            self.ended[name] = list(self.blocks.tables.get(name, ()))
             self.blocks.release(name, api.core.state.now)
 
     def take_events(self) -> None:
