@@ -119,7 +119,7 @@ class Request:
     block_table: list[int] = attrs.Factory(list)  # the scheduler's blocks for it, as it was told
     local_tokens: int = 0  # the device prefix hit the scheduler found at the last match
     lookup: tuple[str, ...] | None = None  # tier of each leading hit block, this epoch
-    lookup_async: bool = False  # ``lookup`` is an async answer (read only while there is one)
+    lookup_async: bool = False  # ``lookup`` is an async answer
     lookup_answered_ms: float = 0.0
     lookup_uses: int = 0  # matches that answer has been used for
     async_lookups: int = 0  # async lookups submitted over its life (bounded: engine.max_async_lookups)
