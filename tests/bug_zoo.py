@@ -28,7 +28,7 @@ import attrs
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.engine.connector import ConnectorCore
 from kvlife.lifecycle.engine.core import Engine, Job, Recorder
-from kvlife.lifecycle.engine.events import BlockMove, Command, StartLoad, StepOutput, SubmitLookup, TransferReport
+from kvlife.lifecycle.engine.events import Command, StartLoad, StepOutput, SubmitLookup, TransferReport
 from kvlife.lifecycle.engine.jobs import Transfers
 from kvlife.lifecycle.engine.ranks import RankAggregator, ReportOutcome, ReportStatus
 from kvlife.lifecycle.engine.request import SchedRequest, Status
@@ -36,6 +36,7 @@ from kvlife.lifecycle.engine.scheduler import Scheduler
 from kvlife.lifecycle.engine.vllm_shapes import KVConnectorOutput
 from kvlife.lifecycle.engine.worker_book import OutputAggregator
 from kvlife.policies.base import Decision, EngineView, RequestView
+from kvlife.policies.loading import load_stack
 from kvlife.policies.stack import PolicyStack
 from kvlife.specs.lifecycle import Trigger
 from kvlife.specs.model_check import AsyncLookups, ShareLoads
@@ -153,16 +154,16 @@ class IgnoresHoldScheduler(Scheduler):
 
 
 # ---- 7. a duplicate load of an in-flight block ----------------------------------------------------
-class ForgetsInFlightLoadsTransfers(Transfers):
-    """Never publishes its loads as in flight, so nobody can join them."""
+class IgnoresJoinsCore(ConnectorCore):
+    """The policy sees the blocks in flight and says join; the engine loads them itself all
+    the same, a second load of blocks already in flight."""
 
-    def start_load(self, req: Any, moves: Sequence[BlockMove], after: int | None = None) -> Job:
-        in_flight = self.state.in_flight_loads
-        before = set(in_flight)
-        job = super().start_load(req, moves, after)
-        for block_hash in sorted(set(in_flight) - before):
-            del in_flight[block_hash]
-        return job
+    def update_state_after_alloc(self, request_id: str, block_ids: Sequence[int], num_external_tokens: int,
+                                 chunk: Any = None) -> None:
+        req = self.state.requests.get(request_id)
+        if req is not None:
+            req.joins = {}
+        super().update_state_after_alloc(request_id, block_ids, num_external_tokens, chunk)
 
 
 # ---- 8. an abort during a load that frees the blocks early ---------------------------------------
@@ -569,7 +570,7 @@ ZOO: tuple[ZooBug, ...] = (
            "docs/design.md", engine_factory=_with_scheduler(IgnoresHoldScheduler)),
     ZooBug("duplicate_inflight_load", "a duplicate load of an in-flight block", 6,
            "docs/design.md", lambda: PolicyStack([ShareLoads()]),
-           _engine("ForgetsInFlightLoads", transfers_class=ForgetsInFlightLoadsTransfers)),
+           _engine("IgnoresJoins", core_class=IgnoresJoinsCore)),
     ZooBug("abort_frees_loading_blocks", "an abort during a load that frees the blocks early", 2,
            "docs/design.md", engine_factory=_with_scheduler(AbortFreesLoadingScheduler)),
     ZooBug("failed_load_retried_forever", "a failed load retried forever with its stale hit", 12,
@@ -624,8 +625,8 @@ ZOO: tuple[ZooBug, ...] = (
            "the next victim taken (a zero-progress cascade)", 7, "vllm#49674",
            engine_factory=_with_scheduler(PreemptsFencedScheduler)),
     ZooBug("keeps_prefetching_hits", "blocks a prefetch still has in flight kept as hits when patience runs out",
-           12, "issue 26 (prefetch patience)",
-           engine_factory=_engine("KeepsPrefetchingHits", transfers_class=KeepsPrefetchingHitsTransfers)),
+           12, "issue 26 (prefetch patience)", lambda: load_stack(["prefetch-timeout"]),
+           _engine("KeepsPrefetchingHits", transfers_class=KeepsPrefetchingHitsTransfers)),
 )
 
 __all__ = ["ZOO", "LeaksPreemptedScheduler", "ZooBug", "_with_scheduler"]
