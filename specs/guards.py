@@ -132,14 +132,11 @@ def _hang(own: Sequence[object], hook: str, *, spin: bool, catch: bool = False, 
     answers): stopped, and named."""
     hostile = Hang(hook, spin, catch, after)
     stack = PolicyStack([hostile, *own], budget_s=BUDGET_S)
-    here = "in the main thread" if threading.current_thread() is threading.main_thread() else "in the asking thread"
-    when = f"after {after} quick answer{'s' if after > 1 else ''}" if after else "first"
-    what = (f"a hook ({hook}) that {'spins' if spin else 'sleeps'}{' and catches what it is sent' if catch else ''}, "
-            f"asked {when} in a fresh stack {'from another thread' if thread else here}")
-    for _ in range(after):
-        quick = _ask(stack, hook)
-        if not isinstance(quick, Answer):
-            return f"{what}: a quick answer was stopped: {type(quick).__name__}: {quick}"
+    what = _hang_described(hook, spin, catch, thread, after)
+    stopped = next((quick for quick in (_ask(stack, hook) for _ in range(after)) if not isinstance(quick, Answer)),
+                   None)
+    if stopped is not None:
+        return f"{what}: a quick answer was stopped: {type(stopped).__name__}: {stopped}"
     outcome = _ask_in_thread(stack, hook) if thread else _ask(stack, hook)
     # (A hook that caught nothing and gave up was sent nothing: the timeout's problem.)
     sent = bool(hostile.caught) or not isinstance(outcome, Answer)
@@ -148,6 +145,13 @@ def _hang(own: Sequence[object], hook: str, *, spin: bool, catch: bool = False, 
     if problem is None and stack._watch in _WATCHDOG.pending:
         problem = "the watchdog left an error pending for the main thread after the hook was stopped"
     return None if problem is None else f"{what}: {problem}"
+
+
+def _hang_described(hook: str, spin: bool, catch: bool, thread: bool, after: int) -> str:
+    here = "in the main thread" if threading.current_thread() is threading.main_thread() else "in the asking thread"
+    when = f"after {after} quick answer{'s' if after > 1 else ''}" if after else "first"
+    return (f"a hook ({hook}) that {'spins' if spin else 'sleeps'}{' and catches what it is sent' if catch else ''}, "
+            f"asked {when} in a fresh stack {'from another thread' if thread else here}")
 
 
 def _request_args(hook: str) -> tuple[Any, ...]:
