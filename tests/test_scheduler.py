@@ -256,3 +256,31 @@ def test_a_load_that_fails_after_its_request_was_aborted_changes_nothing() -> No
     assert all(engine.pool.refs[b] == 0 for b in held)
     assert not engine.tiers["host"].contains(2) and engine.tiers["host"].contains(1)  # the failed copies go
     engine.check_invariants()
+
+
+def test_the_engine_is_busy_until_an_aborted_requests_load_gives_its_blocks_back() -> None:
+    """An aborted request's load reports between step outputs: its blocks come back only with
+    the next step output (finished_recving), so the engine stays busy, and a driver steps on
+    (vLLM's engine does), until then."""
+    from kvlife.lifecycle.engine.events import Abort, StartLoad, TransferReport
+
+    engine = make_engine(device_blocks=8, max_batched_tokens=256, tiers=(TierConfig("host", capacity_blocks=16),))
+    engine.handle(Arrival(0.0, "a", 65, (1, 2, 3, 4)))
+    t = _run_to_finish(engine, "a", 0.0)
+    engine.handle(Arrival(t, "filler", 112, (11, 12, 13, 14, 15, 16, 17)))  # takes every device block
+    t = _run_to_finish(engine, "filler", t)
+    engine.handle(Arrival(t, "b", 65, (1, 2, 3, 4)))
+    commands = engine.handle(Tick(t))
+    (load,) = [c for c in commands if isinstance(c, StartLoad)]
+    engine.handle(Abort(t, "b"))
+    engine.handle(StepOutput(t + 1.0, plan_of(commands).step_id))
+    engine.handle(TransferReport(t + 2.0, load.job_id, 0))
+    held = [m.device_block for m in load.moves]
+    assert engine.requests["b"].state == "finished" and not engine.jobs
+    assert all(engine.pool.refs[b] > 0 for b in held)
+    assert engine.busy()  # the next step output gives them back
+    commands = engine.handle(Tick(t + 3.0))
+    engine.handle(StepOutput(t + 4.0, plan_of(commands).step_id))
+    assert all(engine.pool.refs[b] == 0 for b in held)
+    assert not engine.busy()
+    engine.check_invariants()

@@ -315,7 +315,10 @@ class Engine:
         return self.scheduler.output_tokens(request_id)
 
     def busy(self) -> bool:
-        return self.core.state.busy()
+        """True while the core has work (``CoreState.busy``) or the scheduler still keeps a
+        finished request's blocks: an aborted request's load ended, and the step output that
+        brings its ``finished_recving`` gives them back (vLLM's engine steps on for it)."""
+        return self.core.state.busy() or any(r.finished for r in self.scheduler.requests.values())
 
     def progress(self) -> tuple[int, int, int]:
         """Changes since the start (transitions, transfer results, free device blocks): a
