@@ -41,9 +41,7 @@ def _wrong(value: Any) -> list[Any]:
     """Values of another JSON type than ``value``'s that no reader may take for it."""
     if isinstance(value, bool):
         return [1]
-    if isinstance(value, int):
-        return [True, "7"]
-    if isinstance(value, float):
+    if isinstance(value, int | float):
         return [True, "7"]
     if isinstance(value, str):
         return [7]

@@ -255,10 +255,10 @@ def test_a_recorder_that_cannot_place_a_jobs_device_blocks_is_a_counterexample(
     or past the names it has) names it -1: its job is not the engine's."""
     jobs_of = ConnectorRecorder._jobs
 
-    def tableless(self: ConnectorRecorder, jobs: Any, released: Any = None) -> Any:
+    def tableless(self: ConnectorRecorder, jobs: Any, released: Any) -> Any:
         tables, self.blocks.tables = self.blocks.tables, {}
         try:
-            return jobs_of(self, jobs)
+            return jobs_of(self, jobs, {})
         finally:
             self.blocks.tables = tables
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvlife.lifecycle.config import EngineConfig, TierConfig
 from kvlife.lifecycle.engine.core import Engine
-from kvlife.lifecycle.engine.events import Abort, Arrival, StepOutput, StepPlan, Tick
+from kvlife.lifecycle.engine.events import Abort, Arrival, StartLoad, StepOutput, StepPlan, Tick
 from kvlife.policies.stack import PolicyStack
 
 
@@ -231,12 +231,10 @@ def _run_to_finish(engine: Engine, rid: str, t: float) -> float:
     return t
 
 
-def test_a_load_that_fails_after_its_request_was_aborted_changes_nothing() -> None:
-    """vLLM keeps an aborted request's blocks until its load reports (finished_recving); the
-    report, failed blocks and all, must not touch the finished request (no load_failed from
-    finished), and its blocks go back with the next step output."""
-    from kvlife.lifecycle.engine.events import Abort, StartLoad, TransferReport
-
+def _loading_b() -> tuple[Engine, float, list[object], StartLoad]:
+    """An engine where request "b" loads its 4 blocks from the host tier (its prefix, which
+    "a" stored; "filler" took every device block in between): the engine, the time, the
+    tick's commands and the load."""
     engine = make_engine(device_blocks=8, max_batched_tokens=256, tiers=(TierConfig("host", capacity_blocks=16),))
     engine.handle(Arrival(0.0, "a", 65, (1, 2, 3, 4)))
     t = _run_to_finish(engine, "a", 0.0)
@@ -245,6 +243,16 @@ def test_a_load_that_fails_after_its_request_was_aborted_changes_nothing() -> No
     engine.handle(Arrival(t, "b", 65, (1, 2, 3, 4)))
     commands = engine.handle(Tick(t))
     (load,) = [c for c in commands if isinstance(c, StartLoad)]
+    return engine, t, commands, load
+
+
+def test_a_load_that_fails_after_its_request_was_aborted_changes_nothing() -> None:
+    """vLLM keeps an aborted request's blocks until its load reports (finished_recving); the
+    report, failed blocks and all, must not touch the finished request (no load_failed from
+    finished), and its blocks go back with the next step output."""
+    from kvlife.lifecycle.engine.events import Abort, TransferReport
+
+    engine, t, commands, load = _loading_b()
     assert engine.requests["b"].state == "loading" and len(load.moves) == 4
     engine.handle(Abort(t, "b"))
     assert engine.requests["b"].state == "finished"
@@ -262,16 +270,9 @@ def test_the_engine_is_busy_until_an_aborted_requests_load_gives_its_blocks_back
     """An aborted request's load reports between step outputs: its blocks come back only with
     the next step output (finished_recving), so the engine stays busy, and a driver steps on
     (vLLM's engine does), until then."""
-    from kvlife.lifecycle.engine.events import Abort, StartLoad, TransferReport
+    from kvlife.lifecycle.engine.events import Abort, TransferReport
 
-    engine = make_engine(device_blocks=8, max_batched_tokens=256, tiers=(TierConfig("host", capacity_blocks=16),))
-    engine.handle(Arrival(0.0, "a", 65, (1, 2, 3, 4)))
-    t = _run_to_finish(engine, "a", 0.0)
-    engine.handle(Arrival(t, "filler", 112, (11, 12, 13, 14, 15, 16, 17)))  # takes every device block
-    t = _run_to_finish(engine, "filler", t)
-    engine.handle(Arrival(t, "b", 65, (1, 2, 3, 4)))
-    commands = engine.handle(Tick(t))
-    (load,) = [c for c in commands if isinstance(c, StartLoad)]
+    engine, t, commands, load = _loading_b()
     engine.handle(Abort(t, "b"))
     engine.handle(StepOutput(t + 1.0, plan_of(commands).step_id))
     engine.handle(TransferReport(t + 2.0, load.job_id, 0))

@@ -206,7 +206,7 @@ class ConnectorRecorder:
                 job.flushed = True
                 core.state.stats.flushed_stores += 1
 
-    def _jobs(self, jobs: Iterable[ObservedJob], released: dict[str, list[int]] | None = None
+    def _jobs(self, jobs: Iterable[ObservedJob], released: dict[str, list[int]]
               ) -> list[tuple[int, str, str, tuple[BlockMove, ...]]]:
         """The jobs as the core records them: each block named by the request's hash of the
         block at its place in the request's table (as the step had it: a request that let go
@@ -219,7 +219,7 @@ class ConnectorRecorder:
             req = requests.get(name)
             if req is None:
                 continue
-            table = self.blocks.tables.get(name) or (released or {}).get(name, [])
+            table = self.blocks.tables.get(name) or released.get(name, [])
             given = job.block_hashes
             moves = []
             for k, block in enumerate(job.device_blocks):

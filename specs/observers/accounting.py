@@ -38,6 +38,18 @@ from kvlife.specs.observers.picture import Entry, Req, Step
 _NEW_ANSWER = frozenset({"lookup_answered", "lookup_expired", "preempted", "load_failed", "turn_ended"})
 
 
+
+def cached_prefix(probe: Any, req: Req, bt: int) -> list[frozenset[int]]:
+    """The device blocks each of ``req``'s leading hit candidates is cached in now (live,
+    through the probe), up to the first the device's prefix cache does not hold."""
+    out: list[frozenset[int]] = []
+    for i in range(req.hit_candidates(bt)):
+        blocks = frozenset(probe.cached_blocks(req.hash_at(i)))
+        if not blocks:
+            break
+        out.append(blocks)
+    return out
+
 class Hits(Observer):
     """13: recorded hits, hit maximality, blocks published when computed."""
 
@@ -77,21 +89,13 @@ class Hits(Observer):
         probe = self.ctx.probe
         assert probe is not None
         lookup, limit = probe.lookup(req.rid)
-        end = min(len(lookup), (req.prompt + req.generated - 1) // self.bt, limit)
+        end = min(len(lookup), req.hit_candidates(self.bt), limit)
         return frozenset(i for i in range(end)
                          if lookup[i] in self.settings.tiers and probe.tier_holds(lookup[i], req.hash_at(i)))
 
     def _cached(self, req: Req) -> list[frozenset[int]]:
-        """The device blocks each of its leading hit candidates is cached in now."""
-        probe = self.ctx.probe
-        assert probe is not None
-        out: list[frozenset[int]] = []
-        for i in range((req.prompt + req.generated - 1) // self.bt):
-            blocks = frozenset(probe.cached_blocks(req.hash_at(i)))
-            if not blocks:
-                break
-            out.append(blocks)
-        return out
+        assert self.ctx.probe is not None
+        return cached_prefix(self.ctx.probe, req, self.bt)
 
     def on_plan(self, ev: Event) -> None:
         step: Step = ev.data

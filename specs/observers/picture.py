@@ -72,6 +72,12 @@ class Req:
         """Its tokens as the scheduler knows them: prompt, delivered and in-flight samples."""
         return self.prompt + self.generated + self.in_flight
 
+    def hit_candidates(self, bt: int) -> int:
+        """How many of its leading blocks a prefix hit may cover: the full blocks of its
+        known tokens but the last token, always computed to sample the next (vLLM's
+        ``num_tokens - 1``; the engine's ``CoreState.hit_candidates``)."""
+        return (self.prompt + self.generated - 1) // bt
+
     def hash_at(self, i: int) -> int:
         """The hash of its block ``i`` (a prompt block, or derived past the prompt)."""
         if i >= len(self.hashes):

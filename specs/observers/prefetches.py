@@ -42,7 +42,7 @@ class Prefetches(Observer):
             return
         tiers = [t for t in self.picture.input.tiers if t in self.settings.tiers]
         bringing = set(probe.busy_tiers().get("host", ()))
-        lower = [i for i, tier in enumerate(tiers[:(req.prompt + req.generated - 1) // self.bt])
+        lower = [i for i, tier in enumerate(tiers[:req.hit_candidates(self.bt)])
                  if tier != "host" and probe.tier_holds(tier, req.hash_at(i))
                  and not probe.tier_holds("host", req.hash_at(i)) and req.hash_at(i) not in bringing]
         if lower and probe.tier_has_room("host"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlife.specs.observers.accounting import cached_prefix
 from kvlife.specs.observers.base import Event, Observer
 
 
@@ -44,9 +45,7 @@ class Views(Observer):
         probe = self.ctx.probe
         if req is None or probe is None:
             return None
-        cached = 0
-        while cached < (req.prompt + req.generated - 1) // self.bt and probe.cached_blocks(req.hash_at(cached)):
-            cached += 1
+        cached = len(cached_prefix(probe, req, self.bt))
         if load.device_hit_blocks != cached:
             return (f"device_hit_blocks={load.device_hit_blocks!r} in {rid}'s load view at its admission, the device's "
                     f"prefix cache holds its first {cached} blocks")

@@ -140,7 +140,7 @@ class Work(Observer):
             return
         answer, _ = probe.lookup(req.rid)  # (the record comes before the engine cuts it)
         moving = {m.block_hash for m in job.moves or ()}
-        candidates = min(len(answer), (req.prompt + req.generated - 1) // self.bt)
+        candidates = min(len(answer), req.hit_candidates(self.bt))
         keep = next((i for i in range(candidates) if req.hash_at(i) in moving), candidates)
         self.cut_due = (req.rid, job.job_id, answer[:keep], answer)
 
