@@ -1,0 +1,29 @@
+"""Native mirrors built from the Python reference's objects: the one place that reads the
+reference's derived constants and hands them to ``_core`` unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvlife.lifecycle.native import load
+from kvlife.lifecycle.profiles.step_cost import StepCostModel
+
+
+def step_cost(model: StepCostModel) -> Any:
+    """``_core.StepCost`` pricing steps exactly as ``model.totals_ms`` does."""
+    return load().StepCost(
+        linear_flops_per_token=model._linear_flops_per_token,
+        lm_head_flops_per_request=model._lm_head_flops_per_request,
+        ms_per_flop=model._ms_per_flop,
+        weight_ms=model._weight_ms,
+        allreduces=float(model._allreduces),
+        ring_factor=model._ring_factor,
+        allreduce_bytes_per_token=model._allreduce_bytes_per_token,
+        link=model._link,
+        allreduce_latency_ms=model._allreduce_latency_ms,
+        attention_flops_per_pair=model._attention_flops_per_pair,
+        ms_per_attention_flop=model._ms_per_attention_flop,
+        kv_bytes_per_token=model._kv_bytes_per_token,
+        ms_per_byte=model._ms_per_byte,
+        overhead_ms=model._overhead_ms,
+    )
