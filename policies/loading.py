@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.metadata
 import importlib.util
 import inspect
 import sys
@@ -34,6 +33,8 @@ __all__ = ["ENTRY_POINT_GROUP", "PolicyStack", "check_hooks", "check_spec", "ent
 
 def entry_point_policies() -> dict[str, str]:
     """Policies that installed packages register by name: name -> ``pkg.mod:Class``."""
+    import importlib.metadata  # only when a name is not a built-in: off the run path
+
     return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 

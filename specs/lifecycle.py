@@ -12,11 +12,13 @@ python-statemachine validates the class when it is defined: every state reachabl
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from statemachine import State, StateMachine
 
-FINISH_REASONS = ("stopped", "length", "aborted", "error")
+# The typed names live apart from the spec, so the engine imports them without python-statemachine.
+from kvlife.specs.names import FINISH_REASONS, INITIAL_STATE, TERMINAL_STATE, RequestState, Trigger
+
+__all__ = ["FINISH_REASONS", "INITIAL_STATE", "STATES", "TERMINAL_STATE", "RequestLifecycle", "RequestState", "Trigger"]
+
 
 
 class RequestLifecycle(StateMachine):
@@ -74,35 +76,3 @@ class RequestLifecycle(StateMachine):
 
 
 STATES: tuple[str, ...] = tuple(state.id for state in RequestLifecycle.states)
-TERMINAL_STATE = "finished"
-INITIAL_STATE = "waiting"
-
-
-class RequestState(StrEnum):
-    """The spec's states as typed names (a test checks they are exactly ``STATES``)."""
-
-    WAITING = "waiting"
-    LOOKUP_PENDING = "lookup_pending"
-    LOADING = "loading"
-    RUNNING = "running"
-    SENDING = "sending"
-    FINISHED = "finished"
-
-
-class Trigger(StrEnum):
-    """The spec's triggers as typed names (a test checks they are exactly the spec's events)."""
-
-    LOOKUP_SUBMITTED = "lookup_submitted"
-    LOOKUP_ANSWERED = "lookup_answered"
-    LOOKUP_EXPIRED = "lookup_expired"
-    LOAD_STARTED = "load_started"
-    ADMITTED = "admitted"
-    LOAD_DONE = "load_done"
-    LOAD_FAILED = "load_failed"
-    PREEMPTED = "preempted"
-    TURN_ENDED = "turn_ended"
-    SEND_STARTED = "send_started"
-    COMPLETED = "completed"
-    ABORTED = "aborted"
-    FAILED = "failed"
-

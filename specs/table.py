@@ -1,18 +1,26 @@
-"""Compile the lifecycle spec into a frozen transition table, once, at import.
+"""The lifecycle spec compiled into a frozen transition table.
 
-The engine's hot path is ``TABLE[(state, trigger)]``: a dict lookup instead of a trip
-through python-statemachine's dispatcher. States and triggers are interned as small
-ints so records stay compact; names are kept for traces and errors.
+The engine's hot path is ``TABLE.target(...)``: a dict lookup instead of a trip through
+python-statemachine's dispatcher. ``compile_spec`` compiles the spec
+(``specs/lifecycle.py``); the result is kept as data beside this module
+(``lifecycle_table.json``), so a run reads the table and never imports
+python-statemachine (about 35 ms of startup). ``python -m kvlife.specs.table`` rewrites
+the file from the spec; ``tests/test_spec.py`` fails when the two differ.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import attrs
-from statemachine import StateMachine
+import orjson
 
-from kvlife.specs.lifecycle import RequestLifecycle
+if TYPE_CHECKING:
+    from statemachine import StateMachine
+
+TABLE_FILE = Path(__file__).with_name("lifecycle_table.json")
 
 
 class IllegalTransition(Exception):
@@ -75,13 +83,45 @@ def compile_spec(spec: type[StateMachine]) -> TransitionTable:
     )
 
 
-TABLE = compile_spec(RequestLifecycle)
+def table_data(table: TransitionTable) -> dict[str, Any]:
+    """The table as the JSON file holds it."""
+    return {
+        "states": list(table.states),
+        "triggers": list(table.triggers),
+        "initial": table.initial,
+        "final": sorted(table.final),
+        "edges": [[state, trigger, target] for (state, trigger), target in table.edges.items()],
+    }
+
+
+def read_table(path: Path = TABLE_FILE) -> TransitionTable:
+    """The compiled table kept beside this module (data: read, never run)."""
+    data = orjson.loads(path.read_bytes())
+    return TransitionTable(
+        states=tuple(data["states"]),
+        triggers=tuple(data["triggers"]),
+        initial=data["initial"],
+        final=frozenset(data["final"]),
+        edges=MappingProxyType({(state, trigger): target for state, trigger, target in data["edges"]}),
+    )
+
+
+def spec_table() -> TransitionTable:
+    """The table compiled from the spec itself (imports python-statemachine)."""
+    from kvlife.specs.lifecycle import RequestLifecycle
+
+    return compile_spec(RequestLifecycle)
+
+
+TABLE = read_table()
 
 
 class ReferenceRequest:
     """One python-statemachine instance per request: the slow, obviously-right mode."""
 
     def __init__(self, request_id: str) -> None:
+        from kvlife.specs.lifecycle import RequestLifecycle
+
         self.request_id = request_id
         self.machine = RequestLifecycle()
 
@@ -102,4 +142,11 @@ class ReferenceRequest:
 def mermaid() -> str:
     from statemachine.contrib.diagram import MermaidGraphMachine
 
+    from kvlife.specs.lifecycle import RequestLifecycle
+
     return str(MermaidGraphMachine(RequestLifecycle).get_mermaid())
+
+
+if __name__ == "__main__":  # python -m kvlife.specs.table: rewrite the table from the spec
+    TABLE_FILE.write_bytes(orjson.dumps(table_data(spec_table()), option=orjson.OPT_INDENT_2) + b"\n")
+    print(f"wrote {TABLE_FILE}")

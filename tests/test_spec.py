@@ -93,6 +93,24 @@ DESIGN_EDGES = {
 }
 
 
+def test_the_table_a_run_reads_is_the_spec_compiled() -> None:
+    # A run reads lifecycle_table.json instead of compiling the spec: it must be the spec's
+    # table exactly (regenerate with `python -m kvlife.specs.table` after changing the spec).
+    assert compile_spec(RequestLifecycle) == TABLE
+    assert list(TABLE.edges) == list(compile_spec(RequestLifecycle).edges)  # the order too
+
+
+def test_a_run_imports_no_python_statemachine() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from kvlife.lifecycle.drivers.runner import run_workload; "
+            "from kvlife.lifecycle.engine.core import Engine; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('statemachine', 'structlog', 'hypothesis')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_compiled_table_is_the_documented_lifecycle() -> None:
     assert dict(TABLE.edges) == DESIGN_EDGES
     assert set(TABLE.triggers) == {t for _, t in DESIGN_EDGES}

@@ -29,7 +29,7 @@ from kvlife.lifecycle.drivers.simulator import Progress
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.request import Request
 from kvlife.policies.stack import PolicyStack
-from kvlife.specs.lifecycle import Trigger
+from kvlife.specs.names import Trigger
 from kvlife.specs.table import TABLE, ReferenceRequest
 
 # Paths through the lifecycle, weighted roughly as they occur.

@@ -11,8 +11,6 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-from tqdm import tqdm
-
 from kvlife.lifecycle.drivers.simulator import Progress
 
 
@@ -22,8 +20,14 @@ def enabled() -> bool:
 
 @contextlib.contextmanager
 def progress_bar(desc: str, unit: str = "req", total: int | None = None, position: int = 0) -> Iterator[Progress]:
-    """A bar for one job; the yielded callback takes (done, total) and may change the total."""
-    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not enabled(), position=position,
+    """A bar for one job; the yielded callback takes (done, total) and may change the total.
+    Without a terminal the callback does nothing (and tqdm is not even imported)."""
+    if not enabled():
+        yield _nothing
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, position=position,
                leave=False, dynamic_ncols=True, mininterval=0.2)
 
     def update(done: int, new_total: int) -> None:
@@ -38,3 +42,7 @@ def progress_bar(desc: str, unit: str = "req", total: int | None = None, positio
         yield update
     finally:
         bar.close()
+
+
+def _nothing(done: int, total: int) -> None:
+    """The progress callback of a run whose stderr is not a terminal."""

@@ -24,7 +24,6 @@ import attrs
 from kvlife.lifecycle.breakdown import PhaseClock, RequestRow, in_arrival_order
 from kvlife.lifecycle.config import RunConfig
 from kvlife.lifecycle.drivers import interrupts
-from kvlife.lifecycle.drivers.online_check import describe as describe_check
 from kvlife.lifecycle.drivers.physics import resolve
 from kvlife.lifecycle.drivers.simulator import Progress, SimResult, Simulator
 from kvlife.lifecycle.engine.core import Engine, Recorder
@@ -53,6 +52,8 @@ class RunOutcome:
             problems.append(f"{stranded} request(s) never finished (stranded); see the summary and the trace")
         check = self.summary.get("check")
         if check is not None and check["violations"]:
+            from kvlife.lifecycle.drivers.online_check import describe as describe_check
+
             problems.append(f"invariant check: {describe_check(check)}")
             problems += [f"  {line}" for line in check["first"]]
             if check["violations"] > len(check["first"]):

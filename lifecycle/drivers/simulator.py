@@ -56,7 +56,7 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
@@ -65,7 +65,6 @@ from kvlife.lifecycle.drivers import interrupts
 from kvlife.lifecycle.drivers.chaos import Chaos, Delivery
 from kvlife.lifecycle.drivers.links import Link
 from kvlife.lifecycle.drivers.lookup_service import LookupService
-from kvlife.lifecycle.drivers.online_check import OnlineCheck
 from kvlife.lifecycle.drivers.physics import Physics, rank_links, resolve
 from kvlife.lifecycle.engine import records
 from kvlife.lifecycle.engine.core import Engine, Recorder
@@ -86,6 +85,9 @@ from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.metrics import RequestTotals
 from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
 from kvlife.policies.stack import PolicyStack
+
+if TYPE_CHECKING:
+    from kvlife.lifecycle.drivers.online_check import OnlineCheck
 
 Progress = Callable[[int, int], None]
 # Heap keys of arrivals: below every other event's (those count up from 0), in workload
@@ -171,8 +173,11 @@ class Simulator:
         # --chaos): the invariant observer beside the engine, between it and the recorder.
         self.chaos = Chaos(config.sim.chaos, config.engine.transfer_deadline_ms) if config.sim.chaos is not None \
             else None
-        self.check = OnlineCheck(config.engine, policies, recorder) \
-            if config.sim.check or self.chaos is not None else None
+        self.check: OnlineCheck | None = None
+        if config.sim.check or self.chaos is not None:
+            from kvlife.lifecycle.drivers.online_check import OnlineCheck  # the observer: only when asked
+
+            self.check = OnlineCheck(config.engine, policies, recorder)
         if self.check is not None:
             recorder = self.check.record
         if engine_factory is not None:  # a deliberately broken engine (tests/bug_zoo.py)

@@ -58,7 +58,7 @@ from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.state import CoreState, Job, PrefetchJob, Recorder, Retire, StepEntry
 from kvlife.policies.base import Hook, LoadView
 from kvlife.policies.stack import PolicyStack
-from kvlife.specs.lifecycle import RequestState, Trigger
+from kvlife.specs.names import RequestState, Trigger
 from kvlife.specs.table import ReferenceRequest
 from kvlife.transfer.index import TierIndex
 

@@ -41,7 +41,7 @@ from kvlife.lifecycle.engine.ranks import ReportStatus
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.state import CoreState, Job, PrefetchJob, count_tiers, moves_record
 from kvlife.policies.base import Hook, PrefetchView
-from kvlife.specs.lifecycle import RequestState, Trigger
+from kvlife.specs.names import RequestState, Trigger
 
 # Hold or release device blocks the core keeps out of the free queue (quarantine).
 BlockHold = Callable[[Sequence[int]], None]

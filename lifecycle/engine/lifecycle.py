@@ -18,7 +18,7 @@ from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.state import CoreState
 from kvlife.policies.base import EngineView
 from kvlife.policies.stack import PolicyStack
-from kvlife.specs.lifecycle import RequestState, Trigger
+from kvlife.specs.names import RequestState, Trigger
 from kvlife.specs.table import TABLE, ReferenceRequest
 
 _EDGES = TABLE.edges  # (state, trigger) -> state

@@ -16,7 +16,7 @@ import attrs
 
 from kvlife.lifecycle.engine.blocks import extend_hashes
 from kvlife.policies.base import RequestView
-from kvlife.specs.lifecycle import RequestState
+from kvlife.specs.names import RequestState
 
 
 class Status(enum.Enum):

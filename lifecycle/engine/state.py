@@ -23,7 +23,7 @@ from kvlife.lifecycle.engine.blocks import extend_hashes
 from kvlife.lifecycle.engine.events import BlockMove, Command, TierMove
 from kvlife.lifecycle.engine.ranks import RankAggregator
 from kvlife.lifecycle.engine.request import Request
-from kvlife.specs.lifecycle import RequestState
+from kvlife.specs.names import RequestState
 from kvlife.specs.table import TABLE, ReferenceRequest
 from kvlife.transfer.index import TierIndex
 

@@ -13,6 +13,7 @@ Same inputs and config give the same bytes.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
-import structlog
 
 from kvlife.lifecycle.engine import records
 from kvlife.lifecycle.input_files import READ_ERRORS, Lines, error_line, read_error_message
@@ -52,12 +52,17 @@ def kind_first(logger: Any, method_name: str, event_dict: dict[str, Any]) -> dic
     return event_dict
 
 
-# The trace's processor pipeline: each takes (logger, method name, record) and returns what
-# the next one gets; the last renders bytes (one line, newline included).
-PIPELINE: tuple[Any, ...] = (
-    kind_first,
-    structlog.processors.JSONRenderer(serializer=orjson.dumps, option=orjson.OPT_APPEND_NEWLINE),
-)
+@functools.cache
+def pipeline() -> tuple[Any, ...]:
+    """The trace's processor pipeline: each takes (logger, method name, record) and returns
+    what the next one gets; the last renders bytes (one line, newline included). Built on
+    first use: a run that writes no trace never imports structlog."""
+    import structlog
+
+    return (
+        kind_first,
+        structlog.processors.JSONRenderer(serializer=orjson.dumps, option=orjson.OPT_APPEND_NEWLINE),
+    )
 
 
 class TraceWriter:
@@ -86,13 +91,14 @@ class TraceWriter:
             raise TraceError(str(path), None, f"cannot write trace: {exc.strerror}") from None
         self.lines = 0
         self._last: bytes = b""
+        self._pipeline = pipeline()
 
     def write_header(self, config: dict[str, Any], policies: list[str], seed: int, **extra: Any) -> None:
         self.record(records.header(SCHEMA_VERSION, config, policies, seed, **extra))
 
     def record(self, record: dict[str, Any]) -> None:
         out: Any = record
-        for processor in PIPELINE:
+        for processor in self._pipeline:
             out = processor(None, "record", out)
         # One write per line: an interrupt between two writes must not leave half a line.
         self._stream.write(out)
@@ -138,7 +144,7 @@ class TraceWriter:
 def render_record(record: dict[str, Any]) -> bytes:
     """The exact bytes TraceWriter writes for a record (without the newline)."""
     out: Any = record
-    for processor in PIPELINE:
+    for processor in pipeline():
         out = processor(None, "record", out)
     return bytes(out[:-1])
 
