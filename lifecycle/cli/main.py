@@ -16,6 +16,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from kvlife.lifecycle.cli import commands
 from kvlife.lifecycle.cli.extras import OPTIONAL_EXTRAS, MissingExtra
@@ -50,7 +51,7 @@ class _VersionAction(argparse._VersionAction):
     every other command ~10 ms of startup)."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: object, option_string: str | None = None) -> None:
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
         self.version = f"kvlife {_version()}"
         super().__call__(parser, namespace, values, option_string)
 
