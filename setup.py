@@ -27,7 +27,10 @@ ERROR_FILE = "_core_build_error.txt"
 class OptionalBuildExt(build_ext):
     """Builds the native core; a failure becomes a note, not a failed install."""
 
+    failed: dict[str, str]
+
     def build_extension(self, ext):  # type: ignore[no-untyped-def]
+        self.failed = getattr(self, "failed", {})
         error_file = Path(self.get_ext_fullpath(ext.name)).with_name(ERROR_FILE)
         try:
             super().build_extension(ext)
@@ -35,11 +38,26 @@ class OptionalBuildExt(build_ext):
             if os.environ.get("KVLIFE_NATIVE_REQUIRED") == "1":
                 raise
             reason = " ".join(str(exc).split()) or type(exc).__name__
+            self.failed[ext.name] = f"{type(exc).__name__}: {reason}\n"
             error_file.parent.mkdir(parents=True, exist_ok=True)
-            error_file.write_text(f"{type(exc).__name__}: {reason}\n")
+            error_file.write_text(self.failed[ext.name])
             print(f"kvlife: the native core was not built ({reason}); the Python engine will run")
         else:
             error_file.unlink(missing_ok=True)
+
+    def copy_extensions_to_source(self) -> None:
+        """An editable install: the module goes beside the sources, or (its build failed)
+        the note saying why, and no stale module from an earlier build stays."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace = Path(self._get_inplace_equivalent(build_py, ext)[0])
+            note = inplace.with_name(ERROR_FILE)
+            if ext.name in getattr(self, "failed", {}):
+                inplace.unlink(missing_ok=True)
+                note.write_text(self.failed[ext.name])
+            else:
+                note.unlink(missing_ok=True)
 
 
 def _flags() -> tuple[list[str], list[str]]:
@@ -66,6 +84,7 @@ setup(
             cxx_std=17,
             extra_compile_args=compile_args,
             extra_link_args=link_args,
+            optional=os.environ.get("KVLIFE_NATIVE_REQUIRED") != "1",
         )
     ],
     cmdclass={"build_ext": OptionalBuildExt},
