@@ -99,8 +99,10 @@ class Builder:
     def __init__(self, scratch: Path) -> None:
         self.clone = scratch / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(self.clone)], check=True)
-        for path in sources():  # the working tree as it is, committed or not
-            shutil.copy(ROOT / path, self.clone / path)
+        for path in (ROOT / SRC).glob("*.[ch]pp"):  # the working tree as it is, committed or not
+            shutil.copy(path, self.clone / SRC / path.name)
+        for test in (ROOT / "tests").glob("test_native_*.py"):
+            shutil.copy(test, self.clone / "tests" / test.name)
         self.objects = scratch / "objects"
         self.objects.mkdir()
         self.flags = _compile_flags()
@@ -118,9 +120,22 @@ class Builder:
                               cwd=self.clone, capture_output=True, text=True)
         return proc.returncode == 0
 
+    def _includers(self, changed: set[str]) -> list[Path]:
+        """The units that include any of ``changed`` (file names), directly or through headers."""
+        names = set(changed)
+        grew = True
+        while grew:
+            grew = False
+            for header in (self.clone / SRC).glob("*.hpp"):
+                if header.name not in names and any(f'#include "{n}"' in header.read_text() for n in names):
+                    names.add(header.name)
+                    grew = True
+        return [u for u in self.units
+                if u.name in names or any(f'#include "{n}"' in (self.clone / u).read_text() for n in names)]
+
     def build(self, changed: list[Path]) -> bool:
-        """Recompile ``changed`` (a header: every unit) and link; False if it does not compile."""
-        units = self.units if any(p.suffix == ".hpp" for p in changed) else [p for p in changed if p in self.units]
+        """Recompile ``changed`` and every unit that includes it; link. False if it does not compile."""
+        units = self._includers({p.name for p in changed})
         if not all(self._compile(unit) for unit in units):
             return False
         link = subprocess.run(["g++", "-shared", *[str(self._object(u)) for u in self.units], "-o", str(self.target)],
@@ -144,8 +159,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default: 0)")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--tests", default="test_native_*.py", help="the tests that must kill (default: %(default)s)")
+    parser.add_argument("--only", default="*", help="mutate only the sources whose file name matches (default: all)")
     args = parser.parse_args()
-    every = mutants()
+    every = [m for m in mutants() if m.path.match(args.only)]
     chosen = every if args.sample is None else sorted(
         random.Random(args.seed).sample(every, min(args.sample, len(every))), key=lambda m: (str(m.path), m.line))
     if args.list:

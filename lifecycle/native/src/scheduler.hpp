@@ -1,0 +1,836 @@
+// kvlife's scheduler, vLLM 0.33's v1 Scheduler for one full-attention KV cache group: a mirror
+// of lifecycle/engine/scheduler.py, decision for decision, with the same calls to the connector.
+//
+// The connector is a template parameter (no virtual dispatch). It provides:
+//   void begin_pass(); void begin_output(); void take_events();
+//   void on_new_request(SchedRequest&, bool early);
+//   bool request_finished(SchedRequest&, const std::vector<BlockId>& blocks);   // hold the blocks?
+//   std::pair<std::optional<int64_t>, bool> get_num_new_matched_tokens(SchedRequest&, int64_t local_tokens);
+//   void update_state_after_alloc(SchedRequest&, const std::vector<BlockId>& blocks, int64_t external);
+//   Meta build_connector_meta(const SchedulerOutput&);  // Meta: sync_lookup_keys, flush (vectors of int64)
+//   void update_connector_output(const KVConnectorOutput&);
+//   bool knows(const std::string& request_id);          // the core has it, or retired it
+//   void warn_duplicate_arrival(const std::string& request_id);
+//   void freed(const std::vector<BlockId>& blocks);     // a "free" record and a FreeBlocks command
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "blocks.hpp"
+#include "sched_request.hpp"
+
+namespace kvlife {
+
+using RequestPtr = std::shared_ptr<SchedRequest>;
+
+// Python's -(-a // b) for b > 0 (floor division, so exact for negative a too).
+inline std::int64_t cdiv(std::int64_t a, std::int64_t b) {
+    std::int64_t n = -a;
+    std::int64_t q = n / b;
+    if ((n % b != 0) && (n < 0)) {
+        q -= 1;
+    }
+    return -q;
+}
+
+struct SchedulerConfig {
+    std::int64_t block_tokens;
+    std::int64_t device_blocks;
+    std::int64_t max_batched_tokens;
+    std::int64_t max_running;
+    bool async_scheduling;
+    bool fail_on_load_failure;  // kv_load_failure_policy == "fail"
+};
+
+// vllm_shapes: what the scheduler hands the connector.
+struct NewRequestData {
+    std::string req_id;
+    std::int64_t num_computed_tokens;
+    std::vector<BlockId> block_ids;  // the one KV cache group's
+};
+
+struct CachedRequestData {
+    std::vector<std::string> req_ids;
+    std::vector<std::int64_t> num_computed_tokens;
+    std::vector<std::optional<std::vector<BlockId>>> new_block_ids;
+    std::vector<std::string> resumed_req_ids;  // a set in Python: order carries no meaning
+};
+
+struct SchedulerOutput {
+    std::vector<NewRequestData> scheduled_new_reqs;
+    CachedRequestData scheduled_cached_reqs;
+    std::vector<std::pair<std::string, std::int64_t>> num_scheduled_tokens;  // in scheduling order
+    std::vector<std::string> preempted_req_ids;  // sets in Python, kept here in the order added
+    std::vector<std::string> finished_req_ids;
+};
+
+struct WorkerReport {
+    std::int64_t job_id;
+    std::int64_t rank;
+    std::vector<BlockHash> failed;
+};
+
+struct KVConnectorOutput {
+    std::optional<std::vector<std::string>> finished_sending;  // None, or a non-empty set
+    std::optional<std::vector<std::string>> finished_recving;
+    std::optional<std::vector<WorkerReport>> reports;  // kv_connector_worker_meta
+    std::vector<BlockId> invalid_block_ids;            // a set
+};
+
+// events.Scheduled and events.StepPlan.
+struct Scheduled {
+    std::string request_id;
+    std::int64_t num_tokens;
+    std::int64_t computed_before;
+    bool samples;
+    std::vector<BlockId> block_table;
+    std::vector<BlockHash> block_hashes;
+};
+
+struct StepPlan {
+    std::int64_t step_id;
+    std::vector<Scheduled> entries;
+    std::int64_t sync_lookups;
+    std::vector<std::int64_t> sync_lookup_keys;
+    std::vector<std::int64_t> flush;
+};
+
+template <class Connector>
+class Scheduler {
+  public:
+    // One scheduled request of a step in flight: (request, tokens, samples a token).
+    struct Entry {
+        RequestPtr req;
+        std::int64_t n;
+        bool samples;
+    };
+    struct Step {
+        std::vector<Entry> scheduled;
+        std::int64_t total;
+        std::vector<Scheduled> planned;
+    };
+    using Meta = decltype(std::declval<Connector&>().build_connector_meta(std::declval<const SchedulerOutput&>()));
+
+    Scheduler(const SchedulerConfig& config, Connector& connector)
+        : config_(config),
+          connector_(connector),
+          pool_(config.device_blocks),
+          bt_(config.block_tokens),
+          async_scheduling_(config.async_scheduling),
+          defer_block_free_(config.async_scheduling) {}
+
+    // ---- requests in and out ------------------------------------------------------------------
+    void add_request(const std::string& request_id, std::int64_t prompt_tokens, const std::vector<BlockHash>& block_hashes,
+                     std::optional<std::int64_t> max_tokens, bool resumable) {
+        if (requests_.count(request_id) || connector_.knows(request_id)) {
+            connector_.warn_duplicate_arrival(request_id);
+            return;
+        }
+        std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(0, prompt_tokens / bt_));
+        std::vector<BlockHash> hashes(block_hashes.begin(), block_hashes.begin() + std::min(keep, block_hashes.size()));
+        auto req = std::make_shared<SchedRequest>(request_id, prompt_tokens, max_tokens, std::move(hashes), bt_, resumable);
+        if (cdiv(prompt_tokens + 1, bt_) > pool_.capacity()) {
+            // kvlife's liveness rule: a prompt that can never fit fails at its arrival.
+            req->hash_cap = pool_.capacity() + 1;
+            connector_.on_new_request(*req, false);
+            req->finish_note = "prompt needs more than the " + std::to_string(pool_.capacity()) + " device blocks";
+            finish(*req, "error", Status::FINISHED_IGNORED);
+            return;
+        }
+        requests_.emplace(request_id, req);
+        order_.push_back(req);
+        waiting_.push_back(req);
+        connector_.on_new_request(*req, true);
+    }
+
+    // vLLM's finish_requests (an abort): false if it is unknown or finished.
+    bool finish_requests(const std::string& request_id, const char* reason = "aborted") {
+        auto it = requests_.find(request_id);
+        if (it == requests_.end() || it->second->finished) {
+            return false;
+        }
+        RequestPtr req = it->second;
+        if (req->status == Status::RUNNING) {
+            remove_from(running_, req.get());
+        } else {
+            unqueue(req.get());
+        }
+        bool delay = req->status == Status::WAITING_FOR_REMOTE_KVS && !finished_recving_.count(request_id);
+        finished_recving_.erase(request_id);
+        failed_recving_.erase(request_id);
+        free_request(req, reason, delay);
+        return true;
+    }
+
+    // The connector core lets go of blocks it held (a quarantined job ended).
+    void release_held(const std::vector<BlockId>& blocks) { release(blocks.data(), blocks.size()); }
+
+    // ---- the pass -------------------------------------------------------------------------------
+    std::pair<StepPlan, Meta> schedule() {
+        connector_.begin_pass();
+        std::int64_t budget = config_.max_batched_tokens;
+        std::vector<Entry> scheduled;
+        NewBlocks new_blocks;
+        bool preempted = false;
+        std::size_t index = 0;
+        std::int64_t capacity = pool_.capacity();
+        while (index < running_.size() && budget > 0) {
+            RequestPtr req = running_[index];
+            std::int64_t computed = req->num_computed_tokens;
+            std::int64_t placeholders = req->num_output_placeholders;
+            if (placeholders > 0 && req->max_tokens.has_value() &&
+                computed + 2 - placeholders >= req->prompt_tokens + *req->max_tokens) {
+                index += 1;  // async: a step in flight already samples its last token
+                continue;
+            }
+            std::int64_t known = req->prompt_tokens + req->output_tokens;
+            std::int64_t n = known + placeholders - computed;
+            if (n > budget) {
+                n = budget;
+            }
+            if (n <= 0) {
+                index += 1;
+                continue;
+            }
+            std::int64_t need = cdiv(computed + n, bt_);
+            if (need > capacity) {
+                // It outgrew the whole device: preempting anything could never make room.
+                running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+                free_request(req, "error", false,
+                             "needs " + std::to_string(need) + " blocks for " + std::to_string(req->num_computed_tokens) +
+                                 " computed tokens and the chunk, the device has " + std::to_string(pool_.capacity()),
+                             Status::FINISHED_IGNORED);
+                continue;
+            }
+            bool fits = true;
+            while (need - static_cast<std::int64_t>(req->blocks.size()) > pool_.free()) {
+                RequestPtr victim = running_.back();
+                if (!can_free(*victim)) {
+                    fits = false;  // its blocks are still written by a step in flight
+                    break;
+                }
+                running_.pop_back();
+                preempt(victim);
+                preempted = true;
+                if (victim == req) {
+                    break;
+                }
+            }
+            if (!fits || req->status != Status::RUNNING) {
+                break;
+            }
+            std::int64_t more = need - static_cast<std::int64_t>(req->blocks.size());
+            if (more > 0) {
+                std::vector<BlockId> added;
+                pool_.allocate(more, added);
+                req->blocks.insert(req->blocks.end(), added.begin(), added.end());
+                new_blocks.set(req->request_id, std::move(added), false);
+            }
+            std::int64_t end = computed + n;
+            std::int64_t upto = end < known ? end : known;
+            if (upto / bt_ > req->num_cached_blocks) {
+                cache_blocks(*req, upto);
+            }
+            scheduled.push_back(Entry{req, n, end >= known});
+            budget -= n;
+            index += 1;
+        }
+        if (!preempted) {
+            budget = admit(budget, scheduled, new_blocks);
+        }
+        return emit(scheduled, new_blocks);
+    }
+
+    // ---- the step's output ----------------------------------------------------------------------
+    bool update_from_output(std::int64_t step_id, const std::unordered_map<std::string, std::string>& stops,
+                            const KVConnectorOutput* output,
+                            const std::unordered_set<std::string>& given_up = std::unordered_set<std::string>()) {
+        auto found = steps_.find(step_id);
+        if (found == steps_.end()) {
+            return false;
+        }
+        Step step = std::move(found->second);
+        steps_.erase(found);
+        connector_.begin_output();
+        if (defer_block_free_ && step.total > 0) {
+            processed_step_seq_ += 1;
+            while (!deferred_frees_.empty() && deferred_frees_.front().first <= processed_step_seq_) {
+                std::vector<BlockId> blocks = std::move(deferred_frees_.front().second);
+                deferred_frees_.pop_front();
+                std::reverse(blocks.begin(), blocks.end());
+                release(blocks.data(), blocks.size());
+            }
+        }
+        std::vector<std::string> failed_loads;
+        if ((output != nullptr && !output->invalid_block_ids.empty()) || !given_up.empty()) {
+            static const std::vector<BlockId> none;
+            failed_loads = invalid_blocks(output != nullptr ? output->invalid_block_ids : none, given_up);
+        }
+        for (Entry& entry : step.scheduled) {
+            SchedRequest& req = *entry.req;
+            req.num_in_flight_tokens -= entry.n;
+            bool stale = req.num_stale_output_tokens > 0;
+            if (stale) {
+                req.num_stale_output_tokens -= entry.n;
+            }
+            if (req.finished || !entry.samples) {
+                continue;  // aborted while the step ran; or no token sampled
+            }
+            req.output_tokens += 1;
+            if (!stale && req.num_output_placeholders > 0) {
+                req.num_output_placeholders -= 1;
+                if (req.status == Status::RUNNING) {
+                    cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens);
+                }
+            }
+            auto reason = stops.find(req.request_id);
+            if (reason != stops.end()) {
+                if (req.status == Status::RUNNING) {
+                    remove_from(running_, &req);
+                } else {
+                    unqueue(&req);  // preempted, its stale token was its last
+                }
+                free_request(entry.req, reason->second.c_str());
+            }
+        }
+        for (const std::string& rid : failed_loads) {
+            auto it = requests_.find(rid);
+            if (it != requests_.end() && !it->second->finished) {
+                finish_requests(rid, "error");
+            }
+        }
+        if (output != nullptr) {
+            transfers_finished(*output);
+        }
+        connector_.take_events();
+        return true;
+    }
+
+    // ---- what drivers and checks read ---------------------------------------------------------
+    DeviceBlockPool& pool() { return pool_; }
+    const DeviceBlockPool& pool() const { return pool_; }
+    std::int64_t results() const { return results_; }
+    std::int64_t next_step_id() const { return next_step_id_; }
+    const std::map<std::int64_t, Step>& steps() const { return steps_; }
+    const std::vector<RequestPtr>& running() const { return running_; }
+    const std::deque<RequestPtr>& waiting() const { return waiting_; }
+    const std::deque<RequestPtr>& kv_holding() const { return kv_holding_; }
+    bool finished_recving_has(const std::string& rid) const { return finished_recving_.count(rid) > 0; }
+
+    // The live requests, in the order they were added (the reference's dict order).
+    std::vector<RequestPtr> requests() {
+        std::vector<RequestPtr> out;
+        for (const RequestPtr& req : order_) {
+            auto it = requests_.find(req->request_id);
+            if (it != requests_.end() && it->second == req) {
+                out.push_back(req);
+            }
+        }
+        return out;
+    }
+    RequestPtr request(const std::string& rid) const {
+        auto it = requests_.find(rid);
+        return it == requests_.end() ? nullptr : it->second;
+    }
+    // Tokens output so far (none: it left the scheduler).
+    std::optional<std::int64_t> output_tokens(const std::string& rid) const {
+        auto it = requests_.find(rid);
+        if (it == requests_.end()) {
+            return std::nullopt;
+        }
+        return it->second->output_tokens;
+    }
+    bool any_finished() const {
+        for (const auto& item : requests_) {
+            if (item.second->finished) {
+                return true;
+            }
+        }
+        return false;
+    }
+    std::int64_t waiting_for_remote_kvs() const {
+        std::int64_t count = 0;
+        for (const auto& item : requests_) {
+            count += item.second->status == Status::WAITING_FOR_REMOTE_KVS ? 1 : 0;
+        }
+        return count;
+    }
+
+  private:
+    // new_blocks: request id -> (blocks added this pass, whether it was admitted this pass).
+    struct NewBlocks {
+        std::unordered_map<std::string, std::pair<std::vector<BlockId>, bool>> map;
+        void set(const std::string& rid, std::vector<BlockId> blocks, bool admitted) {
+            map[rid] = std::make_pair(std::move(blocks), admitted);
+        }
+    };
+
+    template <class Seq>
+    static void remove_from(Seq& seq, const SchedRequest* req) {
+        for (auto it = seq.begin(); it != seq.end(); ++it) {
+            if (it->get() == req) {
+                seq.erase(it);
+                return;
+            }
+        }
+    }
+    template <class Seq>
+    static bool contains(const Seq& seq, const SchedRequest* req) {
+        for (const RequestPtr& each : seq) {
+            if (each.get() == req) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    bool finish(SchedRequest& req, const char* reason, std::optional<Status> status = std::nullopt) {
+        req.finished = true;
+        req.status = status.has_value() ? *status : finished_status(reason);
+        add_unique(finished_ids_, req.request_id);
+        return connector_.request_finished(req, req.blocks);
+    }
+
+    static void add_unique(std::vector<std::string>& ids, const std::string& rid) {
+        if (std::find(ids.begin(), ids.end(), rid) == ids.end()) {
+            ids.push_back(rid);
+        }
+    }
+
+    void unqueue(const SchedRequest* req) {
+        if (contains(waiting_, req)) {
+            remove_from(waiting_, req);
+        } else if (contains(kv_holding_, req)) {
+            remove_from(kv_holding_, req);
+        }
+    }
+
+    void free_request(const RequestPtr& req, const char* reason, bool delay = false,
+                      std::optional<std::string> why = std::nullopt, std::optional<Status> status = std::nullopt) {
+        inflight_prefills_.erase(req.get());
+        req->finish_note = std::move(why);
+        bool hold = finish(*req, reason, status);
+        if (delay) {
+            req->free_on_recving = true;
+        } else if (hold) {
+            req->free_on_sending = true;
+        } else {
+            free_blocks(req);
+        }
+    }
+
+    void free_blocks(const RequestPtr& req) {
+        free_request_blocks(*req);
+        auto it = requests_.find(req->request_id);
+        if (it != requests_.end() && it->second == req) {
+            requests_.erase(it);
+            dead_in_order_ += 1;
+            if (dead_in_order_ * 2 > order_.size() && order_.size() > 64) {
+                compact_order();
+            }
+        }
+    }
+
+    void compact_order() {
+        std::vector<RequestPtr> live;
+        live.reserve(requests_.size());
+        for (const RequestPtr& req : order_) {
+            auto it = requests_.find(req->request_id);
+            if (it != requests_.end() && it->second == req) {
+                live.push_back(req);
+            }
+        }
+        order_ = std::move(live);
+        dead_in_order_ = 0;
+    }
+
+    bool can_free(const SchedRequest& req) const {
+        return !defer_block_free_ || req.last_sched_seq <= processed_step_seq_;
+    }
+
+    // Give the request's blocks back, tail first, or, while a step in flight may still write
+    // them, once it has produced output.
+    void free_request_blocks(SchedRequest& req) {
+        std::vector<BlockId> blocks = std::move(req.blocks);
+        req.blocks.clear();
+        req.num_cached_blocks = 0;
+        if (blocks.empty()) {
+            return;
+        }
+        if (can_free(req)) {
+            std::reverse(blocks.begin(), blocks.end());
+            release(blocks.data(), blocks.size());
+        } else {
+            deferred_frees_.emplace_back(sched_step_seq_, std::move(blocks));
+        }
+    }
+
+    void release(const BlockId* blocks, std::size_t n) {
+        freed_scratch_.clear();
+        pool_.release(blocks, n, freed_scratch_);
+        if (!freed_scratch_.empty()) {
+            connector_.freed(freed_scratch_);
+        }
+    }
+
+    // The waiting half of the pass (vLLM's second loop); returns the budget left.
+    std::int64_t admit(std::int64_t budget, std::vector<Entry>& scheduled, NewBlocks& new_blocks) {
+        std::deque<RequestPtr> skipped_waiting;
+        std::deque<RequestPtr> skipped_holding;
+        auto skip = [&](std::deque<RequestPtr>& queue) {
+            RequestPtr req = queue.front();
+            queue.pop_front();
+            if (req->num_computed_tokens > 0 || req->status == Status::WAITING_FOR_REMOTE_KVS) {
+                skipped_holding.push_front(req);
+            } else {
+                skipped_waiting.push_front(req);
+            }
+        };
+        while (budget > 0) {
+            std::deque<RequestPtr>& queue = !kv_holding_.empty() ? kv_holding_ : waiting_;
+            if (queue.empty() || static_cast<std::int64_t>(running_.size()) >= config_.max_running) {
+                break;
+            }
+            RequestPtr req = queue.front();
+            const std::string& rid = req->request_id;
+            if (req->status == Status::WAITING_FOR_REMOTE_KVS) {
+                if (!finished_recving_.count(rid)) {
+                    skip(queue);
+                    continue;
+                }
+                landed(req);
+                req->status = req->num_preemptions ? Status::PREEMPTED : Status::WAITING;
+            }
+            if (req->num_stale_output_tokens) {
+                skip(queue);  // its in-flight output (preempted under async scheduling) comes first
+                continue;
+            }
+            if (cdiv(req->num_tokens() + 1, bt_) > pool_.capacity()) {
+                queue.pop_front();
+                free_request(req, "error", false,
+                             "needs " + std::to_string(cdiv(req->num_tokens() + 1, bt_)) + " blocks for its " +
+                                 std::to_string(req->num_tokens()) + " known tokens and the next, the device has " +
+                                 std::to_string(pool_.capacity()),
+                             Status::FINISHED_IGNORED);
+                continue;
+            }
+            std::vector<BlockId> local;
+            std::int64_t external = 0;
+            bool load_async = false;
+            std::int64_t computed;
+            if (req->num_computed_tokens == 0) {
+                std::int64_t limit = (req->num_tokens() - 1) / bt_;
+                const std::vector<BlockHash>& hashes = req->block_hashes();
+                std::size_t upto = limit < 0 ? 0 : std::min<std::size_t>(static_cast<std::size_t>(limit), hashes.size());
+                pool_.cached_prefix(hashes.data(), upto, local);
+                auto answer = connector_.get_num_new_matched_tokens(*req, static_cast<std::int64_t>(local.size()) * bt_);
+                load_async = answer.second;
+                if (!answer.first.has_value()) {
+                    skip(queue);
+                    continue;
+                }
+                external = *answer.first;
+                computed = static_cast<std::int64_t>(local.size()) * bt_ + external;
+            } else {
+                computed = req->num_computed_tokens;
+            }
+            std::int64_t n = load_async ? 0 : std::min(req->num_tokens() - computed, budget);
+            std::int64_t reserved = load_async ? reserved_blocks() : 0;
+            if (!allocate(*req, n, local, external, load_async, reserved)) {
+                break;
+            }
+            connector_.update_state_after_alloc(*req, req->blocks, external);
+            if (load_async) {
+                req->status = Status::WAITING_FOR_REMOTE_KVS;
+                req->num_computed_tokens = computed;
+                inflight_prefills_.insert(req.get());
+                skip(queue);
+                continue;
+            }
+            queue.pop_front();
+            running_.push_back(req);
+            if (req->status == Status::PREEMPTED) {
+                resumed_.insert(rid);
+            }
+            req->status = Status::RUNNING;
+            req->num_computed_tokens = computed;
+            new_blocks.set(rid, req->blocks, true);
+            scheduled.push_back(Entry{req, n, computed + n >= req->num_tokens()});
+            budget -= n;
+            if (computed + n < req->num_tokens()) {
+                inflight_prefills_.insert(req.get());
+            }
+        }
+        // deque.extendleft: each at the front in turn (the first skipped ends up first).
+        for (const RequestPtr& req : skipped_holding) {
+            kv_holding_.push_front(req);
+        }
+        for (const RequestPtr& req : skipped_waiting) {
+            waiting_.push_front(req);
+        }
+        return budget;
+    }
+
+    // KVCacheManager.allocate_slots for a waiting request (see the reference's docstring).
+    bool allocate(SchedRequest& req, std::int64_t n, const std::vector<BlockId>& local, std::int64_t external,
+                  bool delay_cache, std::int64_t reserved) {
+        std::int64_t total = req.num_computed_tokens + static_cast<std::int64_t>(local.size()) * bt_ + external;
+        std::int64_t held = static_cast<std::int64_t>(req.blocks.size());
+        std::int64_t hits_taken = pool_.evictable(local.data(), local.size());
+        std::int64_t full_need;
+        std::int64_t need;
+        std::int64_t nlocal = static_cast<std::int64_t>(local.size());
+        if (held) {  // it holds blocks already (a landed load): no new hit
+            full_need = std::max<std::int64_t>(cdiv(req.num_tokens(), bt_) - held, 0);
+            need = std::max<std::int64_t>(cdiv(total + n, bt_) - held, 0);
+        } else {
+            full_need = std::max<std::int64_t>(cdiv(req.num_tokens(), bt_) - nlocal, 0) + hits_taken;
+            need = std::max<std::int64_t>(cdiv(total + n, bt_) - nlocal, 0) + hits_taken;
+        }
+        if (full_need > pool_.free() || need > pool_.free() - reserved) {
+            return false;
+        }
+        if (!local.empty()) {
+            pool_.touch(local.data(), local.size());
+            req.blocks.insert(req.blocks.end(), local.begin(), local.end());
+            req.num_cached_blocks = static_cast<std::int64_t>(req.blocks.size());
+        }
+        if (external) {
+            pool_.allocate(std::max<std::int64_t>(0, cdiv(total, bt_) - static_cast<std::int64_t>(req.blocks.size())),
+                           req.blocks);
+        }
+        std::int64_t more = cdiv(total + n, bt_) - static_cast<std::int64_t>(req.blocks.size());
+        if (more > 0) {
+            pool_.allocate(more, req.blocks);
+        }
+        if (!delay_cache) {
+            cache_blocks(req, std::min(total + n, req.num_tokens()));
+        }
+        return true;
+    }
+
+    // Blocks the prefills in flight still need for their whole known sequence.
+    std::int64_t reserved_blocks() const {
+        std::int64_t sum = 0;
+        for (const SchedRequest* r : inflight_prefills_) {
+            sum += std::max<std::int64_t>(0, cdiv(r->num_tokens(), bt_) - static_cast<std::int64_t>(r->blocks.size()));
+        }
+        return sum;
+    }
+
+    // Publish the request's full blocks of its first tokens in the prefix cache.
+    void cache_blocks(SchedRequest& req, std::int64_t tokens) {
+        std::int64_t full = tokens / bt_;  // tokens >= 0 here, as in every call of the reference
+        if (full <= req.num_cached_blocks) {
+            return;
+        }
+        const std::vector<BlockHash>& hashes = req.block_hashes();
+        for (std::int64_t i = req.num_cached_blocks; i < full; ++i) {
+            pool_.cache(req.blocks.at(static_cast<std::size_t>(i)), hashes.at(static_cast<std::size_t>(i)));
+        }
+        req.num_cached_blocks = full;
+    }
+
+    // vLLM's _update_waiting_for_remote_kv: a load reported.
+    void landed(const RequestPtr& req) {
+        const std::string& rid = req->request_id;
+        if (failed_recving_.count(rid)) {
+            failed_recving_.erase(rid);
+            if (req->num_computed_tokens) {
+                cache_blocks(*req, req->num_computed_tokens);
+            } else {
+                free_request_blocks(*req);
+                inflight_prefills_.erase(req.get());
+            }
+        } else {
+            cache_blocks(*req, req->num_computed_tokens);
+        }
+        if (req->num_computed_tokens == req->num_tokens()) {
+            req->num_computed_tokens = req->num_tokens() - 1;  // the last token is computed again, to sample
+        }
+        finished_recving_.erase(rid);
+    }
+
+    // vLLM's _preempt_request.
+    void preempt(const RequestPtr& req) {
+        free_request_blocks(*req);
+        inflight_prefills_.erase(req.get());
+        req->status = Status::PREEMPTED;
+        req->num_computed_tokens = 0;
+        req->num_stale_output_tokens = req->num_in_flight_tokens;
+        req->num_output_placeholders = 0;
+        req->num_preemptions += 1;
+        waiting_.push_front(req);
+        add_unique(preempted_ids_, req->request_id);
+    }
+
+    // The scheduler output, build_connector_meta, then _update_after_schedule.
+    std::pair<StepPlan, Meta> emit(std::vector<Entry>& scheduled, NewBlocks& new_blocks) {
+        std::int64_t step_id = next_step_id_++;
+        std::int64_t total = 0;
+        SchedulerOutput output;
+        CachedRequestData& cached = output.scheduled_cached_reqs;
+        for (const Entry& entry : scheduled) {
+            const std::string& rid = entry.req->request_id;
+            output.num_scheduled_tokens.emplace_back(rid, entry.n);
+            total += entry.n;
+            auto added = new_blocks.map.find(rid);
+            if (added == new_blocks.map.end()) {
+                cached.req_ids.push_back(rid);
+                cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
+                cached.new_block_ids.emplace_back(std::nullopt);
+            } else if (!added->second.second) {
+                cached.req_ids.push_back(rid);
+                cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
+                cached.new_block_ids.emplace_back(added->second.first);
+            } else if (resumed_.count(rid)) {
+                cached.req_ids.push_back(rid);
+                cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
+                cached.new_block_ids.emplace_back(added->second.first);
+                add_unique(cached.resumed_req_ids, rid);
+            } else {
+                output.scheduled_new_reqs.push_back(
+                    NewRequestData{rid, entry.req->num_computed_tokens, added->second.first});
+            }
+        }
+        output.preempted_req_ids = preempted_ids_;
+        output.finished_req_ids = finished_ids_;
+        Meta meta = connector_.build_connector_meta(output);
+        preempted_ids_.clear();
+        finished_ids_.clear();
+        resumed_.clear();
+        if (defer_block_free_ && total > 0) {
+            sched_step_seq_ += 1;
+        }
+        std::int64_t seq = sched_step_seq_;
+        std::vector<Scheduled> entries;
+        entries.reserve(scheduled.size());
+        for (const Entry& entry : scheduled) {
+            SchedRequest& req = *entry.req;
+            std::int64_t before = req.num_computed_tokens;
+            std::int64_t end = before + entry.n;
+            req.num_computed_tokens = end;
+            req.num_in_flight_tokens += entry.n;
+            if (defer_block_free_) {
+                req.last_sched_seq = seq;
+            }
+            std::int64_t known = req.prompt_tokens + req.output_tokens;
+            bool prefill = req.is_prefill_chunk = end < known + req.num_output_placeholders;
+            if (!prefill) {
+                inflight_prefills_.erase(&req);
+                if (async_scheduling_) {
+                    req.num_output_placeholders += 1;
+                }
+            }
+            std::vector<BlockHash> hashes = static_cast<std::int64_t>(req.hashes.size()) < known / bt_
+                                                ? req.block_hashes()
+                                                : req.hashes;
+            if (static_cast<std::int64_t>(hashes.size()) < end / bt_) {
+                // Blocks completed by output placeholders (async scheduling): named by their
+                // derived hashes too, so a live worker writes their content.
+                extend_hashes(hashes, req.request_id, end / bt_);
+            }
+            entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, req.blocks, std::move(hashes)});
+        }
+        StepPlan plan{step_id, entries, static_cast<std::int64_t>(meta.sync_lookup_keys.size()), meta.sync_lookup_keys,
+                      meta.flush};
+        steps_.emplace(step_id, Step{std::move(scheduled), total, std::move(entries)});
+        return std::make_pair(std::move(plan), std::move(meta));
+    }
+
+    // vLLM's _handle_invalid_blocks for async loads; the requests to fail, in queue order.
+    std::vector<std::string> invalid_blocks(const std::vector<BlockId>& invalid,
+                                            const std::unordered_set<std::string>& given_up) {
+        std::unordered_set<BlockId> bad(invalid.begin(), invalid.end());
+        std::vector<std::string> affected;
+        for (const RequestPtr& req : kv_holding_) {
+            if (req->status != Status::WAITING_FOR_REMOTE_KVS) {
+                continue;
+            }
+            if (given_up.count(req->request_id)) {  // (kvlife's drivers: a load given up at a deadline)
+                req->num_computed_tokens = 0;
+                affected.push_back(req->request_id);
+                continue;
+            }
+            std::int64_t blocks = cdiv(req->num_computed_tokens, bt_);
+            std::int64_t limit = std::min<std::int64_t>(blocks, static_cast<std::int64_t>(req->blocks.size()));
+            for (std::int64_t index = 0; index < limit; ++index) {
+                if (bad.count(req->blocks[static_cast<std::size_t>(index)])) {
+                    req->num_computed_tokens = index * bt_;
+                    affected.push_back(req->request_id);
+                    break;
+                }
+            }
+        }
+        if (config_.fail_on_load_failure) {
+            return affected;
+        }
+        failed_recving_.insert(affected.begin(), affected.end());
+        return {};
+    }
+
+    // vLLM's _update_from_kv_xfer_finished.
+    void transfers_finished(const KVConnectorOutput& output) {
+        connector_.update_connector_output(output);
+        std::vector<std::string> recving = output.finished_recving.value_or(std::vector<std::string>());
+        std::vector<std::string> sending = output.finished_sending.value_or(std::vector<std::string>());
+        std::sort(recving.begin(), recving.end());
+        std::sort(sending.begin(), sending.end());
+        results_ += static_cast<std::int64_t>(recving.size() + sending.size());
+        for (const std::string& rid : recving) {
+            RequestPtr req = request(rid);
+            if (req == nullptr) {
+                continue;
+            }
+            if (req->status == Status::WAITING_FOR_REMOTE_KVS) {
+                finished_recving_.insert(rid);
+            } else if (req->finished) {
+                free_blocks(req);
+            }
+        }
+        for (const std::string& rid : sending) {
+            RequestPtr req = request(rid);
+            if (req != nullptr && req->finished) {
+                free_blocks(req);
+            }
+        }
+    }
+
+    SchedulerConfig config_;
+    Connector& connector_;
+    DeviceBlockPool pool_;
+    std::int64_t bt_;
+    bool async_scheduling_;
+    bool defer_block_free_;
+    std::unordered_map<std::string, RequestPtr> requests_;
+    std::vector<RequestPtr> order_;  // requests_ in insertion order (dead entries skipped)
+    std::size_t dead_in_order_ = 0;
+    std::deque<RequestPtr> waiting_;
+    std::deque<RequestPtr> kv_holding_;
+    std::vector<RequestPtr> running_;
+    std::unordered_set<std::string> finished_recving_;
+    std::unordered_set<std::string> failed_recving_;
+    std::vector<std::string> preempted_ids_;
+    std::vector<std::string> finished_ids_;
+    std::unordered_set<std::string> resumed_;
+    std::unordered_set<SchedRequest*> inflight_prefills_;
+    std::int64_t sched_step_seq_ = 0;
+    std::int64_t processed_step_seq_ = 0;
+    std::deque<std::pair<std::int64_t, std::vector<BlockId>>> deferred_frees_;
+    std::map<std::int64_t, Step> steps_;
+    std::int64_t next_step_id_ = 0;
+    std::int64_t results_ = 0;
+    std::vector<BlockId> freed_scratch_;
+};
+
+}  // namespace kvlife
