@@ -196,6 +196,14 @@ def test_every_record_of_a_golden_trace_renders_to_its_line(name: str) -> None:
         assert render(record) == render_record(record)
 
 
+def test_values_far_larger_than_the_buffer_render_whole() -> None:
+    # The writer's buffer starts at 64 KiB (render) or 64 bytes (render_lines) and grows; each
+    # of these needs it to grow many times over at once (a control character takes 6 bytes).
+    for value in ["\x01" * 3_000_000, {"k" * 1_000_000: ["\n" * 500_000] * 4}, [1.5e-300] * 200_000]:
+        _same(value)
+        assert render_lines([value, value]) == orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE) * 2
+
+
 def _nested(depth: int, container: str) -> Any:
     value: Any = [] if container == "list" else {}
     for _ in range(depth - 1):

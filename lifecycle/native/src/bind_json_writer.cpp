@@ -94,8 +94,9 @@ void bind_json_writer(py::module_& m) {
     m.def(
         "render_lines",
         [](py::sequence records) {
-            // One buffer for all the lines, as a trace file holds them: one writer, no clear between.
-            JsonWriter out(1 << 16);
+            // One buffer for all the lines, as a trace file holds them: one writer, no clear
+            // between; it starts small, so that a long trace crosses many of its growths.
+            JsonWriter out(64);
             for (py::handle record : records) {
                 walk(out, record.ptr(), 0);
                 out.newline();

@@ -2,6 +2,7 @@
 // structlog's JSONRenderer), byte for byte.
 #include "json_writer.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -44,6 +45,12 @@ char* write_escape(char* p, unsigned char c) {
     p[3] = kHex[c >> 4];
     p[4] = kHex[c & 0xf];
     return p + 5;
+}
+
+// Each writes n bytes at p and returns their end: the length written is the length advanced.
+char* put(char* p, const char* s, std::size_t n) {
+    std::memcpy(p, s, n);
+    return p + n;
 }
 
 char* write_zeros(char* p, int n) {
@@ -92,37 +99,30 @@ char* write_double(char* p, double v) {
 
     if (e >= -5 && e <= 15) {
         if (n - 1 <= e) {  // an integer: 1234e7 -> 12340000000.0
-            std::memcpy(p, digits, static_cast<std::size_t>(n));
-            p = write_zeros(p + n, e + 1 - n);
-            std::memcpy(p, ".0", 2);
-            return p + 2;
+            p = write_zeros(put(p, digits, n), e + 1 - n);
+            return put(p, ".0", 2);
         }
         if (e >= 0) {  // 1.234e1 -> 12.34
-            std::memcpy(p, digits, static_cast<std::size_t>(e + 1));
-            p += e + 1;
-            *p++ = '.';
-            std::memcpy(p, digits + e + 1, static_cast<std::size_t>(n - e - 1));
-            return p + (n - e - 1);
+            p = put(put(p, digits, e + 1), ".", 1);
+            return put(p, digits + e + 1, n - e - 1);
         }
         // 1.234e-3 -> 0.001234
-        *p++ = '0';
-        *p++ = '.';
-        p = write_zeros(p, -e - 1);
-        std::memcpy(p, digits, static_cast<std::size_t>(n));
-        return p + n;
+        p = write_zeros(put(p, "0.", 2), -e - 1);
+        return put(p, digits, n);
     }
     *p++ = digits[0];
-    if (n > 1) {
-        *p++ = '.';
-        std::memcpy(p, digits + 1, static_cast<std::size_t>(n - 1));
-        p += n - 1;
-    }
+    if (n > 1) p = put(put(p, ".", 1), digits + 1, n - 1);
     *p++ = 'e';
-    *p++ = e < 0 ? '-' : '+';
-    return std::to_chars(p, p + 4, e < 0 ? -e : e).ptr;
+    if (e < 0) {
+        *p++ = '-';
+        e = -e;
+    } else {
+        *p++ = '+';
+    }
+    return std::to_chars(p, p + 3, e).ptr;
 }
 
-JsonWriter::JsonWriter(std::size_t capacity) : capacity_(capacity < 64 ? 64 : capacity) {
+JsonWriter::JsonWriter(std::size_t capacity) : capacity_(capacity) {
     data_ = static_cast<char*>(std::malloc(capacity_));
     if (data_ == nullptr) throw std::bad_alloc();
 }
@@ -130,8 +130,7 @@ JsonWriter::JsonWriter(std::size_t capacity) : capacity_(capacity < 64 ? 64 : ca
 JsonWriter::~JsonWriter() { std::free(data_); }
 
 void JsonWriter::grow(std::size_t need) {
-    std::size_t capacity = capacity_ * 2;
-    if (capacity - size_ < need) capacity = size_ + need;
+    const std::size_t capacity = std::max(capacity_ * 2, size_ + need);
     char* data = static_cast<char*>(std::realloc(data_, capacity));
     if (data == nullptr) throw std::bad_alloc();
     data_ = data;
@@ -181,12 +180,10 @@ void JsonWriter::put_string(std::string_view utf8, bool is_key) {
     *p++ = '"';
     const unsigned char* in = reinterpret_cast<const unsigned char*>(utf8.data());
     const unsigned char* const end = in + utf8.size();
-    while (in < end) {
+    for (;;) {
         const unsigned char* run = in;
-        while (in < end && !kEscape.needs[*in]) ++in;
-        const std::size_t plain = static_cast<std::size_t>(in - run);
-        std::memcpy(p, run, plain);
-        p += plain;
+        while (in != end && !kEscape.needs[*in]) ++in;
+        p = put(p, reinterpret_cast<const char*>(run), static_cast<std::size_t>(in - run));
         if (in == end) break;
         p = write_escape(p, *in++);
     }

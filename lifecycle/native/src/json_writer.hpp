@@ -22,6 +22,7 @@ char* write_double(char* p, double v);
 
 class JsonWriter {
   public:
+    // capacity: the buffer's first size in bytes (at least 1); it doubles as needed.
     explicit JsonWriter(std::size_t capacity = 4096);
     ~JsonWriter();
     JsonWriter(const JsonWriter&) = delete;
