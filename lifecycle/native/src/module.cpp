@@ -7,6 +7,7 @@ namespace kvlife {
 void bind_step_cost(py::module_& m);
 void bind_blocks(py::module_& m);
 void bind_scheduler(py::module_& m);
+void bind_json_writer(py::module_& m);
 }  // namespace kvlife
 
 PYBIND11_MODULE(_core, m) {
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_step_cost(m);
     kvlife::bind_blocks(m);
     kvlife::bind_scheduler(m);
+    kvlife::bind_json_writer(m);
 }
