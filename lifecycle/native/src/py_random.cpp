@@ -23,15 +23,6 @@ int bit_length(PyRandomUWide n) {
     return lo == 0 ? 0 : 64 - __builtin_clzll(lo);
 }
 
-// Python's a // b (rounds toward minus infinity; C++'s / truncates). b != 0.
-PyRandomWide floordiv(PyRandomWide a, PyRandomWide b) {
-    PyRandomWide q = a / b;
-    if (q * b != a && (a < 0) != (b < 0)) {
-        q -= 1;
-    }
-    return q;
-}
-
 // str(int) of a 128-bit value, for randrange's messages.
 std::string decimal(PyRandomWide v) {
     bool negative = v < 0;
@@ -197,11 +188,13 @@ int64_t PyRandom::range_draw(PyRandomWide istart, PyRandomWide istop, PyRandomWi
                               "empty range for randrange() (" + decimal(istart) + ", " + decimal(istop) + ", " +
                                   decimal(width) + ")");
     }
+    // Python's // floors where C++'s / truncates: they differ only on a negative quotient, and
+    // both then give n <= 0, the same empty range.
     PyRandomWide n;
     if (istep > 0) {
-        n = floordiv(width + istep - 1, istep);
+        n = (width + istep - 1) / istep;
     } else if (istep < 0) {
-        n = floordiv(width + istep + 1, istep);
+        n = (width + istep + 1) / istep;
     } else {
         throw std::invalid_argument("zero step for randrange()");
     }
