@@ -8,6 +8,7 @@ void bind_step_cost(py::module_& m);
 void bind_blocks(py::module_& m);
 void bind_scheduler(py::module_& m);
 void bind_json_writer(py::module_& m);
+void bind_py_random(py::module_& m);
 }  // namespace kvlife
 
 PYBIND11_MODULE(_core, m) {
@@ -16,4 +17,5 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_blocks(m);
     kvlife::bind_scheduler(m);
     kvlife::bind_json_writer(m);
+    kvlife::bind_py_random(m);
 }
