@@ -27,7 +27,7 @@ POOL = (*range(-2, 11), *EXTREMES)  # every block hash an operation may name
 BLOCKS = st.integers(-2, 12).map(lambda i: EXTREMES[i - 11] if i > 10 else i)  # an extreme 2 times in 15
 LISTS = st.lists(BLOCKS, max_size=5)
 # Names with every quoting case of repr(): quotes, backslashes, control and non-ASCII characters.
-NAMES = st.text(st.characters(max_codepoint=0x7F) | st.sampled_from("éß日€"), max_size=6)
+NAMES = st.text(st.sampled_from("'\"\\\t\n\r\x00\x1f\x7f aZéß日€") | st.characters(max_codepoint=0x7F), max_size=6)
 EVICTIONS = st.sampled_from(["lru", "arc"])
 
 Outcome = tuple[Any, ...]
