@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvlife.transfer.eviction import make_eviction_order
@@ -196,6 +196,8 @@ def test_a_native_eviction_order_ranks_as_the_reference_does(
 
 
 @settings(max_examples=200, deadline=None)
+@example(name="it's \"a\"\\\t\x00\x7fé", capacity=-1, eviction="lru")  # both quotes: repr picks '
+@example(name="it's", capacity=0, eviction="it's \"arc\"")
 @given(
     name=NAMES,
     capacity=st.integers(-3, 3),
