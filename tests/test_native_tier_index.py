@@ -39,7 +39,7 @@ def outcome(call: Callable[[], Any]) -> Outcome:
         result = call()
     except (KeyError, ValueError, AssertionError) as exc:
         return ("raised", type(exc), exc.args)
-    if isinstance(result, StorePlan) or type(result).__name__ == "StorePlan":
+    if isinstance(result, (StorePlan, core.StorePlan)):
         return ("plan", result.accepted, result.evicted, result.skipped_present, result.rejected_full)
     return ("returned", result)
 
