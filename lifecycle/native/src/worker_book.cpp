@@ -44,12 +44,18 @@ void sort_unique(std::vector<T>& items) {
 void WorkerBook::add(int64_t job_id, const std::string& kind, const std::string& request_id,
                      const std::vector<BlockHash>& hashes, const std::vector<int64_t>& device_blocks,
                      std::optional<int64_t> after) {
+    add(job_id, kind, request_id, hashes.data(), hashes.size(), device_blocks.data(), device_blocks.size(), after);
+}
+
+void WorkerBook::add(int64_t job_id, const std::string& kind, const std::string& request_id,
+                     const BlockHash* hashes, std::size_t n_hashes, const int64_t* device_blocks,
+                     std::size_t n_device_blocks, std::optional<int64_t> after) {
     JobEntry& entry = *jobs_.try_emplace(job_id).first;  // assigned in full: a reused node holds old values
     entry.kind = kind;
     entry.tag = kind_tag(kind);
     entry.request_id = request_id;
     entry.moves.clear();
-    std::size_t n = std::min(hashes.size(), device_blocks.size());  // zip(strict=False)
+    std::size_t n = std::min(n_hashes, n_device_blocks);  // zip(strict=False)
     for (std::size_t i = 0; i != n; ++i) {
         entry.moves.emplace_back(hashes[i], device_blocks[i]);
     }
@@ -199,6 +205,14 @@ KVOutput WorkerBook::take() {
 
 KVOutput OutputAggregator::aggregate(const std::vector<KVOutput>& outputs) {
     KVOutput combined;
+    aggregate(outputs, combined);
+    return combined;
+}
+
+void OutputAggregator::aggregate(const std::vector<KVOutput>& outputs, KVOutput& combined) {
+    combined.recving.clear();
+    combined.sending.clear();
+    combined.invalid.clear();
     for (const KVOutput& output : outputs) {
         count(recving_, output.recving, combined.recving);
     }
@@ -209,7 +223,6 @@ KVOutput OutputAggregator::aggregate(const std::vector<KVOutput>& outputs) {
         combined.invalid.insert(combined.invalid.end(), output.invalid.begin(), output.invalid.end());
     }
     sort_unique(combined.invalid);
-    return combined;
 }
 
 void OutputAggregator::count(std::unordered_map<std::string, int64_t>& counts,

@@ -50,6 +50,10 @@ class WorkerBook {
     void add(int64_t job_id, const std::string& kind, const std::string& request_id,
              const std::vector<BlockHash>& hashes, const std::vector<int64_t>& device_blocks,
              std::optional<int64_t> after = std::nullopt);
+    // The same from arrays (a caller with its own storage builds no vectors).
+    void add(int64_t job_id, const std::string& kind, const std::string& request_id, const BlockHash* hashes,
+             std::size_t n_hashes, const int64_t* device_blocks, std::size_t n_device_blocks,
+             std::optional<int64_t> after = std::nullopt);
     // Finished requests whose blocks the scheduler holds until this rank's stores end.
     void hold(const std::vector<std::string>& request_ids);
     // This rank finished ``job_id`` (``failed``: its blocks that failed).
@@ -96,6 +100,8 @@ class OutputAggregator {
 
     // Each output's lists are read as sets (sorted here before counting, as Python does).
     KVOutput aggregate(const std::vector<KVOutput>& outputs);
+    // The same into ``combined`` (its old contents dropped, its buffers reused).
+    void aggregate(const std::vector<KVOutput>& outputs, KVOutput& combined);
 
     int64_t world_size;
 
