@@ -9,7 +9,9 @@ void bind_blocks(py::module_& m);
 void bind_scheduler(py::module_& m);
 void bind_json_writer(py::module_& m);
 void bind_py_random(py::module_& m);
+void bind_ranks(py::module_& m);
 void bind_tier_index(py::module_& m);
+void bind_worker_book(py::module_& m);
 }  // namespace kvlife
 
 PYBIND11_MODULE(_core, m) {
@@ -19,5 +21,7 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_scheduler(m);
     kvlife::bind_json_writer(m);
     kvlife::bind_py_random(m);
+    kvlife::bind_ranks(m);
     kvlife::bind_tier_index(m);
+    kvlife::bind_worker_book(m);
 }
