@@ -5,9 +5,11 @@ namespace py = pybind11;
 
 namespace kvlife {
 void bind_step_cost(py::module_& m);
+void bind_links(py::module_& m);
 }  // namespace kvlife
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "kvlife's native core (C++17 mirrors of the Python reference, held to it by differential tests)";
     kvlife::bind_step_cost(m);
+    kvlife::bind_links(m);
 }
