@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlife.lifecycle.drivers.links import Link
+from kvlife.lifecycle.drivers.lookup_service import LookupService
 from kvlife.lifecycle.native import load
 from kvlife.lifecycle.profiles.step_cost import StepCostModel
 
@@ -27,3 +29,21 @@ def step_cost(model: StepCostModel) -> Any:
         ms_per_byte=model._ms_per_byte,
         overhead_ms=model._overhead_ms,
     )
+
+
+def link(reference: Link) -> Any:
+    """``_core.Link`` with ``reference``'s name, bandwidths and latency: its twin as long as both
+    are given the same calls. Only a link that has carried nothing yet has one (its state is not
+    copied): ValueError otherwise."""
+    if reference._seq or reference._now:
+        raise ValueError(f"link {reference.name}: already in use; only a fresh link has a native twin")
+    return load().Link(reference.name, reference.bandwidth_gb_s, reference.latency_ms,
+                       reference.write_bandwidth_gb_s)
+
+
+def lookup_service(reference: LookupService) -> Any:
+    """``_core.LookupService`` with ``reference``'s workers and latencies, for a service that has
+    taken no lookup yet (its queue is not copied): ValueError otherwise."""
+    if reference.submitted:
+        raise ValueError("lookup service already in use; only a fresh one has a native twin")
+    return load().LookupService(reference.workers, reference.base_ms, reference.per_key_ms)

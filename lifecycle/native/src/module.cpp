@@ -8,6 +8,7 @@ void bind_step_cost(py::module_& m);
 void bind_blocks(py::module_& m);
 void bind_scheduler(py::module_& m);
 void bind_json_writer(py::module_& m);
+void bind_links(py::module_& m);
 void bind_py_random(py::module_& m);
 void bind_ranks(py::module_& m);
 void bind_tier_index(py::module_& m);
@@ -20,6 +21,7 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_blocks(m);
     kvlife::bind_scheduler(m);
     kvlife::bind_json_writer(m);
+    kvlife::bind_links(m);
     kvlife::bind_py_random(m);
     kvlife::bind_ranks(m);
     kvlife::bind_tier_index(m);
