@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "python_repr.hpp"
+#include "py_repr.hpp"
 
 namespace kvlife {
 
@@ -16,7 +16,7 @@ EvictionKind eviction_kind(const std::string& name) {
     if (name == "arc") {
         return EvictionKind::arc;
     }
-    throw std::invalid_argument("unknown eviction policy " + python_repr(name) + " (expected 'lru' or 'arc')");
+    throw std::invalid_argument("unknown eviction policy " + str_repr(name) + " (expected 'lru' or 'arc')");
 }
 
 void LRU::inserted(std::int64_t block) {

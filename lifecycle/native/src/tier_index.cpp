@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "python_repr.hpp"
+#include "py_repr.hpp"
 
 namespace kvlife {
 
@@ -12,7 +12,7 @@ namespace {
 
 std::int64_t checked_capacity(const std::string& name, std::int64_t capacity_blocks) {
     if (capacity_blocks < 0) {
-        throw std::invalid_argument("tier " + python_repr(name) + ": capacity_blocks must be >= 0, got " +
+        throw std::invalid_argument("tier " + str_repr(name) + ": capacity_blocks must be >= 0, got " +
                                     std::to_string(capacity_blocks));
     }
     return capacity_blocks;
@@ -42,7 +42,7 @@ TierIndex TierIndex::adopting(std::string name, std::int64_t capacity_blocks, co
     return index;
 }
 
-std::string TierIndex::prefix() const { return "tier " + python_repr(name) + ": "; }
+std::string TierIndex::prefix() const { return "tier " + str_repr(name) + ": "; }
 
 // ---- queries ---------------------------------------------------------------------------------
 
