@@ -34,7 +34,7 @@ py::list list_of(const std::vector<std::int64_t>& values) {
     return out;
 }
 
-py::list list_of(const OrderedDict<NoValue>& keys) {
+py::list list_of(const OrderedDict<std::int64_t, NoValue>& keys) {
     py::list out;
     for (const auto& node : keys) {
         out.append(py::int_(node.key));

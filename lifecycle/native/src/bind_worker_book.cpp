@@ -57,10 +57,10 @@ py::tuple moves_tuple(const JobEntry& entry) {
     return out;
 }
 
-py::dict job_sets(const InsertionMap<std::string, WorkerBook::JobIds>& book) {
+py::dict job_sets(const OrderedDict<std::string, WorkerBook::JobIds>& book) {
     py::dict out;
-    for (auto [rid, ids] : book) {
-        out[py::str(rid)] = to_set(ids);
+    for (const auto& node : book) {
+        out[py::str(node.key)] = to_set(node.value);
     }
     return out;
 }
@@ -103,8 +103,8 @@ void bind_worker_book(py::module_& m) {
         .def_property_readonly("jobs",
                                [](const WorkerBook& book) {
                                    py::dict out;
-                                   for (auto [job_id, entry] : book.jobs()) {
-                                       out[py::int_(job_id)] = py::cast(entry);
+                                   for (const auto& node : book.jobs()) {
+                                       out[py::int_(node.key)] = py::cast(node.value);
                                    }
                                    return out;
                                })

@@ -38,10 +38,10 @@ class LRU {
         return std::nullopt;
     }
 
-    const OrderedDict<NoValue>& order() const { return order_; }  // Python's _order, oldest first
+    const OrderedDict<std::int64_t, NoValue>& order() const { return order_; }  // Python's _order, oldest first
 
   private:
-    OrderedDict<NoValue> order_;
+    OrderedDict<std::int64_t, NoValue> order_;
 };
 
 // Adaptive Replacement Cache (Megiddo & Modha, 2003): T1 seen once recently, T2 seen at least
@@ -60,8 +60,8 @@ class ARC {
     template <class Evictable>
     std::optional<std::int64_t> victim(Evictable&& evictable) const {
         bool prefer_t1 = t1_.size() > 0 && static_cast<std::int64_t>(t1_.size()) >= (p_ > 1 ? p_ : 1);
-        const OrderedDict<NoValue>& first = prefer_t1 ? t1_ : t2_;
-        const OrderedDict<NoValue>& second = prefer_t1 ? t2_ : t1_;
+        const OrderedDict<std::int64_t, NoValue>& first = prefer_t1 ? t1_ : t2_;
+        const OrderedDict<std::int64_t, NoValue>& second = prefer_t1 ? t2_ : t1_;
         for (const auto& node : first) {
             if (evictable(node.key)) {
                 return node.key;
@@ -77,19 +77,19 @@ class ARC {
 
     const std::int64_t capacity;
     std::int64_t p() const { return p_; }
-    const OrderedDict<NoValue>& t1() const { return t1_; }
-    const OrderedDict<NoValue>& t2() const { return t2_; }
-    const OrderedDict<NoValue>& b1() const { return b1_; }
-    const OrderedDict<NoValue>& b2() const { return b2_; }
+    const OrderedDict<std::int64_t, NoValue>& t1() const { return t1_; }
+    const OrderedDict<std::int64_t, NoValue>& t2() const { return t2_; }
+    const OrderedDict<std::int64_t, NoValue>& b1() const { return b1_; }
+    const OrderedDict<std::int64_t, NoValue>& b2() const { return b2_; }
 
   private:
     void trim_ghosts();
 
     std::int64_t p_ = 0;
-    OrderedDict<NoValue> t1_;
-    OrderedDict<NoValue> t2_;
-    OrderedDict<NoValue> b1_;
-    OrderedDict<NoValue> b2_;
+    OrderedDict<std::int64_t, NoValue> t1_;
+    OrderedDict<std::int64_t, NoValue> t2_;
+    OrderedDict<std::int64_t, NoValue> b1_;
+    OrderedDict<std::int64_t, NoValue> b2_;
 };
 
 }  // namespace kvlife

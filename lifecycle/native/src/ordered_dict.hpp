@@ -1,14 +1,22 @@
-// Python's insertion-ordered dict (and collections.OrderedDict) of int keys, as transfer/index.py's
-// TierIndex._entries and transfer/eviction.py's LRU/ARC lists use them: iteration in insertion order,
-// deletion keeps the remaining order, move_to_end, popitem(last=False).
+// Python's insertion-ordered dict (and collections.OrderedDict), for every native mirror that iterates
+// one: transfer/index.py's TierIndex._entries and transfer/eviction.py's LRU/ARC lists (int keys),
+// lifecycle/engine/worker_book.py's WorkerBook.jobs, loads_of, stores_of (int and str keys).
+// Iteration in insertion order; assigning to a present key keeps its place; deletion keeps the
+// remaining order (a key deleted then inserted again goes to the end); move_to_end,
+// popitem(last=False).
 //
-// An open-addressing hash table (linear probing, backward-shift deletion: no tombstones) maps an
-// int64 key to a node in a slab; the nodes form a doubly-linked list in insertion order. Freed
-// nodes are reused and the table only grows, so a dict at its working size allocates nothing.
+// An open-addressing hash table (linear probing, backward-shift deletion: no tombstones) maps a key
+// to a node in a slab; the nodes form a doubly-linked list in insertion order. Freed nodes are
+// reused (keeping the value's buffers for its next user) and the table only grows, so a dict at its
+// working size allocates nothing. ``Hash``'s result is mixed with splitmix64's finalizer (block
+// hashes in tests are small consecutive ints). Integer keys sit in the bucket itself, so a probe
+// never leaves the table; other keys are compared in their node once the bucket's full hash matches.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -16,14 +24,14 @@ namespace kvlife {
 
 struct NoValue {};  // a dict whose values are all None: an ordered set
 
-template <class V>
+template <class K, class V, class Hash = std::hash<K>>
 class OrderedDict {
   public:
     using Id = std::uint32_t;
     static constexpr Id kNil = 0xffffffffu;
 
     struct Node {
-        std::int64_t key;
+        K key;
         Id prev;
         Id next;
         V value;
@@ -46,6 +54,7 @@ class OrderedDict {
         Id id_;
     };
 
+    // The nodes (``.key``, ``.value``) in insertion order.
     const_iterator begin() const { return const_iterator(&nodes_, head_); }
     const_iterator end() const { return const_iterator(&nodes_, kNil); }
 
@@ -53,32 +62,40 @@ class OrderedDict {
     bool empty() const { return size_ == 0; }
 
     // key in d
-    bool contains(std::int64_t key) const { return position(key) != kNoPosition; }
+    bool contains(const K& key) const { return position(key, hash(key)) != kNoPosition; }
 
     // d.get(key): nullptr when absent.
-    V* find(std::int64_t key) {
-        std::size_t pos = position(key);
+    V* find(const K& key) {
+        std::size_t pos = position(key, hash(key));
         return pos == kNoPosition ? nullptr : &nodes_[table_[pos].id].value;
     }
-    const V* find(std::int64_t key) const {
-        std::size_t pos = position(key);
+    const V* find(const K& key) const {
+        std::size_t pos = position(key, hash(key));
         return pos == kNoPosition ? nullptr : &nodes_[table_[pos].id].value;
+    }
+
+    // The value at ``key`` and whether it was just inserted (at the end). A value just inserted may
+    // hold what an erased node left there (its buffers kept for reuse): the caller assigns it in full.
+    std::pair<V*, bool> try_emplace(const K& key) {
+        std::size_t h = hash(key);
+        std::size_t pos = position(key, h);
+        if (pos != kNoPosition) {
+            return {&nodes_[table_[pos].id].value, false};
+        }
+        return {&insert_new(key, h), true};
     }
 
     // d[key] = value: a new key goes to the end; a key already there keeps its place and takes the value.
-    V& set(std::int64_t key, V value = V{}) {
-        std::size_t pos = position(key);
-        if (pos != kNoPosition) {
-            V& slot = nodes_[table_[pos].id].value;
-            slot = std::move(value);
-            return slot;
-        }
-        return insert_new(key, std::move(value));
+    V& set(const K& key, V value = V{}) {
+        V& slot = *try_emplace(key).first;
+        slot = std::move(value);
+        return slot;
     }
 
-    // d.pop(key, None) is not None: removes the key if present and says whether it was.
-    bool erase(std::int64_t key) {
-        std::size_t pos = position(key);
+    // d.pop(key, None) is not None (del d[key] where present): removes the key if present and says
+    // whether it was.
+    bool erase(const K& key) {
+        std::size_t pos = position(key, hash(key));
         if (pos == kNoPosition) {
             return false;
         }
@@ -87,16 +104,16 @@ class OrderedDict {
     }
 
     // d.pop(key) where the caller knows key is present: the value it held.
-    V take(std::int64_t key) {
-        std::size_t pos = position(key);
+    V take(const K& key) {
+        std::size_t pos = position(key, hash(key));
         V value = std::move(nodes_[table_[pos].id].value);
         remove_at(pos);
         return value;
     }
 
     // d.move_to_end(key) when present; a no-op otherwise (callers check membership first, as Python does).
-    void move_to_end(std::int64_t key) {
-        std::size_t pos = position(key);
+    void move_to_end(const K& key) {
+        std::size_t pos = position(key, hash(key));
         if (pos == kNoPosition) {
             return;
         }
@@ -109,22 +126,22 @@ class OrderedDict {
     }
 
     // d.popitem(last=False)[0] on a non-empty dict.
-    std::int64_t pop_front() {
-        std::int64_t key = nodes_[head_].key;
-        remove_at(position(key));
+    K pop_front() {
+        K key = nodes_[head_].key;
+        remove_at(position(key, hash(key)));
         return key;
     }
 
   private:
+    static constexpr bool kKeyInBucket = std::is_integral_v<K>;
     struct Bucket {
-        std::int64_t key;
-        Id id;  // kNil: empty
+        std::conditional_t<kKeyInBucket, K, std::size_t> tag;  // the key, or its hash
+        Id id;                                                  // kNil: empty
     };
     static constexpr std::size_t kNoPosition = ~static_cast<std::size_t>(0);
 
-    static std::size_t hash(std::int64_t key) {
-        // splitmix64's finalizer: block hashes in tests are small consecutive ints.
-        std::uint64_t x = static_cast<std::uint64_t>(key);
+    static std::size_t hash(const K& key) {
+        std::uint64_t x = static_cast<std::uint64_t>(Hash{}(key));
         x ^= x >> 30;
         x *= 0xbf58476d1ce4e5b9ULL;
         x ^= x >> 27;
@@ -133,23 +150,46 @@ class OrderedDict {
         return static_cast<std::size_t>(x);
     }
 
-    std::size_t position(std::int64_t key) const {
+    static Bucket bucket(const K& key, std::size_t h, Id id) {
+        if constexpr (kKeyInBucket) {
+            return Bucket{key, id};
+        } else {
+            return Bucket{h, id};
+        }
+    }
+
+    // The bucket's hash: recomputed from an integer key, stored for any other.
+    static std::size_t hash_of(const Bucket& b) {
+        if constexpr (kKeyInBucket) {
+            return hash(b.tag);
+        } else {
+            return b.tag;
+        }
+    }
+
+    std::size_t position(const K& key, std::size_t h) const {
         if (table_.empty()) {
             return kNoPosition;
         }
         std::size_t mask = table_.size() - 1;
-        for (std::size_t i = hash(key) & mask;; i = (i + 1) & mask) {
+        for (std::size_t i = h & mask;; i = (i + 1) & mask) {
             const Bucket& b = table_[i];
             if (b.id == kNil) {
                 return kNoPosition;
             }
-            if (b.key == key) {
-                return i;
+            if constexpr (kKeyInBucket) {
+                if (b.tag == key) {
+                    return i;
+                }
+            } else {
+                if (b.tag == h && nodes_[b.id].key == key) {
+                    return i;
+                }
             }
         }
     }
 
-    V& insert_new(std::int64_t key, V value) {
+    V& insert_new(const K& key, std::size_t h) {
         if ((size_ + 1) * 2 > table_.size()) {
             grow();
         }
@@ -158,32 +198,31 @@ class OrderedDict {
             id = free_;
             free_ = nodes_[id].next;
             nodes_[id].key = key;
-            nodes_[id].value = std::move(value);
         } else {
             id = static_cast<Id>(nodes_.size());
-            nodes_.push_back(Node{key, kNil, kNil, std::move(value)});
+            nodes_.push_back(Node{key, kNil, kNil, V{}});
         }
-        place(key, id);
+        place(bucket(key, h, id), h);
         link_back(id);
         ++size_;
         return nodes_[id].value;
     }
 
-    void place(std::int64_t key, Id id) {
+    void place(const Bucket& b, std::size_t h) {
         std::size_t mask = table_.size() - 1;
-        std::size_t i = hash(key) & mask;
+        std::size_t i = h & mask;
         while (table_[i].id != kNil) {
             i = (i + 1) & mask;
         }
-        table_[i] = Bucket{key, id};
+        table_[i] = b;
     }
 
     void grow() {
         std::vector<Bucket> old = std::move(table_);
-        table_.assign(old.empty() ? 8 : old.size() * 2, Bucket{0, kNil});
+        table_.assign(old.empty() ? 8 : old.size() * 2, Bucket{{}, kNil});
         for (const Bucket& b : old) {
             if (b.id != kNil) {
-                place(b.key, b.id);
+                place(b, hash_of(b));
             }
         }
     }
@@ -191,8 +230,7 @@ class OrderedDict {
     void remove_at(std::size_t pos) {
         Id id = table_[pos].id;
         unlink(id);
-        nodes_[id].value = V{};
-        nodes_[id].next = free_;
+        nodes_[id].next = free_;  // the value stays: its buffers serve the node's next key
         free_ = id;
         --size_;
         // Backward-shift deletion: pull later buckets of the probe run into the hole when their
@@ -200,7 +238,7 @@ class OrderedDict {
         std::size_t mask = table_.size() - 1;
         std::size_t hole = pos;
         for (std::size_t j = (hole + 1) & mask; table_[j].id != kNil; j = (j + 1) & mask) {
-            std::size_t home = hash(table_[j].key) & mask;
+            std::size_t home = hash_of(table_[j]) & mask;
             if (((j - home) & mask) >= ((j - hole) & mask)) {
                 table_[hole] = table_[j];
                 hole = j;

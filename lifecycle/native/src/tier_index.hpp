@@ -105,7 +105,7 @@ class TierIndex {
     EvictionKind kind_;
     LRU lru_;
     ARC arc_;
-    OrderedDict<TierEntry> entries_;
+    OrderedDict<std::int64_t, TierEntry> entries_;
     std::vector<std::int64_t> free_slots_;  // a stack: pop from the end, freed slots appended
     std::int64_t evictions_ = 0;
     std::int64_t removals_ = 0;  // blocks that stopped being readable (evicted, dropped, doomed): ever

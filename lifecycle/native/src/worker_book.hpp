@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "insertion_map.hpp"
+#include "ordered_dict.hpp"
 #include "ranks.hpp"
 
 namespace kvlife {
@@ -64,9 +64,9 @@ class WorkerBook {
     void take(KVOutput& out);
     bool busy() const { return !jobs_.empty(); }
 
-    const InsertionMap<int64_t, JobEntry>& jobs() const { return jobs_; }
-    const InsertionMap<std::string, JobIds>& loads_of() const { return loads_of_; }
-    const InsertionMap<std::string, JobIds>& stores_of() const { return stores_of_; }
+    const OrderedDict<int64_t, JobEntry>& jobs() const { return jobs_; }
+    const OrderedDict<std::string, JobIds>& loads_of() const { return loads_of_; }
+    const OrderedDict<std::string, JobIds>& stores_of() const { return stores_of_; }
     const std::vector<std::string>& holds() const { return holds_; }
 
   private:
@@ -75,9 +75,9 @@ class WorkerBook {
     void owner_request_set(int64_t owner, const std::string& request_id);
     bool is_owner_request(const std::string& request_id) const { return owner_count_.count(request_id) != 0; }
 
-    InsertionMap<int64_t, JobEntry> jobs_;
-    InsertionMap<std::string, JobIds> loads_of_;
-    InsertionMap<std::string, JobIds> stores_of_;
+    OrderedDict<int64_t, JobEntry> jobs_;
+    OrderedDict<std::string, JobIds> loads_of_;
+    OrderedDict<std::string, JobIds> stores_of_;
     std::vector<std::string> holds_;  // Python's ``holds`` in first-held order
     std::unordered_set<std::string> held_;  // its members
     std::vector<std::string> recving_;  // repeats allowed; take sorts and drops them
