@@ -66,19 +66,6 @@ std::string_view request_utf8(const py::str& request_id, std::optional<BlockHash
 void bind_blocks(py::module_& m) {
     py::object reference_out_of_blocks = py::module_::import("kvlife.lifecycle.engine.blocks").attr("OutOfBlocks");
     py::register_exception<OutOfBlocks>(m, "OutOfBlocks", reference_out_of_blocks);
-    py::register_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) {
-                std::rethrow_exception(p);
-            }
-        } catch (const BlockPoolAssertion& e) {
-            PyErr_SetString(PyExc_AssertionError, e.what());
-        } catch (const BlockPoolKeyError& e) {
-            py::int_ key(e.key);
-            PyErr_SetObject(PyExc_KeyError, key.ptr());
-        }
-    });
-
     m.attr("NO_HASH") = py::int_(NO_HASH);
     m.def(
         "derived_block_hash",

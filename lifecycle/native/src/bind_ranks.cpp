@@ -23,19 +23,6 @@ py::tuple int_tuple(const std::vector<int64_t>& items) {
 }  // namespace
 
 void bind_ranks(py::module_& m) {
-    py::register_exception_translator([](std::exception_ptr thrown) {
-        try {
-            if (thrown) {
-                std::rethrow_exception(thrown);
-            }
-        } catch (const AssertionErrorLike& exc) {
-            PyErr_SetString(PyExc_AssertionError, exc.what());
-        } catch (const IntKeyError& exc) {
-            py::int_ key(exc.key);  // KeyError(job_id), an int, as a dict lookup raises it
-            PyErr_SetObject(PyExc_KeyError, key.ptr());
-        }
-    });
-
     py::enum_<ReportStatus>(m, "ReportStatus")
         .value("PENDING", ReportStatus::PENDING)
         .value("DONE", ReportStatus::DONE)

@@ -1,7 +1,7 @@
 // Python bindings of the mirrors of transfer/index.py (TierIndex, StorePlan) and transfer/eviction.py
 // (LRU, ARC, make_eviction_order). Blocks come in as any iterable of ints, lists go out as lists,
-// a StorePlan's fields as tuples; TierKeyError becomes KeyError (its message, or the missing key
-// itself), TierAssertionError AssertionError, std::invalid_argument ValueError.
+// a StorePlan's fields as tuples; KeyError becomes KeyError (its message, or the missing key
+// itself), AssertionError AssertionError, std::invalid_argument ValueError.
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -71,23 +71,6 @@ py::tuple evicted_of(const StorePlan& plan) { return py::tuple(list_of(plan.evic
 }  // namespace
 
 void bind_tier_index(py::module_& m) {
-    py::register_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) {
-                std::rethrow_exception(p);
-            }
-        } catch (const TierKeyError& e) {
-            if (e.key) {
-                py::int_ key(*e.key);
-                PyErr_SetObject(PyExc_KeyError, key.ptr());
-            } else {
-                PyErr_SetString(PyExc_KeyError, e.what());
-            }
-        } catch (const TierAssertionError& e) {
-            PyErr_SetString(PyExc_AssertionError, e.what());
-        }
-    });
-
     py::class_<LRU> lru(m, "LRU", "Least recently used first (transfer/eviction.py's LRU).");
     lru.def(py::init<std::int64_t>(), py::arg("capacity"))
         .def("inserted", &LRU::inserted, py::arg("block"))

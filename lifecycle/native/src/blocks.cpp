@@ -246,7 +246,7 @@ void DeviceBlockPool::touch(const BlockId* blocks, std::size_t n) {
         check_block(block);
         if (refs_[block] == 0) {
             if (!in_free(block)) {
-                throw BlockPoolKeyError(block);  // del self._free[block]
+                throw KeyError(block);  // del self._free[block]
             }
             free_unlink(block);
         }
@@ -274,7 +274,7 @@ void DeviceBlockPool::release(const BlockId* blocks, std::size_t n, std::vector<
         BlockId block = blocks[i];
         check_block(block);
         if (refs_[block] <= 0) {
-            throw BlockPoolAssertion("double release of device block " + std::to_string(block));
+            throw AssertionError("double release of device block " + std::to_string(block));
         }
         --refs_[block];
         if (refs_[block] == 0) {
@@ -375,7 +375,7 @@ void DeviceBlockPool::check_accounting() const {
         }
     }
     if (!free_refs.empty()) {
-        throw BlockPoolAssertion("device blocks " + list_repr(free_refs) + " are free but referenced");
+        throw AssertionError("device blocks " + list_repr(free_refs) + " are free but referenced");
     }
     std::int64_t used = 0;
     for (std::int32_t r : refs_) {
@@ -384,13 +384,13 @@ void DeviceBlockPool::check_accounting() const {
         }
     }
     if (used + free_count_ != capacity_) {
-        throw BlockPoolAssertion("device: used " + std::to_string(used) + " + free " + std::to_string(free_count_) +
+        throw AssertionError("device: used " + std::to_string(used) + " + free " + std::to_string(free_count_) +
                                  " != capacity " + std::to_string(capacity_));
     }
     for (const auto& [block_hash, blocks] : cached()) {
         for (BlockId block : blocks) {
             if (hashes_[block] != block_hash) {
-                throw BlockPoolAssertion("device block " + std::to_string(block) + " cached under " +
+                throw AssertionError("device block " + std::to_string(block) + " cached under " +
                                          std::to_string(block_hash) + " holds " + std::to_string(hashes_[block]));
             }
         }

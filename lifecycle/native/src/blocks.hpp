@@ -27,6 +27,8 @@
 #include <utility>
 #include <vector>
 
+#include "errors.hpp"
+
 namespace kvlife {
 
 using BlockHash = std::int64_t;  // Python ints below 2**63 (derived ones are >= 0)
@@ -38,18 +40,6 @@ constexpr BlockId NO_BLOCK = -1;  // block_of's "None"
 // blocks.OutOfBlocks: allocate asked for more blocks than the free queue holds.
 struct OutOfBlocks : std::runtime_error {
     using std::runtime_error::runtime_error;
-};
-
-// The pool's AssertionError: a double release, or check_accounting finding a broken invariant.
-struct BlockPoolAssertion : std::logic_error {
-    using std::logic_error::logic_error;
-};
-
-// The pool's KeyError: touching an unreferenced block that is not in the free queue (only
-// reachable after a release that raised half way, as in the reference). ``key`` is the block.
-struct BlockPoolKeyError : std::runtime_error {
-    explicit BlockPoolKeyError(std::int64_t k) : std::runtime_error(std::to_string(k)), key(k) {}
-    std::int64_t key;
 };
 
 // derived_block_hash(previous, request_id, index): blake2b (8-byte digest) of the UTF-8 text
@@ -82,12 +72,12 @@ class DeviceBlockPool {
     // OutOfBlocks when count exceeds the free queue.
     void allocate(std::int64_t count, std::vector<BlockId>& out);
     // Drops a reference on each block, in the order given; appends to out the blocks that
-    // became free, in that order. BlockPoolAssertion on a block with no reference left.
+    // became free, in that order. AssertionError on a block with no reference left.
     void release(const BlockId* blocks, std::size_t n, std::vector<BlockId>& out);
     void hold(const BlockId* blocks, std::size_t n) { touch(blocks, n); }
     void cache(BlockId block, BlockHash block_hash);
     void forget(const BlockId* blocks, std::size_t n);
-    // BlockPoolAssertion when an invariant is broken, with the reference's message.
+    // AssertionError when an invariant is broken, with the reference's message.
     void check_accounting() const;
 
     // Read access, for the engine and the differential test.

@@ -4,6 +4,7 @@
 namespace py = pybind11;
 
 namespace kvlife {
+void bind_errors(py::module_& m);
 void bind_step_cost(py::module_& m);
 void bind_blocks(py::module_& m);
 void bind_scheduler(py::module_& m);
@@ -17,6 +18,7 @@ void bind_worker_book(py::module_& m);
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "kvlife's native core (C++17 mirrors of the Python reference, held to it by differential tests)";
+    kvlife::bind_errors(m);
     kvlife::bind_step_cost(m);
     kvlife::bind_blocks(m);
     kvlife::bind_scheduler(m);

@@ -31,7 +31,7 @@ RankAggregator::RankAggregator(int64_t world_size) : world_size_(world_size) {
 void RankAggregator::open(int64_t job_id) {
     auto [it, inserted] = jobs_.try_emplace(job_id, 0);
     if (!inserted) {
-        throw AssertionErrorLike("job " + std::to_string(job_id) + " opened twice");
+        throw AssertionError("job " + std::to_string(job_id) + " opened twice");
     }
     uint32_t at;
     if (free_.empty()) {
@@ -61,7 +61,7 @@ void RankAggregator::close(int64_t job_id) {
 std::vector<int64_t> RankAggregator::missing_ranks(int64_t job_id) const {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) {
-        throw IntKeyError(job_id);
+        throw KeyError(job_id);
     }
     std::vector<int64_t> missing;
     int64_t rank = 0;

@@ -12,20 +12,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "errors.hpp"
+
 namespace kvlife {
 
 using BlockHash = int64_t;  // Python's block hashes are ints below 2**63
-
-// Python's AssertionError, with its message.
-struct AssertionErrorLike : std::logic_error {
-    using std::logic_error::logic_error;
-};
-
-// Python's KeyError(key) for an int key (its message is ``str(key)``).
-struct IntKeyError : std::out_of_range {
-    explicit IntKeyError(int64_t missing) : std::out_of_range(std::to_string(missing)), key(missing) {}
-    int64_t key;
-};
 
 // The members in Python's order; ``report_status_value`` gives each one's Python value.
 enum class ReportStatus { PENDING, DONE, DUPLICATE, UNKNOWN_JOB, BAD_RANK };
@@ -42,12 +33,12 @@ class RankAggregator {
     // std::invalid_argument ("world_size must be >= 1, got N") below 1.
     explicit RankAggregator(int64_t world_size);
 
-    // AssertionErrorLike ("job N opened twice") where the job is in flight already.
+    // AssertionError ("job N opened twice") where the job is in flight already.
     void open(int64_t job_id);
     bool in_flight(int64_t job_id) const;
     // Stop waiting for a job's reports: a later report for it is UNKNOWN_JOB.
     void close(int64_t job_id);
-    // The ranks yet to report, ascending; IntKeyError for a job not in flight.
+    // The ranks yet to report, ascending; KeyError for a job not in flight.
     std::vector<int64_t> missing_ranks(int64_t job_id) const;
     ReportOutcome report(int64_t job_id, int64_t rank, const std::vector<BlockHash>& failed);
 

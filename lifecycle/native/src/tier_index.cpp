@@ -64,7 +64,7 @@ bool TierIndex::contains(std::int64_t block) const { return readable(entries_.fi
 std::int64_t TierIndex::slot_of(std::int64_t block) const {
     const TierEntry* entry = entries_.find(block);
     if (entry == nullptr) {
-        throw TierKeyError(block);  // self._entries[block]
+        throw KeyError(block);  // self._entries[block]
     }
     return entry->slot;
 }
@@ -98,7 +98,7 @@ const std::vector<std::int64_t>& TierIndex::prepare_load(const std::int64_t* blo
         std::int64_t block = blocks[i];
         TierEntry* entry = entries_.find(block);
         if (!readable(entry)) {
-            throw TierKeyError(prefix() + "block " + std::to_string(block) + " is not readable");
+            throw KeyError(prefix() + "block " + std::to_string(block) + " is not readable");
         }
         entry->pins += 1;
         accessed(block);
@@ -112,7 +112,7 @@ void TierIndex::complete_load(const std::int64_t* blocks, std::size_t n) {
         std::int64_t block = blocks[i];
         TierEntry* entry = entries_.find(block);
         if (entry == nullptr || entry->pins == 0) {
-            throw TierKeyError(prefix() + "block " + std::to_string(block) + " was not pinned for load");
+            throw KeyError(prefix() + "block " + std::to_string(block) + " was not pinned for load");
         }
         entry->pins -= 1;
         if (entry->doomed && entry->pins == 0) {
@@ -167,7 +167,7 @@ void TierIndex::complete_store(const std::int64_t* blocks, std::size_t n, bool o
         std::int64_t block = blocks[i];
         TierEntry* entry = entries_.find(block);
         if (entry == nullptr || entry->ready) {
-            throw TierKeyError(prefix() + "block " + std::to_string(block) + " has no store in flight");
+            throw KeyError(prefix() + "block " + std::to_string(block) + " has no store in flight");
         }
         if (ok) {
             entry->ready = true;
@@ -179,12 +179,12 @@ void TierIndex::complete_store(const std::int64_t* blocks, std::size_t n, bool o
 
 void TierIndex::adopt(std::int64_t block, std::int64_t slot) {
     if (entries_.contains(block)) {
-        throw TierKeyError(prefix() + "block " + std::to_string(block) + " is already indexed");
+        throw KeyError(prefix() + "block " + std::to_string(block) + " is already indexed");
     }
     // list.remove: the first occurrence, the rest keeps its order.
     auto it = std::find(free_slots_.begin(), free_slots_.end(), slot);
     if (it == free_slots_.end()) {
-        throw TierKeyError(prefix() + "slot " + std::to_string(slot) + " is not free");
+        throw KeyError(prefix() + "slot " + std::to_string(slot) + " is not free");
     }
     free_slots_.erase(it);
     TierEntry& entry = entries_.set(block);
@@ -221,7 +221,7 @@ const std::vector<std::int64_t>& TierIndex::discard(const std::int64_t* blocks, 
 bool TierIndex::evictable(std::int64_t block) const {
     const TierEntry* entry = entries_.find(block);
     if (entry == nullptr) {  // the Python's self._entries[block]: the order holds only indexed blocks
-        throw TierKeyError(block);
+        throw KeyError(block);
     }
     return entry->ready && entry->pins == 0 && !entry->doomed;
 }
@@ -265,7 +265,7 @@ void TierIndex::drop(std::int64_t block) {
 void TierIndex::check_accounting() const {
     std::size_t used_slots = entries_.size();
     if (static_cast<std::int64_t>(used_slots + free_slots_.size()) != capacity) {
-        throw TierAssertionError(prefix() + "used " + std::to_string(used_slots) + " + free " +
+        throw AssertionError(prefix() + "used " + std::to_string(used_slots) + " + free " +
                                  std::to_string(free_slots_.size()) + " != capacity " + std::to_string(capacity));
     }
     std::vector<std::int64_t> slots(free_slots_);
@@ -275,7 +275,7 @@ void TierIndex::check_accounting() const {
     std::sort(slots.begin(), slots.end());
     std::int64_t distinct = static_cast<std::int64_t>(std::unique(slots.begin(), slots.end()) - slots.begin());
     if (distinct != capacity) {
-        throw TierAssertionError(prefix() + "a slot is owned twice");
+        throw AssertionError(prefix() + "a slot is owned twice");
     }
 }
 

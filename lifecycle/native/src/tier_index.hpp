@@ -1,8 +1,8 @@
 // Mirrors transfer/index.py: TierIndex, the index of one storage tier (which block hashes it holds,
 // in which slot, which are pinned by in-flight transfers, what to evict), and its StorePlan.
 //
-// Methods keep the Python names, arguments, results and errors. Errors: TierKeyError is Python's
-// KeyError (a message, or for slot_of the missing key itself), TierAssertionError its
+// Methods keep the Python names, arguments, results and errors. Errors: KeyError is Python's
+// KeyError (a message, or for slot_of the missing key itself), AssertionError its
 // AssertionError, std::invalid_argument its ValueError. Like the Python, a method that raises
 // part way keeps what it did before the failing block (prepare_load's earlier pins stay).
 //
@@ -18,22 +18,12 @@
 #include <utility>
 #include <vector>
 
+#include "errors.hpp"
+
 #include "eviction.hpp"
 #include "ordered_dict.hpp"
 
 namespace kvlife {
-
-struct TierKeyError : std::runtime_error {
-    // KeyError(message)
-    explicit TierKeyError(const std::string& message) : std::runtime_error(message) {}
-    // KeyError(key): a dict lookup of a key it lacks
-    explicit TierKeyError(std::int64_t missing) : std::runtime_error(std::to_string(missing)), key(missing) {}
-    std::optional<std::int64_t> key;
-};
-
-struct TierAssertionError : std::runtime_error {
-    using std::runtime_error::runtime_error;
-};
 
 struct TierEntry {
     std::int64_t slot = 0;
