@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(tuple(sys.argv[1:] if argv is None else argv))  # a tuple: callers may cache it
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # named by the subcommand that refused them, as every other flag error is
         prog = getattr(args, "command_prog", parser.prog)
