@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "blocks.hpp"
+#include "events.hpp"
 #include "sched_request.hpp"
 
 namespace kvlife {
@@ -85,24 +86,6 @@ struct KVConnectorOutput {
     std::optional<std::vector<std::string>> finished_recving;
     std::optional<std::vector<WorkerReport>> reports;  // kv_connector_worker_meta
     std::vector<BlockId> invalid_block_ids;            // a set
-};
-
-// events.Scheduled and events.StepPlan.
-struct Scheduled {
-    std::string request_id;
-    std::int64_t num_tokens;
-    std::int64_t computed_before;
-    bool samples;
-    std::vector<BlockId> block_table;
-    std::vector<BlockHash> block_hashes;
-};
-
-struct StepPlan {
-    std::int64_t step_id;
-    std::vector<Scheduled> entries;
-    std::int64_t sync_lookups;
-    std::vector<std::int64_t> sync_lookup_keys;
-    std::vector<std::int64_t> flush;
 };
 
 template <class Connector>
