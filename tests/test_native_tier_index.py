@@ -61,7 +61,6 @@ def state(index: Any) -> dict[str, Any]:
         "busy": index.busy(),
         "pinned": index.pinned(),
         "evictions": index.evictions,
-        "removals": index.removals,
         "contains": [index.contains(b) for b in POOL],
         "slot_of": [outcome(partial(index.slot_of, b)) for b in POOL],
         "lookup": [index.lookup(POOL), index.lookup(POOL[::-1]), index.lookup([])],

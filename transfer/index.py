@@ -53,7 +53,6 @@ class TierIndex:
         # Lowest slots are handed out first so slot assignment is deterministic.
         self._free_slots: list[int] = list(range(capacity_blocks - 1, -1, -1))
         self.evictions = 0
-        self.removals = 0  # blocks that stopped being readable (evicted, dropped, doomed): ever
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -194,7 +193,6 @@ class TierIndex:
                 dropped.append(block)
             else:
                 entry.doomed = True
-                self.removals += 1  # unreadable from now on
         return dropped
 
     def _evictable(self, block: BlockHash) -> bool:
@@ -209,13 +207,11 @@ class TierIndex:
         entry = self._entries.pop(block)
         self._free_slots.append(entry.slot)
         self.evictions += 1
-        self.removals += 1
 
     def _drop(self, block: BlockHash) -> None:
         self._order.removed(block)
         entry = self._entries.pop(block)
         self._free_slots.append(entry.slot)
-        self.removals += 1
 
     def check_accounting(self) -> None:
         """Invariant 8: free + used == capacity and no slot is owned twice."""

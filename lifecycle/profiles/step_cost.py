@@ -116,7 +116,7 @@ class StepCostModel:
         self._ring_factor = 2.0 * (tp - 1) / tp
         self._link = hardware.interconnect_gb_s * 1e9
         self._allreduce_latency_ms = hardware.allreduce_latency_us / 1000.0
-        # The fast path's constants (step_ms).
+        # Per-unit costs, worked out once: what step_ms and totals_ms multiply by.
         eff = self.efficiency
         self._ms_per_flop = 1000.0 / (self._peak * eff.mfu)
         self._ms_per_attention_flop = 1000.0 / (self._peak * eff.attention)
@@ -229,16 +229,6 @@ class StepCostModel:
         sums a step plan itself and calls this, allocating nothing."""
         if tokens == 0:
             return 0.0
-        linear, comm = self._linear_and_comm_ms(tokens, requests)
-        attention = max(
-            self._attention_flops_per_pair * pairs * self._ms_per_attention_flop,
-            self._kv_bytes_per_token * kv_tokens * self._ms_per_byte,
-        )
-        return linear + attention + comm + self._overhead_ms
-
-    def _linear_and_comm_ms(self, tokens: int, requests: int) -> tuple[float, float]:
-        """The step's linear layers (compute, or the weights read, whichever bounds) and its
-        all-reduces: what depends on its new tokens and requests, not on their context."""
         linear = max(
             (self._linear_flops_per_token * tokens + self._lm_head_flops_per_request * requests) * self._ms_per_flop,
             self._weight_ms,
@@ -249,35 +239,11 @@ class StepCostModel:
                 self._ring_factor * tokens * self._allreduce_bytes_per_token / self._link * 1000.0
                 + self._allreduce_latency_ms
             )
-        return linear, comm
-
-    def decode_run(self, t: float, count: int, twice_pairs: int, cached: int,
-                   steps: int, horizon: float) -> tuple[list[float], float]:
-        """Back-to-back decode steps of the same ``count`` requests (one new token each),
-        the first starting at ``t``, the step before it having had totals ``twice_pairs``
-        (twice the attention pairs) and ``cached``: each step's start, while fewer than
-        ``steps`` and before ``horizon``, and the end of the last. Each step costs exactly
-        ``totals_ms(count, count, twice_pairs * 0.5, cached + count)`` with its own totals
-        (each request's context one token longer than the step before), summed in the same
-        order: the terms that do not change from step to step are worked out once."""
-        starts: list[float] = []
-        if count <= 0:
-            raise ValueError(f"decode_run: count must be positive, got {count}")
-        linear, comm = self._linear_and_comm_ms(count, count)
-        overhead = self._overhead_ms
-        flops_per_pair = self._attention_flops_per_pair
-        ms_per_attention_flop = self._ms_per_attention_flop
-        kv_ms = self._kv_bytes_per_token
-        ms_per_byte = self._ms_per_byte
-        while len(starts) < steps and t < horizon:
-            starts.append(t)
-            twice_pairs += 2 * count
-            cached += count
-            # (totals_ms's attention term, with the attributes read once)
-            attention = max(flops_per_pair * (twice_pairs * 0.5) * ms_per_attention_flop,
-                            kv_ms * (cached + count) * ms_per_byte)
-            t += linear + attention + comm + overhead
-        return starts, t
+        attention = max(
+            self._attention_flops_per_pair * pairs * self._ms_per_attention_flop,
+            self._kv_bytes_per_token * kv_tokens * self._ms_per_byte,
+        )
+        return linear + attention + comm + self._overhead_ms
 
     # --- conveniences ------------------------------------------------------------------------
 

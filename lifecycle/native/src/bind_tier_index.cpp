@@ -140,7 +140,6 @@ void bind_tier_index(py::module_& m) {
         .def_property_readonly("used", &TierIndex::used)
         .def_property_readonly("free", &TierIndex::free)
         .def_property_readonly("evictions", &TierIndex::evictions)
-        .def_property_readonly("removals", &TierIndex::removals)
         .def("has_room", &TierIndex::has_room)
         .def("busy", [](const TierIndex& t) { return list_of(t.busy()); })
         .def("contains", &TierIndex::contains, py::arg("block"))

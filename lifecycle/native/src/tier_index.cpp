@@ -212,7 +212,6 @@ const std::vector<std::int64_t>& TierIndex::discard(const std::int64_t* blocks, 
             discard_out_.push_back(block);
         } else {
             entry->doomed = true;
-            removals_ += 1;  // unreadable from now on
         }
     }
     return discard_out_;
@@ -248,7 +247,6 @@ void TierIndex::evict(std::int64_t block) {
     TierEntry entry = entries_.take(block);
     free_slots_.push_back(entry.slot);
     evictions_ += 1;
-    removals_ += 1;
 }
 
 void TierIndex::drop(std::int64_t block) {
@@ -259,7 +257,6 @@ void TierIndex::drop(std::int64_t block) {
     }
     TierEntry entry = entries_.take(block);
     free_slots_.push_back(entry.slot);
-    removals_ += 1;
 }
 
 void TierIndex::check_accounting() const {

@@ -73,7 +73,6 @@ class TierIndex {
     // ---- removal ----
     const std::vector<std::int64_t>& discard(const std::int64_t* blocks, std::size_t n);
     std::int64_t evictions() const { return evictions_; }
-    std::int64_t removals() const { return removals_; }
 
     void check_accounting() const;
 
@@ -98,7 +97,6 @@ class TierIndex {
     OrderedDict<std::int64_t, TierEntry> entries_;
     std::vector<std::int64_t> free_slots_;  // a stack: pop from the end, freed slots appended
     std::int64_t evictions_ = 0;
-    std::int64_t removals_ = 0;  // blocks that stopped being readable (evicted, dropped, doomed): ever
 
     mutable std::vector<std::int64_t> busy_out_;
     std::vector<std::int64_t> load_out_;
