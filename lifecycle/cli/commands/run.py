@@ -32,7 +32,8 @@ LIVE_SYNTHETIC_TIME_SCALE = 20.0
 LIVE_ONLY = {"disk_path": "--disk-path", "redis_url": "--redis-url", "redis_ttl": "--redis-ttl",
              "no_verify": "--no-verify"}
 # Flags of simulated runs only, beside SIM_FLAGS.
-SIM_ONLY = {"requests_out": "--requests-out", "goodput": "--goodput", "request_rate": "--request-rate"}
+SIM_ONLY = {"requests_out": "--requests-out", "goodput": "--goodput", "request_rate": "--request-rate",
+            "engine": "--engine"}
 # Flags of simulated runs only: the adversary and the online invariant check.
 CHECK_FLAGS = {"chaos": "--chaos", "check": "--check"}
 
@@ -54,6 +55,10 @@ def register(sub: Any) -> None:
     add_size_flags(parser)
     add_sim_flags(parser)
     parser.add_argument("--trace", metavar="FILE", help="write the JSON-lines trace here (default: no trace)")
+    parser.add_argument("--engine", choices=("python", "native"),
+                        help="the engine that runs the simulation: the Python reference or the native core, "
+                             "which must write the same trace byte for byte; the header's engine line says which "
+                             "ran and why not native (simulated runs; default: native where it covers the run)")
     parser.add_argument("--requests-out", metavar="FILE.csv",
                         help="write one CSV row per request: latencies, time per phase (queue, lookup, load, "
                              "prefill, decode, hold), prompt tokens by source and each policy hook's answer; "
@@ -130,10 +135,15 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.lifecycle.drivers.runner import run_workload
     from kvlife.lifecycle.metrics import format_summary, overload_line
+    from kvlife.lifecycle.native.choice import choose
 
     config = _apply_checks(args, apply_sim(args, apply_sizes(args, config)))
     scale, config = time_scale(args, config, 1.0)
     out = _requests_out(args.requests_out)
+    engine = choose(args.engine, config)
+    notice = engine.notice()
+    if notice is not None:
+        print(f"kvlife run: {notice}", file=sys.stderr)
     # A workload file is streamed: read as the run goes, never held whole.
     workload, size, name = stream_workload(args, config, scale)
     origin = "--device-blocks" if args.device_blocks is not None else None
@@ -156,7 +166,7 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
         print(f"kvlife run: {warning}", file=sys.stderr)
     exit_code = outcome.exit_code
     if args.json:
-        output.emit("run", driver="sim", workload={"name": name, "requests": size},
+        output.emit("run", driver="sim", engine=engine.to_dict(), workload={"name": name, "requests": size},
                     stack=_label(config), seed=config.sim.seed, time_scale=scale,
                     request_rate=config.sim.request_rate, arrivals=_arrivals(config),
                     trace={"path": args.trace, "lines": outcome.trace_lines} if args.trace else None,
@@ -166,6 +176,7 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     rate = f", request rate {config.sim.request_rate:g}/s" if config.sim.request_rate is not None else ""
     print(f"kvlife run: {name}, {size} requests, stack {_names(config)}, time scale {scale:g}{rate}, "
           f"arrivals {_arrivals(config)}")
+    print(f"{'engine':<29}{engine.header()}")
     print(format_summary(outcome.summary))
     if args.trace:
         print(f"trace: {args.trace} ({outcome.trace_lines:,} lines)")
