@@ -240,3 +240,27 @@ def test_what_orjson_refuses_is_refused_with_its_message(value: Any) -> None:
 ])
 def test_what_orjson_takes_at_its_limits_renders_the_same(value: Any) -> None:
     _same(value)
+
+
+def test_lines_rendered_natively_make_the_file_the_trace_writer_makes(tmp_path: Path) -> None:
+    """``TraceWriter.write_rendered`` takes whole lines in chunks (as a native run hands
+    them over): the file, the line count and ``last_t`` are those of writing each record."""
+    from kvlife.lifecycle.traces.trace import TraceWriter
+
+    name = sorted(GOLDEN.glob("*.trace.jsonl.gz"))[0]
+    records = [orjson.loads(line) for line in gzip.decompress(name.read_bytes()).splitlines()][:3000]
+    one_by_one, chunked = tmp_path / "records.jsonl", tmp_path / "chunks.jsonl"
+    with TraceWriter(one_by_one) as writer:
+        for record in records:
+            writer.record(record)
+        expected = (writer.lines, writer.last_t())
+    with TraceWriter(chunked) as writer:
+        for start in range(0, len(records), 701):
+            chunk = records[start:start + 701]
+            writer.write_rendered(render_lines(chunk), len(chunk))
+        writer.write_rendered(b"", 0)
+        assert (writer.lines, writer.last_t()) == expected
+        with pytest.raises(ValueError, match="must end with a newline"):
+            writer.write_rendered(b'{"kind":"free"}', 1)
+    assert chunked.read_bytes() == one_by_one.read_bytes()
+    assert expected[1] > 0

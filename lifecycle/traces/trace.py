@@ -105,6 +105,19 @@ class TraceWriter:
         self._last = out
         self.lines += 1
 
+    def write_rendered(self, lines: bytes, count: int) -> None:
+        """Whole record lines rendered elsewhere (the native core's JSON writer, which
+        writes the bytes ``record`` would): ``count`` lines, each ending in a newline, in one
+        write, so an interrupt leaves no half line."""
+        if not lines:
+            return
+        if not lines.endswith(b"\n"):
+            raise ValueError("rendered trace lines must end with a newline")
+        self._stream.write(lines)
+        start = lines.rfind(b"\n", 0, len(lines) - 1) + 1
+        self._last = lines[start:]
+        self.lines += count
+
     def last_t(self) -> float:
         """The time of the last record written (0 when it has none)."""
         try:
