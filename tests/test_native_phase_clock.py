@@ -7,13 +7,12 @@ run's own records."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from test_policy_effects import BT, shared_prefix_bursts
 
 from kvlife.lifecycle.breakdown import PHASES, PhaseClock
 from kvlife.lifecycle.config import EngineConfig, RunConfig, TierConfig
@@ -26,9 +25,6 @@ core = pytest.importorskip("kvlife.lifecycle.native._core")
 NativeClock = core.PhaseClock
 NATIVE_STATE = {s.value: getattr(NativeClock.State, s.name) for s in RequestState}
 STATE_OF_NATIVE = {v: k for k, v in NATIVE_STATE.items()}
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_policy_effects import BT, shared_prefix_bursts  # noqa: E402
 
 # A few requests, one with an id too long for a short-string buffer; "ghost" is never arrived.
 RIDS = ("r0", "r1", "r2", "a-request-id-longer-than-sixteen-chars", "ghost")
