@@ -10,6 +10,7 @@ void bind_blocks(py::module_& m);
 void bind_scheduler(py::module_& m);
 void bind_json_writer(py::module_& m);
 void bind_links(py::module_& m);
+void bind_phase_clock(py::module_& m);
 void bind_py_random(py::module_& m);
 void bind_ranks(py::module_& m);
 void bind_tier_index(py::module_& m);
@@ -24,6 +25,7 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_scheduler(m);
     kvlife::bind_json_writer(m);
     kvlife::bind_links(m);
+    kvlife::bind_phase_clock(m);
     kvlife::bind_py_random(m);
     kvlife::bind_ranks(m);
     kvlife::bind_tier_index(m);
