@@ -12,6 +12,7 @@ void bind_json_writer(py::module_& m);
 void bind_links(py::module_& m);
 void bind_py_random(py::module_& m);
 void bind_ranks(py::module_& m);
+void bind_records(py::module_& m);
 void bind_tier_index(py::module_& m);
 void bind_worker_book(py::module_& m);
 }  // namespace kvlife
@@ -26,6 +27,7 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_links(m);
     kvlife::bind_py_random(m);
     kvlife::bind_ranks(m);
+    kvlife::bind_records(m);
     kvlife::bind_tier_index(m);
     kvlife::bind_worker_book(m);
 }
