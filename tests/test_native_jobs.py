@@ -246,10 +246,12 @@ def pull_tuple(p: Any) -> tuple[Any, ...]:
             p.patience_policy, p.deferred, p.abandoned)
 
 
-STORED = [("arrive", [1, 2, 3], 1), ("set", 0, "computed", 3 * BT), ("table", 0, [5, 6, 7]), ("store", 0),
-          ("complete", 0, []), ("complete", 0, [])]
+STORED: list[tuple[Any, ...]] = [
+    ("arrive", [1, 2, 3], 1), ("set", 0, "computed", 3 * BT), ("table", 0, [5, 6, 7]), ("store", 0),
+    ("complete", 0, []), ("complete", 0, []),
+]
 # Prefixes that reach the paths random operations seldom reach, each followed by random ones.
-SCENARIOS = {
+SCENARIOS: dict[str, list[tuple[Any, ...]]] = {
     # Stores of two requests land in both tiers (the host keeps the later ones); a third request
     # prefetches its blocks from the disk into the host (patience 5 ms); a fourth waits for a load.
     "prefetch": [*STORED, ("arrive", [4, 5, 6], 1), ("set", 1, "computed", 3 * BT), ("table", 1, [8, 9, 10]),
