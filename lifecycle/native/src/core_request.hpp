@@ -1,0 +1,159 @@
+// The connector core's record of one request: a mirror of lifecycle/engine/request.py's
+// ``Request`` (every field, the same names), with the names it is written in: the spec's
+// states and triggers (specs/names.py RequestState, Trigger) and the policies' decision
+// points (policies/base.py Hook), each an enum whose order is the Python enum's, and the
+// value a hook answers (``AnswerValue``).
+//
+// The spec's states and triggers are names here; the edges between them are data, read from
+// specs/lifecycle_table.json into core_lifecycle.hpp's TransitionTable (declared once, in specs/).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "blocks.hpp"
+#include "ordered_dict.hpp"
+
+namespace kvlife {
+
+// specs/names.py RequestState, in its order (which is also specs/lifecycle_table.json's "states"
+// order, and so the order of CoreState::state_counts).
+enum class RequestState : std::uint8_t { WAITING, LOOKUP_PENDING, LOADING, RUNNING, SENDING, FINISHED };
+constexpr std::size_t kNumStates = 6;
+
+// specs/names.py Trigger, in its order.
+enum class Trigger : std::uint8_t {
+    LOOKUP_SUBMITTED,
+    LOOKUP_ANSWERED,
+    LOOKUP_EXPIRED,
+    LOAD_STARTED,
+    ADMITTED,
+    LOAD_DONE,
+    LOAD_FAILED,
+    PREEMPTED,
+    TURN_ENDED,
+    SEND_STARTED,
+    COMPLETED,
+    ABORTED,
+    FAILED,
+};
+constexpr std::size_t kNumTriggers = 13;
+
+// policies/base.py Hook, in its order.
+enum class Hook : std::uint8_t {
+    ON_ARRIVAL,
+    LOOKUP_MODE,
+    LOOKUP_REUSE,
+    PREFETCH_PATIENCE,
+    ADMISSION,
+    STORE_LIMIT,
+    HOLD_AT_FINISH,
+    ON_LOAD_FAILURE,
+};
+constexpr std::size_t kNumHooks = 8;
+
+// The Python values ("lookup_pending", "load_done", "store_limit"...).
+std::string_view state_name(RequestState state);
+std::string_view trigger_name(Trigger trigger);
+std::string_view hook_name(Hook hook);
+// The enum named ``name``; none when it names none.
+std::optional<RequestState> state_from_name(std::string_view name);
+std::optional<Trigger> trigger_from_name(std::string_view name);
+std::optional<Hook> hook_from_name(std::string_view name);
+
+// What a hook may answer (policies/base.py HOOK_VALUES: a str of a fixed set, an int, a float
+// or int of ms, a bool); none only for completeness (a Decision's value is never None). A hook
+// answering an int keeps it an int (prefetch_patience may be 5 or 5.0: str() and the trace tell
+// them apart).
+using AnswerValue = std::variant<std::monostate, bool, std::int64_t, double, std::string>;
+
+// Python's ``a == b`` on two answer values: numbers compare by value across bool, int and float
+// (True == 1 == 1.0), a str only with an equal str, None only with None.
+bool answer_values_equal(const AnswerValue& a, const AnswerValue& b);
+// Python's str(value): "True", "12", float repr ("inf", "1e+16", "0.5"), the str itself, "None".
+std::string answer_value_str(const AnswerValue& value);
+
+// One entry of Request.last_decisions: (policy, value, reason).
+struct Decided {
+    std::string policy;
+    AnswerValue value;
+    std::string reason;
+};
+
+struct Request {
+    Request(std::string request_id_, std::int64_t seq_, double arrival_ms_, std::int64_t prompt_tokens_,
+            std::vector<BlockHash> hashes_, bool resumable_, std::int64_t block_tokens_,
+            std::optional<std::int64_t> max_tokens_ = std::nullopt)
+        : request_id(std::move(request_id_)),
+          seq(seq_),
+          arrival_ms(arrival_ms_),
+          prompt_tokens(prompt_tokens_),
+          hashes(std::move(hashes_)),
+          resumable(resumable_),
+          block_tokens(block_tokens_),
+          max_tokens(max_tokens_) {}
+
+    std::string request_id;
+    std::int64_t seq;  // arrival order
+    double arrival_ms;
+    std::int64_t prompt_tokens;
+    // Block hashes: the full prompt blocks' from the arrival, then derived ones appended as
+    // blocks of generated tokens fill (blocks.hpp extend_hashes).
+    std::vector<BlockHash> hashes;
+    bool resumable;
+    std::int64_t block_tokens;
+    std::optional<std::int64_t> max_tokens;
+    RequestState state = RequestState::WAITING;
+    // Python's state is still the RequestState member it was created with (no move yet); after a
+    // move it is the table's plain str. Only reprs tell them apart: IllegalTransition's message
+    // and the RequestView a policy gets carry the same object as Python's.
+    bool state_is_member = true;
+    // Bumped on preemption, abort, finish, failed load and lookup expiry (invariant 4).
+    std::int64_t epoch = 0;
+    std::int64_t generated = 0;
+    std::int64_t placeholders = 0;  // sampled tokens whose step output has not arrived
+    std::int64_t computed = 0;      // tokens computed or scheduled in a step still in flight
+    std::int64_t confirmed = 0;     // tokens whose step output arrived (or that a hit made valid)
+    std::vector<BlockId> block_table;  // the scheduler's blocks for it, as it was told
+    std::int64_t local_tokens = 0;     // the device prefix hit the scheduler found at the last match
+    std::optional<std::vector<std::string>> lookup;  // tier of each leading hit block, this epoch
+    bool lookup_async = false;
+    double lookup_answered_ms = 0.0;
+    std::int64_t lookup_uses = 0;
+    std::int64_t async_lookups = 0;
+    double lookup_submitted_ms = 0.0;
+    // The last match's external hit: (hash, tier) per block past the device hit, and the
+    // in-flight loads it joins (hash -> job).
+    std::vector<std::pair<BlockHash, std::string>> plan;
+    OrderedDict<BlockHash, std::int64_t> joins;
+    std::int64_t stored_blocks = 0;
+    std::vector<std::int64_t> load_jobs;   // loads it waits for
+    std::vector<BlockHash> load_failed;    // block hashes that failed in those loads
+    std::int64_t external_hit_limit = std::int64_t{1} << 30;
+    bool landed = false;
+    std::int64_t pending_hit_tokens = 0;
+    std::int64_t store_jobs = 0;
+    bool hold = false;
+    std::optional<std::string> finish_reason;
+    std::optional<double> first_token_ms;
+    std::optional<double> finish_ms;
+    std::int64_t preemptions = 0;
+    std::int64_t device_hit_blocks = 0;
+    OrderedDict<std::string, std::int64_t> tier_hit_blocks;  // tier -> blocks, first hit first
+    OrderedDict<Hook, Decided> last_decisions;               // hook -> (policy, value, reason)
+
+    std::int64_t known_tokens() const { return prompt_tokens + generated + placeholders; }
+    // Request.view(): the RequestView a policy sees is built from these fields by the binding
+    // that asks the Python policies (bind_core.cpp), field for field as request.py's view().
+};
+
+using CoreRequestPtr = std::shared_ptr<Request>;
+
+}  // namespace kvlife
