@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.drivers.links import Link
 from kvlife.lifecycle.drivers.lookup_service import LookupService
 from kvlife.lifecycle.native import load
 from kvlife.lifecycle.profiles.step_cost import StepCostModel
+from kvlife.specs.table import TABLE
 
 
 def step_cost(model: StepCostModel) -> Any:
@@ -47,3 +49,24 @@ def lookup_service(reference: LookupService) -> Any:
     if reference.submitted:
         raise ValueError("lookup service already in use; only a fresh one has a native twin")
     return load().LookupService(reference.workers, reference.base_ms, reference.per_key_ms)
+
+
+def core_config(config: EngineConfig) -> Any:
+    """``_core.CoreConfig``: the fields of ``config`` the connector core reads, its tiers in order."""
+    core = load()
+    native = core.CoreConfig()
+    native.block_tokens = config.block_tokens
+    native.ranks = config.ranks
+    native.transfer_deadline_ms = config.transfer_deadline_ms
+    native.lookup_deadline_ms = config.lookup_deadline_ms
+    native.reclaim_deadline_ms = config.reclaim_deadline_ms
+    native.max_async_lookups = config.max_async_lookups
+    native.kv_load_failure_policy = config.kv_load_failure_policy
+    native.tiers = [core.CoreTierConfig(t.name, t.capacity_blocks, t.eviction) for t in config.tiers]
+    return native
+
+
+def transition_table() -> Any:
+    """``_core.TransitionTable`` with the edges of the compiled spec table (specs/lifecycle_table.json,
+    as ``kvlife.specs.table.TABLE`` read it): the table stays declared once, in specs/."""
+    return load().TransitionTable([(state, trigger, target) for (state, trigger), target in TABLE.edges.items()])

@@ -29,12 +29,15 @@
 
 namespace kvlife {
 
-// specs/table.py IllegalTransition (message: "request R: trigger 'T' is not allowed in state 'S'").
+// specs/table.py IllegalTransition, as the engine raises it: the trigger a Trigger member, the
+// state a RequestState member (state_is_member: never moved) or the table's str. Message:
+// "request R: trigger <Trigger.T: 't'> is not allowed in state 's'" (reprs of those objects).
 struct IllegalTransition : std::runtime_error {
-    IllegalTransition(const std::string& request_id, RequestState state, Trigger trigger);
+    IllegalTransition(const std::string& request_id, RequestState state, Trigger trigger, bool state_is_member);
     std::string request_id;
     RequestState state;
     Trigger trigger;
+    bool state_is_member;
 };
 
 // specs/table.py TransitionTable: (state, trigger) -> state.
@@ -50,7 +53,8 @@ class TransitionTable {
         return static_cast<RequestState>(t);
     }
     // TABLE.target(request_id, state, trigger): IllegalTransition when there is no edge.
-    RequestState target(const std::string& request_id, RequestState state, Trigger trigger) const;
+    RequestState target(const std::string& request_id, RequestState state, Trigger trigger,
+                        bool state_is_member = false) const;
 
   private:
     static constexpr std::uint8_t kNone = 0xff;

@@ -111,6 +111,10 @@ struct Request {
     std::int64_t block_tokens;
     std::optional<std::int64_t> max_tokens;
     RequestState state = RequestState::WAITING;
+    // Python's state is still the RequestState member it was created with (no move yet); after a
+    // move it is the table's plain str. Only reprs tell them apart: IllegalTransition's message
+    // and the RequestView a policy gets carry the same object as Python's.
+    bool state_is_member = true;
     // Bumped on preemption, abort, finish, failed load and lookup expiry (invariant 4).
     std::int64_t epoch = 0;
     std::int64_t generated = 0;

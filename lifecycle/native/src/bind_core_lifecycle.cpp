@@ -1,0 +1,335 @@
+// Binding of the connector core's kernel (core_state.hpp, core_lifecycle.hpp): the compiled
+// transition table (its edges given from specs/lifecycle_table.json by the caller), the core's
+// config, IllegalTransition translated to kvlife.specs.table.IllegalTransition, the PolicyAsker
+// that asks a Python PolicyStack (PyPolicyAsker, as lifecycle.py asks it), and CoreKernel: a
+// CoreState + Lifecycle pair a differential test drives as it drives the Python ones.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bind_core_convert.hpp"
+#include "blocks.hpp"
+#include "core_lifecycle.hpp"
+#include "core_state.hpp"
+#include "json_writer.hpp"
+
+namespace py = pybind11;
+
+namespace kvlife {
+
+namespace {
+
+// policies/base.py's view classes are called positionally, in their attrs field order.
+class PyPolicyAsker final : public PolicyAsker {
+  public:
+    explicit PyPolicyAsker(py::object stack) : stack_(std::move(stack)) {
+        py::module_ base = py::module_::import("kvlife.policies.base");
+        request_view_ = base.attr("RequestView");
+        engine_view_ = base.attr("EngineView");
+        load_view_ = base.attr("LoadView");
+        prefetch_view_ = base.attr("PrefetchView");
+        ask_ = stack_.attr("ask");
+        for (std::size_t i = 0; i < kNumHooks; ++i) hooks_[i] = py::str(std::string(hook_name(static_cast<Hook>(i))));
+        py::object members = py::module_::import("kvlife.specs.names").attr("RequestState");
+        for (std::size_t i = 0; i < kNumStates; ++i) {
+            states_[i] = py::str(std::string(state_name(static_cast<RequestState>(i))));
+            members_[i] = members(states_[i]);
+        }
+    }
+
+    void ask(Hook hook, const Request& req, const HookArg& arg, const EngineView& engine, Answer& out) override {
+        py::object view = request_view(req);
+        py::object ev = engine_view_(engine.now_ms, engine.running, engine.waiting, engine.loading,
+                                     engine.free_device_blocks, engine.device_blocks);
+        py::object answer;
+        const py::str& name = hooks_[static_cast<std::size_t>(hook)];
+        switch (arg.index()) {
+            case 1: {
+                const LoadView& load = *std::get<const LoadView*>(arg);
+                py::tuple tiers(load.tiers.size());
+                for (std::size_t i = 0; i < load.tiers.size(); ++i) tiers[i] = py::str(load.tiers[i]);
+                py::tuple in_flight(load.in_flight.size());
+                for (std::size_t i = 0; i < load.in_flight.size(); ++i) {
+                    in_flight[i] = py::make_tuple(load.in_flight[i].first, py::str(load.in_flight[i].second));
+                }
+                answer = ask_(name, view, load_view_(load.device_hit_blocks, load.external_hit_blocks, tiers, in_flight),
+                              ev);
+                break;
+            }
+            case 2: {
+                const PrefetchView& pull = *std::get<const PrefetchView*>(arg);
+                py::tuple tiers(pull.source_tiers.size());
+                for (std::size_t i = 0; i < pull.source_tiers.size(); ++i) tiers[i] = py::str(pull.source_tiers[i]);
+                answer = ask_(name, view, prefetch_view_(pull.blocks, pull.tokens, tiers, pull.started_ms), ev);
+                break;
+            }
+            case 3:
+                answer = ask_(name, view, std::get<std::int64_t>(arg), ev);
+                break;
+            default:
+                answer = ask_(name, view, ev);
+                break;
+        }
+        out.policy = answer.attr("policy").cast<std::string>();
+        out.value = answer_value(answer.attr("value"));
+        out.reason = answer.attr("reason").cast<std::string>();
+    }
+
+  private:
+    // Request.view(): the id and the hashes tuple are kept per request and rebuilt only when
+    // the hashes grew (a request's hashes only ever get derived ones appended).
+    py::object request_view(const Request& req) {
+        Cached& c = cache_[req.request_id];
+        if (!c.hashes || c.size != req.hashes.size()) {
+            py::tuple hashes(req.hashes.size());
+            for (std::size_t i = 0; i < req.hashes.size(); ++i) hashes[i] = py::int_(req.hashes[i]);
+            c.hashes = std::move(hashes);
+            c.size = req.hashes.size();
+            if (!c.rid) c.rid = py::str(req.request_id);
+        }
+        const std::size_t state = static_cast<std::size_t>(req.state);
+        return request_view_(c.rid, req.state_is_member ? members_[state] : py::object(states_[state]),
+                             req.arrival_ms, req.prompt_tokens,
+                             req.generated, req.computed, req.confirmed, req.placeholders, req.block_tokens,
+                             c.hashes, req.stored_blocks, req.resumable, req.preemptions);
+    }
+
+    struct Cached {
+        std::size_t size = 0;
+        py::object hashes;
+        py::object rid;
+    };
+
+    py::object stack_, ask_, request_view_, engine_view_, load_view_, prefetch_view_;
+    std::array<py::str, kNumHooks> hooks_;
+    std::array<py::str, kNumStates> states_;
+    std::array<py::object, kNumStates> members_;  // RequestState members
+    std::unordered_map<std::string, Cached> cache_;
+};
+
+Hook hook_of(const std::string& name) {
+    std::optional<Hook> hook = hook_from_name(name);
+    if (!hook) throw py::key_error(name);
+    return *hook;
+}
+
+// A CoreState and a Lifecycle over it, asking a Python PolicyStack, tracing into a buffer.
+class CoreKernel {
+  public:
+    CoreKernel(CoreConfig config, const TransitionTable& table, py::object stack, py::object device, bool trace)
+        : device_obj_(std::move(device)),
+          state_(std::move(config), Trace(trace ? &out_ : nullptr)),
+          asker_(std::move(stack)),
+          table_(table),
+          lifecycle_(state_, &asker_, table_,
+                     device_obj_.is_none() ? nullptr : device_obj_.cast<const DeviceBlockPool*>()) {}
+
+    CoreState& state() { return state_; }
+    Lifecycle& lifecycle() { return lifecycle_; }
+
+    Request& request(const std::string& rid) {
+        CoreRequestPtr* req = state_.requests.find(rid);
+        if (req == nullptr) throw py::key_error(rid);
+        return **req;
+    }
+
+    void add_request(const std::string& rid, double arrival_ms, std::int64_t prompt_tokens,
+                     std::vector<BlockHash> hashes, bool resumable) {
+        auto req = std::make_shared<Request>(rid, state_.next_seq++, arrival_ms, prompt_tokens, std::move(hashes),
+                                             resumable, state_.config.block_tokens);
+        state_.requests.set(rid, std::move(req));
+        state_.state_counts[static_cast<std::size_t>(RequestState::WAITING)] += 1;
+    }
+
+    py::bytes take_trace() {
+        py::bytes result(out_.data(), out_.size());
+        out_.clear();
+        return result;
+    }
+
+  private:
+    JsonWriter out_{4096};
+    py::object device_obj_;
+    CoreState state_;
+    PyPolicyAsker asker_;
+    TransitionTable table_;
+    Lifecycle lifecycle_;
+};
+
+py::dict ordered_counts(const OrderedDict<std::string, std::int64_t>& d) {
+    py::dict out;
+    for (const auto& node : d) out[py::str(node.key)] = node.value;
+    return out;
+}
+
+}  // namespace
+
+void bind_core_lifecycle(py::module_& m) {
+    py::register_exception_translator([](std::exception_ptr thrown) {
+        try {
+            if (thrown) std::rethrow_exception(thrown);
+        } catch (const IllegalTransition& e) {
+            py::object cls = py::module_::import("kvlife.specs.table").attr("IllegalTransition");
+            py::module_ names = py::module_::import("kvlife.specs.names");
+            py::object state = py::str(std::string(state_name(e.state)));
+            if (e.state_is_member) state = names.attr("RequestState")(state);
+            py::object trigger = names.attr("Trigger")(py::str(std::string(trigger_name(e.trigger))));
+            py::object exc = cls(e.request_id, state, trigger);
+            PyErr_SetObject(cls.ptr(), exc.ptr());
+        }
+    });
+
+    py::class_<TransitionTable>(m, "TransitionTable",
+                                "specs/table.py's compiled table from its [state, trigger, target] edges.")
+        .def(py::init<const std::vector<std::tuple<std::string, std::string, std::string>>&>(), py::arg("edges"))
+        .def("target", [](const TransitionTable& t, const std::string& rid, const std::string& state,
+                          const std::string& trigger) {
+            std::optional<RequestState> s = state_from_name(state);
+            std::optional<Trigger> tr = trigger_from_name(trigger);
+            if (!s || !tr) throw py::key_error(state + "/" + trigger);
+            return std::string(state_name(t.target(rid, *s, *tr, false)));
+        });
+
+    py::class_<CoreTierConfig>(m, "CoreTierConfig")
+        .def(py::init<std::string, std::int64_t, std::string>(), py::arg("name"), py::arg("capacity_blocks"),
+             py::arg("eviction") = "lru");
+    py::class_<CoreConfig>(m, "CoreConfig", "The EngineConfig fields the connector core reads.")
+        .def(py::init<>())
+        .def_readwrite("block_tokens", &CoreConfig::block_tokens)
+        .def_readwrite("ranks", &CoreConfig::ranks)
+        .def_readwrite("transfer_deadline_ms", &CoreConfig::transfer_deadline_ms)
+        .def_readwrite("lookup_deadline_ms", &CoreConfig::lookup_deadline_ms)
+        .def_readwrite("reclaim_deadline_ms", &CoreConfig::reclaim_deadline_ms)
+        .def_readwrite("max_async_lookups", &CoreConfig::max_async_lookups)
+        .def_readwrite("kv_load_failure_policy", &CoreConfig::kv_load_failure_policy)
+        .def_readwrite("tiers", &CoreConfig::tiers);
+
+    py::class_<CoreKernel>(m, "CoreKernel",
+                           "A native CoreState and Lifecycle asking a Python PolicyStack (for differential tests).")
+        .def(py::init<CoreConfig, const TransitionTable&, py::object, py::object, bool>(), py::arg("config"),
+             py::arg("table"), py::arg("policies"), py::arg("device") = py::none(), py::arg("trace") = true)
+        .def("add_request", &CoreKernel::add_request, py::arg("request_id"), py::arg("arrival_ms"),
+             py::arg("prompt_tokens"), py::arg("hashes"), py::arg("resumable"))
+        .def("set_request",
+             [](CoreKernel& k, const std::string& rid, const py::kwargs& fields) {
+                 Request& req = k.request(rid);
+                 for (auto item : fields) {
+                     const std::string name = item.first.cast<std::string>();
+                     const std::int64_t v = item.second.cast<std::int64_t>();
+                     if (name == "generated") req.generated = v;
+                     else if (name == "computed") req.computed = v;
+                     else if (name == "confirmed") req.confirmed = v;
+                     else if (name == "placeholders") req.placeholders = v;
+                     else if (name == "stored_blocks") req.stored_blocks = v;
+                     else if (name == "preemptions") req.preemptions = v;
+                     else if (name == "epoch") req.epoch = v;
+                     else throw py::key_error(name);
+                 }
+             })
+        .def_property("now", [](CoreKernel& k) { return k.state().now; },
+                      [](CoreKernel& k, double now) { k.state().now = now; })
+        .def("move",
+             [](CoreKernel& k, const std::string& rid, const std::string& trigger, const std::string& reason) {
+                 std::optional<Trigger> t = trigger_from_name(trigger);
+                 if (!t) throw py::key_error(trigger);
+                 k.lifecycle().move(k.request(rid), *t, reason);
+             })
+        .def("ask",
+             [](CoreKernel& k, const std::string& rid, const std::string& hook, py::args args) {
+                 Request& req = k.request(rid);
+                 const Hook h = hook_of(hook);
+                 LoadView load;
+                 PrefetchView pull;
+                 HookArg arg;
+                 if (args.size() == 1) {
+                     py::handle a = args[0];
+                     if (py::hasattr(a, "external_hit_blocks")) {
+                         load.device_hit_blocks = a.attr("device_hit_blocks").cast<std::int64_t>();
+                         load.external_hit_blocks = a.attr("external_hit_blocks").cast<std::int64_t>();
+                         load.tiers = a.attr("tiers").cast<std::vector<std::string>>();
+                         load.in_flight = a.attr("in_flight").cast<std::vector<std::pair<BlockHash, std::string>>>();
+                         arg = &load;
+                     } else if (py::hasattr(a, "source_tiers")) {
+                         pull.blocks = a.attr("blocks").cast<std::int64_t>();
+                         pull.tokens = a.attr("tokens").cast<std::int64_t>();
+                         pull.source_tiers = a.attr("source_tiers").cast<std::vector<std::string>>();
+                         pull.started_ms = a.attr("started_ms").cast<double>();
+                         arg = &pull;
+                     } else {
+                         arg = a.cast<std::int64_t>();
+                     }
+                 }
+                 return answer_value_py(k.lifecycle().ask(req, h, arg));
+             })
+        .def("warn",
+             [](CoreKernel& k, const std::string& what, const py::kwargs& fields) {
+                 // The typed fields records.hpp's warning takes: str, int, float, bool, None, list of ints.
+                 std::vector<std::string> keys;
+                 std::vector<std::string> strings;
+                 std::vector<std::vector<std::int64_t>> lists;
+                 std::vector<Field> list;
+                 keys.reserve(fields.size());
+                 strings.reserve(fields.size());
+                 lists.reserve(fields.size());
+                 for (auto item : fields) {
+                     keys.push_back(item.first.cast<std::string>());
+                     py::handle v = item.second;
+                     if (v.is_none()) list.emplace_back(keys.back(), std::nullopt);
+                     else if (PyBool_Check(v.ptr())) list.emplace_back(keys.back(), v.ptr() == Py_True);
+                     else if (PyLong_Check(v.ptr())) list.emplace_back(keys.back(), v.cast<std::int64_t>());
+                     else if (PyFloat_Check(v.ptr())) list.emplace_back(keys.back(), v.cast<double>());
+                     else if (PyUnicode_Check(v.ptr())) {
+                         strings.push_back(v.cast<std::string>());
+                         list.emplace_back(keys.back(), std::string_view(strings.back()));
+                     } else {
+                         lists.push_back(v.cast<std::vector<std::int64_t>>());
+                         list.emplace_back(keys.back(), lists.back());
+                     }
+                 }
+                 k.lifecycle().warn(what, list.data(), list.size());
+             })
+        .def("engine_view",
+             [](CoreKernel& k) {
+                 EngineView v = k.lifecycle().engine_view();
+                 return py::module_::import("kvlife.policies.base")
+                     .attr("EngineView")(v.now_ms, v.running, v.waiting, v.loading, v.free_device_blocks,
+                                         v.device_blocks);
+             })
+        .def("state_of", [](CoreKernel& k, const std::string& rid) { return std::string(state_name(k.request(rid).state)); })
+        .def("state_counts",
+             [](CoreKernel& k) {
+                 py::dict out;
+                 for (std::size_t i = 0; i < kNumStates; ++i) {
+                     out[py::str(std::string(state_name(static_cast<RequestState>(i))))] = k.state().state_counts[i];
+                 }
+                 return out;
+             })
+        .def_property_readonly("moves", [](CoreKernel& k) { return k.state().moves; })
+        .def("answers",
+             [](CoreKernel& k) {
+                 py::dict out;
+                 for (const auto& node : k.lifecycle().answers) {
+                     out[py::make_tuple(node.key.policy, std::string(hook_name(node.key.hook)), node.key.value)] =
+                         node.value;
+                 }
+                 return out;
+             })
+        .def("last_decisions",
+             [](CoreKernel& k, const std::string& rid) {
+                 py::dict out;
+                 for (const auto& node : k.request(rid).last_decisions) {
+                     out[py::str(std::string(hook_name(node.key)))] =
+                         py::make_tuple(node.value.policy, answer_value_py(node.value.value), node.value.reason);
+                 }
+                 return out;
+             })
+        .def("warnings", [](CoreKernel& k) { return ordered_counts(k.state().stats.warnings); })
+        .def("deferrals", [](CoreKernel& k) { return ordered_counts(k.state().stats.deferrals); })
+        .def("take_trace", &CoreKernel::take_trace);
+}
+
+}  // namespace kvlife

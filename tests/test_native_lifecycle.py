@@ -1,0 +1,231 @@
+"""The native Lifecycle and CoreState (``core_lifecycle.hpp``, ``core_state.hpp``) against the
+reference (``lifecycle/engine/lifecycle.py``): random sequences of moves (legal and illegal),
+asks of a Python policy stack (built-ins and a user policy whose answers change with what it
+sees: ints and floats, bools, reasons, passes, bad answers, a raise), warnings with typed fields,
+arrivals, clock and device changes give the same trace bytes, state counts, answers (per
+policy, hook and str(value)), last decisions (types included), warnings and deferrals, the same
+views seen by the policies, and the same errors, after every operation."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlife.lifecycle.config import EngineConfig
+from kvlife.lifecycle.engine.blocks import DeviceBlockPool
+from kvlife.lifecycle.engine.lifecycle import Lifecycle
+from kvlife.lifecycle.engine.request import Request
+from kvlife.lifecycle.engine.state import CoreState
+from kvlife.lifecycle.traces.trace import render_record
+from kvlife.policies.base import Decision, EngineView, LoadView, PrefetchView, RequestView
+from kvlife.policies.registry import BUILTIN
+from kvlife.policies.stack import PolicyStack
+from kvlife.specs.names import RequestState, Trigger
+from kvlife.specs.table import IllegalTransition
+
+core = pytest.importorskip("kvlife.lifecycle.native._core")
+from kvlife.lifecycle.native import bridge  # noqa: E402  (after the skip: it needs the core)
+
+BLOCK_TOKENS = 16
+DEVICE_BLOCKS = 64
+
+
+class Wobbly:
+    """A user policy: answers from what it sees, so answers change between asks; keeps every
+    view it is given (the native views must carry the same fields)."""
+
+    name = "wobbly"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, ...]] = []
+
+    def _see(self, *views: Any) -> int:
+        self.seen.append(tuple(attrs.astuple(v) if attrs.has(type(v)) else v for v in views))
+        req = views[0]
+        assert isinstance(req, RequestView)
+        return req.computed_tokens + req.generated_tokens + len(req.block_hashes) + req.preemptions
+
+    def lookup_mode(self, req: RequestView, engine: EngineView) -> Decision[str] | None:
+        n = self._see(req, engine)
+        if n % 3 == 0:
+            return None  # pass: the stack asks the next policy
+        return Decision("async" if n % 2 else "sync", f"n={n % 2}")
+
+    def prefetch_patience(self, req: RequestView, prefetch: PrefetchView, engine: EngineView) -> Decision[float]:
+        n = self._see(req, prefetch, engine) + prefetch.blocks
+        value: float = [5, 5.0, math.inf, 0, 2.5][n % 5]  # an int and the same float: same answer, other str
+        return Decision(value, "patience" if n % 7 else "patience!")
+
+    def admission(self, req: RequestView, load: LoadView, engine: EngineView) -> Decision[str] | None:
+        n = self._see(req, load, engine) + load.external_hit_blocks + engine.running
+        if n % 4 == 0:
+            return None
+        return Decision(["go", "defer", "join"][n % 3], "adm")
+
+    def store_limit(self, req: RequestView, engine: EngineView) -> Decision[int]:
+        n = self._see(req, engine)
+        if n % 11 == 10:
+            return Decision(1.5, "not an int")  # type: ignore[arg-type]  # a bad answer: PolicyError
+        return Decision(req.computed_tokens - n % 2, "limit")
+
+    def hold_at_finish(self, req: RequestView, stores: int, engine: EngineView) -> Decision[bool]:
+        n = self._see(req, stores, engine) + stores
+        if n % 13 == 12:
+            raise RuntimeError(f"wobbly broke on {req.request_id}")
+        return Decision(n % 2 == 0, "hold")
+
+
+TRIGGERS = [str(t) for t in Trigger]
+HOOKS = ["on_arrival", "lookup_mode", "lookup_reuse", "prefetch_patience", "admission", "store_limit",
+         "hold_at_finish", "on_load_failure"]
+texts = st.text(max_size=12)
+small = st.integers(0, 40)
+load_views = st.builds(LoadView, small, small, st.lists(st.sampled_from(["host", "disk"]), max_size=3).map(tuple),
+                       st.lists(st.tuples(st.integers(0, 2**63 - 1), texts), max_size=2).map(tuple))
+prefetch_views = st.builds(PrefetchView, small, small, st.lists(st.sampled_from(["disk", "remote"]), max_size=3)
+                           .map(tuple), st.floats(0, 1e6))
+
+
+@st.composite
+def asks(draw: st.DrawFn) -> tuple[Any, ...]:
+    hook = draw(st.sampled_from(HOOKS))
+    args: tuple[Any, ...] = ()
+    if hook == "admission":
+        args = (draw(load_views),)
+    elif hook == "prefetch_patience":
+        args = (draw(prefetch_views),)
+    elif hook in ("hold_at_finish", "on_load_failure"):
+        args = (draw(small),)
+    return ("ask", draw(st.integers(0, 5)), hook, args)
+
+
+warn_fields = st.dictionaries(st.sampled_from(["req", "job", "rank", "note", "ranks", "x", "state"]),
+                              st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | texts
+                              | st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3), max_size=4)
+
+operations = st.one_of(
+    st.tuples(st.just("arrive"), small, st.lists(st.integers(0, 2**63 - 1), max_size=4), st.booleans()),
+    st.tuples(st.just("move"), st.integers(0, 5), st.sampled_from(TRIGGERS), texts),
+    st.tuples(st.just("move"), st.integers(0, 5), st.sampled_from(TRIGGERS), texts),
+    asks(),
+    asks(),
+    asks(),
+    st.tuples(st.just("warn"), st.sampled_from(["late_report", "rank_timeout", "é"]), warn_fields),
+    st.tuples(st.just("set"), st.integers(0, 5), st.sampled_from(["generated", "computed", "confirmed",
+                                                                   "placeholders", "stored_blocks", "preemptions"]),
+              small),
+    st.tuples(st.just("now"), st.floats(0, 1e9)),
+    st.tuples(st.just("alloc"), st.integers(0, 8)),
+)
+stacks = st.lists(st.sampled_from(sorted(BUILTIN)), max_size=3, unique=True).flatmap(
+    lambda names: st.permutations([*names, "wobbly"]))
+
+
+class Twin:
+    """The reference and the native kernel, built alike."""
+
+    def __init__(self, names: list[str]) -> None:
+        config = EngineConfig(block_tokens=BLOCK_TOKENS)
+        self.lines: list[bytes] = []
+        self.ref_wobbly, self.nat_wobbly = Wobbly(), Wobbly()
+        self.ref_pool, self.nat_pool = DeviceBlockPool(DEVICE_BLOCKS), core.DeviceBlockPool(DEVICE_BLOCKS)
+        self.state = CoreState(config, recorder=lambda r: self.lines.append(render_record(r) + b"\n"))
+        self.ref = Lifecycle(self.state, PolicyStack(self.policies(names, self.ref_wobbly)), self.ref_pool)
+        self.nat = core.CoreKernel(bridge.core_config(config), bridge.transition_table(),
+                                   PolicyStack(self.policies(names, self.nat_wobbly)), self.nat_pool)
+        self.ids: list[str] = []
+
+    @staticmethod
+    def policies(names: list[str], wobbly: Wobbly) -> list[object]:
+        return [wobbly if n == "wobbly" else BUILTIN[n]() for n in names]
+
+    def request(self, i: int) -> str | None:
+        return self.ids[i % len(self.ids)] if self.ids else None
+
+    def apply(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == "arrive":
+            new = f"r{len(self.ids)}"
+            self.ids.append(new)
+            _, prompt, hashes, resumable = op
+            req = Request(new, self.state.next_seq, self.state.now, prompt + 1, tuple(hashes), resumable, BLOCK_TOKENS)
+            self.state.next_seq += 1
+            self.state.requests[new] = req
+            self.state.state_counts[RequestState.WAITING] += 1
+            self.nat.add_request(new, self.state.now, prompt + 1, hashes, resumable)
+        elif kind == "now":
+            self.state.now = op[1]
+            self.nat.now = op[1]
+        elif kind == "alloc":
+            assert self.ref_pool.allocate(op[1]) == self.nat_pool.allocate(op[1])
+        elif kind == "warn":
+            self.ref.warn(op[1], **op[2])
+            self.nat.warn(op[1], **op[2])
+        elif (rid := self.request(op[1])) is None:
+            return
+        elif kind == "set":
+            setattr(self.state.requests[rid], op[2], op[3])
+            self.nat.set_request(rid, **{op[2]: op[3]})
+        elif kind == "move":
+            self.both(lambda: self.ref.move(self.state.requests[rid], Trigger(op[2]), op[3]),
+                      lambda: self.nat.move(rid, op[2], op[3]))
+            assert self.nat.state_of(rid) == self.state.requests[rid].state
+        else:
+            _, _, hook, args = op
+            self.both(lambda: self.ref.ask(self.state.requests[rid], hook, *args),
+                      lambda: self.nat.ask(rid, hook, *args))
+            ref_last = {str(h): d for h, d in self.state.requests[rid].last_decisions.items()}
+            assert repr(list(self.nat.last_decisions(rid).items())) == repr(list(ref_last.items()))
+
+    @staticmethod
+    def both(ref: Any, nat: Any) -> None:
+        try:
+            expected = ref()
+        except Exception as exc:  # the native must raise the same type with the same message
+            with pytest.raises(type(exc)) as raised:
+                nat()
+            assert str(raised.value) == str(exc)
+            return
+        got = nat()
+        assert repr(got) == repr(expected)  # the value and its type (5 is not 5.0)
+
+    def check(self) -> None:
+        assert self.nat.take_trace() == b"".join(self.lines)
+        self.lines.clear()
+        assert self.nat.state_counts() == {str(k): v for k, v in self.state.state_counts.items()}
+        assert self.nat.moves == self.state.moves
+        assert list(self.nat.answers().items()) == list(self.ref.answers.items())
+        assert list(self.nat.warnings().items()) == list(self.state.stats.warnings.items())
+        assert list(self.nat.deferrals().items()) == list(self.state.stats.deferrals.items())
+        assert self.nat.engine_view() == self.ref.engine_view()
+        assert self.nat_wobbly.seen == self.ref_wobbly.seen
+
+
+@settings(max_examples=150, deadline=None)
+@given(stacks, st.lists(operations, min_size=5, max_size=60))
+def test_lifecycle_matches_reference(names: list[str], ops: list[tuple[Any, ...]]) -> None:
+    twin = Twin(names)
+    for op in [("arrive", 3, [1, 2], False), *ops]:
+        twin.apply(op)
+        twin.check()
+
+
+def test_illegal_move_raises_the_reference_error() -> None:
+    twin = Twin([])
+    twin.apply(("arrive", 3, [], False))
+    with pytest.raises(IllegalTransition) as raised:
+        twin.nat.move("r0", "load_done", "why")
+    assert twin.nat.state_counts()["waiting"] == 1 and twin.nat.moves == 0 and twin.nat.take_trace() == b""
+    # The engine moves by Trigger members; a request never moved still holds the RequestState member.
+    assert str(raised.value) == ("request r0: trigger <Trigger.LOAD_DONE: 'load_done'> is not allowed in state "
+                                 "<RequestState.WAITING: 'waiting'>")
+    twin.nat.move("r0", "lookup_submitted", "why")
+    with pytest.raises(IllegalTransition) as raised:
+        twin.nat.move("r0", "lookup_submitted", "again")
+    assert str(raised.value) == ("request r0: trigger <Trigger.LOOKUP_SUBMITTED: 'lookup_submitted'> is not allowed "
+                                 "in state 'lookup_pending'")
