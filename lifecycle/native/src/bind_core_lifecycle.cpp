@@ -15,6 +15,7 @@
 #include "blocks.hpp"
 #include "core_lifecycle.hpp"
 #include "core_state.hpp"
+#include "jobs.hpp"
 #include "json_writer.hpp"
 
 namespace py = pybind11;
@@ -117,7 +118,18 @@ Hook hook_of(const std::string& name) {
     return *hook;
 }
 
-// A CoreState and a Lifecycle over it, asking a Python PolicyStack, tracing into a buffer.
+// BlockHolds calling two Python callables (Transfers.hold_blocks / unhold_blocks) with a list.
+class PyBlockHolds final : public BlockHolds {
+  public:
+    PyBlockHolds(py::object hold, py::object unhold) : hold_(std::move(hold)), unhold_(std::move(unhold)) {}
+    void hold_blocks(const std::vector<BlockId>& blocks) override { hold_(py::cast(blocks)); }
+    void unhold_blocks(const std::vector<BlockId>& blocks) override { unhold_(py::cast(blocks)); }
+
+  private:
+    py::object hold_, unhold_;
+};
+
+// A CoreState, a Lifecycle and Transfers over it, asking a Python PolicyStack, tracing into a buffer.
 class CoreKernel {
   public:
     CoreKernel(CoreConfig config, const TransitionTable& table, py::object stack, py::object device, bool trace)
@@ -130,6 +142,16 @@ class CoreKernel {
 
     CoreState& state() { return state_; }
     Lifecycle& lifecycle() { return lifecycle_; }
+    Transfers& transfers() { return transfers_; }
+    void set_holds(py::object hold, py::object unhold) {
+        if (hold.is_none()) {
+            holds_.reset();
+            transfers_.holds = nullptr;
+        } else {
+            holds_ = std::make_unique<PyBlockHolds>(std::move(hold), std::move(unhold));
+            transfers_.holds = holds_.get();
+        }
+    }
 
     Request& request(const std::string& rid) {
         CoreRequestPtr* req = state_.requests.find(rid);
@@ -158,7 +180,63 @@ class CoreKernel {
     PyPolicyAsker asker_;
     TransitionTable table_;
     Lifecycle lifecycle_;
+    Transfers transfers_{state_, lifecycle_};
+    std::unique_ptr<PyBlockHolds> holds_;
 };
+
+py::tuple job_tuple(const Job& j) {
+    py::list moves;
+    for (const BlockMove& m : j.moves) moves.append(py::make_tuple(m.block_hash, m.device_block, m.tier, m.slot));
+    return py::make_tuple(j.job_id, std::string(job_kind_name(j.kind)), j.request_id, j.epoch, py::tuple(moves),
+                          j.started_ms, j.after ? py::object(py::int_(*j.after)) : py::object(py::none()), j.timed_out,
+                          j.flushed, j.abandoned);
+}
+
+py::tuple prefetch_tuple(const PrefetchJob& j) {
+    py::list moves;
+    for (const TierMove& m : j.moves) {
+        moves.append(py::make_tuple(m.block_hash, m.src_tier, m.src_slot, m.dst_tier, m.dst_slot));
+    }
+    return py::make_tuple(j.job_id, j.request_id, j.epoch, py::tuple(moves), j.started_ms, j.deadline_ms,
+                          j.patience_policy, j.deferred, j.abandoned);
+}
+
+py::dict stats_dict(const Stats& s) {
+    py::dict d;
+    d["ticks"] = s.ticks;
+    d["steps"] = s.steps;
+    d["sync_lookups"] = s.sync_lookups;
+    d["async_lookups"] = s.async_lookups;
+    d["stale_lookup_answers"] = s.stale_lookup_answers;
+    d["failed_lookups"] = s.failed_lookups;
+    d["loads"] = s.loads;
+    d["blocks_loaded"] = s.blocks_loaded;
+    d["redundant_block_loads"] = s.redundant_block_loads;
+    d["joined_blocks"] = s.joined_blocks;
+    d["stores"] = s.stores;
+    d["blocks_stored"] = s.blocks_stored;
+    d["failed_blocks"] = s.failed_blocks;
+    d["failed_loads"] = s.failed_loads;
+    d["failed_stores"] = s.failed_stores;
+    d["preemptions"] = s.preemptions;
+    py::dict deferrals;
+    for (const auto& node : s.deferrals) deferrals[py::str(node.key)] = node.value;
+    d["deferrals"] = deferrals;
+    py::dict warnings;
+    for (const auto& node : s.warnings) warnings[py::str(node.key)] = node.value;
+    d["warnings"] = warnings;
+    d["rank_timeouts"] = s.rank_timeouts;
+    d["duplicate_lookups"] = s.duplicate_lookups;
+    d["prefetches"] = s.prefetches;
+    d["blocks_prefetched"] = s.blocks_prefetched;
+    d["prefetch_waits"] = s.prefetch_waits;
+    d["prefetch_gave_up"] = s.prefetch_gave_up;
+    d["expired_lookups"] = s.expired_lookups;
+    d["reclaimed_jobs"] = s.reclaimed_jobs;
+    d["late_reports"] = s.late_reports;
+    d["flushed_stores"] = s.flushed_stores;
+    return d;
+}
 
 py::dict ordered_counts(const OrderedDict<std::string, std::int64_t>& d) {
     py::dict out;
@@ -227,8 +305,138 @@ void bind_core_lifecycle(py::module_& m) {
                      else if (name == "stored_blocks") req.stored_blocks = v;
                      else if (name == "preemptions") req.preemptions = v;
                      else if (name == "epoch") req.epoch = v;
+                     else if (name == "pending_hit_tokens") req.pending_hit_tokens = v;
                      else throw py::key_error(name);
                  }
+             })
+        .def("set_block_table",
+             [](CoreKernel& k, const std::string& rid, std::vector<BlockId> table) { k.request(rid).block_table = std::move(table); })
+        .def("set_lookup",
+             [](CoreKernel& k, const std::string& rid, std::optional<std::vector<std::string>> lookup) {
+                 k.request(rid).lookup = std::move(lookup);
+             })
+        .def("set_observing", [](CoreKernel& k, bool observing) { k.state().observing = observing; })
+        .def("set_holds", &CoreKernel::set_holds, py::arg("hold"), py::arg("unhold"))
+        .def("start_load",
+             [](CoreKernel& k, const std::string& rid, py::iterable moves, std::optional<std::int64_t> after) {
+                 return k.transfers().start_load(k.request(rid), block_moves(moves), after)->job_id;
+             },
+             py::arg("request_id"), py::arg("moves"), py::arg("after") = py::none())
+        .def("maybe_store", [](CoreKernel& k, const std::string& rid) { k.transfers().maybe_store(k.request(rid)); })
+        .def("observe_job",
+             [](CoreKernel& k, const std::string& rid, std::int64_t job_id, const std::string& kind, py::iterable moves) {
+                 k.transfers().observe_job(k.request(rid), job_id, kind == "load" ? JobKind::LOAD : JobKind::STORE,
+                                           block_moves(moves));
+             })
+        .def("flush_stores", [](CoreKernel& k, const std::string& rid) { k.transfers().flush_stores(k.request(rid)); })
+        .def("on_report",
+             [](CoreKernel& k, py::handle event) { k.transfers().on_report(std::get<TransferReport>(input_event(event))); })
+        .def("expire_jobs",
+             [](CoreKernel& k, double deadline, const std::vector<std::string>& kinds) {
+                 bool loads = false;
+                 bool stores = false;
+                 for (const std::string& kind : kinds) {
+                     loads = loads || kind == "load";
+                     stores = stores || kind == "store";
+                 }
+                 k.transfers().expire_jobs(deadline, loads, stores);
+             })
+        .def("reclaim_jobs", [](CoreKernel& k, double deadline) { k.transfers().reclaim_jobs(deadline); })
+        .def("start_prefetch", [](CoreKernel& k, const std::string& rid) { k.transfers().start_prefetch(k.request(rid)); })
+        .def("prefetch_gate", [](CoreKernel& k, const std::string& rid) { return k.transfers().prefetch_gate(k.request(rid)); })
+        .def("load_finished", [](CoreKernel& k, const std::string& rid) { k.transfers().load_finished(k.request(rid)); })
+        .def("stats", [](CoreKernel& k) { return stats_dict(k.state().stats); })
+        .def("jobs",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const auto& node : k.state().jobs) out.append(job_tuple(*node.value));
+                 return out;
+             })
+        .def("prefetches",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const auto& node : k.state().prefetches) out.append(prefetch_tuple(*node.value));
+                 return out;
+             })
+        .def("prefetch_waits",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const auto& node : k.state().prefetch_waits) out.append(py::make_tuple(node.key, prefetch_tuple(*node.value)));
+                 return out;
+             })
+        .def("in_flight_loads",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const auto& node : k.state().in_flight_loads) {
+                     py::list entries;
+                     for (const Bringing& b : node.value) entries.append(py::make_tuple(b.job_id, b.device_block, b.request_id));
+                     out.append(py::make_tuple(node.key, entries));
+                 }
+                 return out;
+             })
+        .def("held_blocks",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const auto& node : k.state().held_blocks) out.append(py::make_tuple(node.key, py::tuple(py::cast(node.value))));
+                 return out;
+             })
+        .def("reclaimed",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const auto& node : k.state().reclaimed) {
+                     std::vector<std::int64_t> ranks(node.value);
+                     std::sort(ranks.begin(), ranks.end());
+                     out.append(py::make_tuple(node.key, ranks));
+                 }
+                 return out;
+             })
+        .def("given_up_loads",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const auto& node : k.state().given_up_loads) out.append(py::str(node.key));
+                 return out;
+             })
+        .def("outs",
+             [](CoreKernel& k) {
+                 CoreState& s = k.state();
+                 py::list loads, stores, prefetches;
+                 for (const JobPtr& j : s.out_loads) loads.append(j->job_id);
+                 for (const JobPtr& j : s.out_stores) stores.append(j->job_id);
+                 for (const PrefetchJobPtr& j : s.out_prefetches) prefetches.append(j->job_id);
+                 return py::make_tuple(loads, stores, prefetches, s.out_flush, s.out_abandon, s.next_job_id,
+                                       s.transfer_version);
+             })
+        .def("request_fields",
+             [](CoreKernel& k, const std::string& rid) {
+                 const Request& r = k.request(rid);
+                 py::object lookup = py::none();
+                 if (r.lookup) lookup = py::tuple(py::cast(*r.lookup));
+                 return py::make_tuple(std::string(state_name(r.state)), r.epoch, r.computed, r.confirmed,
+                                       r.stored_blocks, py::tuple(py::cast(r.load_jobs)),
+                                       py::tuple(py::cast(r.load_failed)), r.external_hit_limit, r.landed,
+                                       r.store_jobs, lookup, r.lookup_uses, py::tuple(py::cast(r.hashes)));
+             })
+        .def("tier_state",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const TierIndex& t : k.state().tiers) {
+                     out.append(py::make_tuple(t.name, t.used(), t.free(), t.pinned(), py::cast(t.busy())));
+                 }
+                 return out;
+             })
+        .def("busy", [](CoreKernel& k) { return k.state().busy(); })
+        .def("next_wakeup", [](CoreKernel& k) { return k.state().next_wakeup(); })
+        .def("hit_candidates",
+             [](CoreKernel& k, const std::string& rid) {
+                 Request& r = k.request(rid);
+                 const std::size_t n = k.state().hit_candidates(r);
+                 return py::tuple(py::cast(std::vector<BlockHash>(r.hashes.begin(), r.hashes.begin() + static_cast<std::ptrdiff_t>(n))));
+             })
+        .def("sync_lookup",
+             [](CoreKernel& k, const std::vector<BlockHash>& hashes) {
+                 std::vector<std::string> found;
+                 k.state().sync_lookup(hashes.data(), hashes.size(), found);
+                 return py::tuple(py::cast(found));
              })
         .def_property("now", [](CoreKernel& k) { return k.state().now; },
                       [](CoreKernel& k, double now) { k.state().now = now; })
