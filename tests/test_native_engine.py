@@ -156,15 +156,18 @@ def _retired(req: Any) -> dict[str, Any]:
 
 
 def _event(rng: random.Random, run: Run, reference: Engine, t: float, arrived: list[str],
-           shared: list[int], bt: int, ranks: int) -> Any:
+           shared: list[list[int]], bt: int, ranks: int) -> Any:
     """One valid random input at time ``t`` (None: nothing to do of the kind drawn)."""
     op = rng.random()
     if op < 0.16:
         rid = f"r{len(arrived)}" if rng.random() < 0.95 or not arrived else rng.choice(arrived)
         arrived.append(rid)
-        prompt = rng.choice([1, bt - 1, bt, bt + 1, 3 * bt, rng.randint(1, 6 * bt), rng.randint(1, 14 * bt)])
-        hashes = tuple(shared[i] if i < len(shared) and rng.random() < 0.8 else rng.randrange(1 << 40)
-                       for i in range(prompt // bt))
+        prompt = rng.choice([1, bt - 1, bt + 1, 3 * bt, rng.randint(1, 6 * bt), rng.randint(4 * bt, 10 * bt)])
+        # A prefix several requests share (one of a few families, which evict each other from
+        # the device: device and tier hits both).
+        family = rng.choice(shared)
+        common = len(family) if rng.random() < 0.5 else rng.randint(0, len(family))
+        hashes = tuple(family[i] if i < common else rng.randrange(1 << 40) for i in range(prompt // bt))
         max_tokens = rng.choice([None, rng.randint(1, 4 * bt)])
         return Arrival(t, rid, prompt, hashes, rng.random() < 0.1, max_tokens)
     if op < 0.42:
@@ -228,11 +231,12 @@ def _drive(seed: int, draw: dict[str, Any], ops: int, native_too: bool = True) -
     reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"], native_too)
     run = Run()
     bt = config.block_tokens
-    shared = [rng.randrange(1 << 40) for _ in range(8)]
+    shared = [[rng.randrange(1 << 40) for _ in range(8)] for _ in range(3)]
     arrived: list[str] = []
     t = 0.0
     for _ in range(ops):
-        t += rng.choice([0.0, 0.5, 1.0, 3.0, 10.0, 40.0, 150.0])
+        # Mostly small steps; now and then a jump past the lookup, transfer and reclaim deadlines.
+        t += rng.choice([0.0, 0.5, 1.0, 2.0, 5.0]) if rng.random() < 0.93 else rng.choice([70.0, 150.0, 400.0])
         event = _event(rng, run, reference, t, arrived, shared, bt, config.ranks)
         commands = reference.handle(event)
         if native_too:
@@ -310,6 +314,13 @@ def test_reach() -> None:
                 "failure_policy": data.choice(["recompute", "fail"]), "stack": STACKS[i % len(STACKS)],
                 "retire": data.random() < 0.5}
         seen |= _drive(i, draw, 160)
+    # Joins want roomy devices and loads that stay in flight (shared-loads).
+    joins = {"bt": 4, "device_blocks": 24, "budget": 8192, "ranks": 1, "async_scheduling": False,
+             "two_tiers": False, "host": 200, "eviction": "lru", "transfer_deadline": None,
+             "lookup_deadline": 5000.0, "reclaim_deadline": 480_000.0, "max_async_lookups": 1024,
+             "failure_policy": "recompute", "stack": ("shared-loads",), "retire": False}
+    for i in range(3):
+        seen |= _drive(i, joins, 300)
     assert {"preemption", "load", "store", "async lookup", "expired lookup", "stale answer", "prefetch",
             "failed load", "reclaim", "timeout", "join", "retired", "SubmitLookup", "DiscardLookup",
             "StartPrefetch", "FreeBlocks"} <= seen
