@@ -43,6 +43,7 @@ class Wobbly:
 
     def __init__(self) -> None:
         self.seen: list[tuple[Any, ...]] = []
+        self.patience_asks = 0
 
     def _see(self, *views: Any) -> int:
         self.seen.append(tuple(attrs.astuple(v) if attrs.has(type(v)) else v for v in views))
@@ -58,7 +59,9 @@ class Wobbly:
 
     def prefetch_patience(self, req: RequestView, prefetch: PrefetchView, engine: EngineView) -> Decision[float]:
         n = self._see(req, prefetch, engine) + prefetch.blocks
-        value: float = [5, 5.0, math.inf, 0, 2.5][n % 5]  # an int and the same float: same answer, other str
+        self.patience_asks += 1
+        # An int and the same float in turn: the same answer (no new decision), counted apart by str().
+        value: float = [5, 5.0, 5, 5.0, math.inf, 2.5][self.patience_asks % 6]
         return Decision(value, "patience" if n % 7 else "patience!")
 
     def admission(self, req: RequestView, load: LoadView, engine: EngineView) -> Decision[str] | None:

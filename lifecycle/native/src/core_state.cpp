@@ -34,7 +34,7 @@ TierIndex& CoreState::tier(std::string_view name) {
     for (TierIndex& t : tiers) {
         if (t.name == name) return t;
     }
-    throw KeyError(str_repr(name));
+    throw KeyError(std::string(name));  // KeyError(name): str() of it is repr(name)
 }
 
 const TierIndex& CoreState::tier(std::string_view name) const {
