@@ -9,7 +9,8 @@ stale) and aborts, with configs whose device pools are small (preemption), async
 on and off, one or two ranks, one or two tiers, and built-in policy stacks. After every
 input the commands must be equal; at the end the trace bytes (the reference's records
 rendered by ``trace.pipeline()``), the stats, the policy answers, the state counts, the
-stranded requests and the retired ones.
+stranded requests and the retired ones (``progress``, ``busy`` and ``next_wakeup`` after
+every input too).
 """
 
 from __future__ import annotations
@@ -241,6 +242,9 @@ def _drive(seed: int, draw: dict[str, Any], ops: int, native_too: bool = True) -
         commands = reference.handle(event)
         if native_too:
             assert _plain(native.handle(event)) == _plain(commands), event
+            assert native.progress() == reference.progress()
+            assert native.busy() == reference.busy()
+            assert native.next_wakeup() == reference.next_wakeup()
         run.take(commands, config.ranks)
     seen = set(run.seen)
     stats = reference.stats
@@ -259,10 +263,7 @@ def _drive(seed: int, draw: dict[str, Any], ops: int, native_too: bool = True) -
         assert native.answers() == reference.answers
         assert native.state_counts() == reference.state_counts
         assert native.stranded() == reference.stranded()
-        assert native.busy() == reference.busy()
-        assert native.next_wakeup() == reference.next_wakeup()
         assert [native.output_tokens(rid) for rid in arrived] == [reference.output_tokens(rid) for rid in arrived]
-        assert native.progress() == reference.progress()
         assert nat_retired == ref_retired
         native.check_invariants()
         late = Tick(t - rng.choice([0.5, 1e-9, 1e6]))  # an input older than the engine's time: refused alike
