@@ -135,15 +135,15 @@ def _config(rng: random.Random, draw: dict[str, Any]) -> EngineConfig:
                         kv_load_failure_policy=draw["failure_policy"], tiers=tuple(tiers))
 
 
-def _engines(config: EngineConfig, names: tuple[str, ...], retire: bool,
-             native_too: bool = True) -> tuple[Engine, Bytes, Any, list[Any], list[Any]]:
+def _engines(config: EngineConfig, names: tuple[str, ...], retire: bool) -> tuple[Engine, Bytes, Any, list[Any],
+                                                                                     list[Any]]:
     sink = Bytes()
     ref_retired: list[Any] = []
     nat_retired: list[Any] = []
     reference = Engine(config, _stack(names), recorder=sink,
                        retire=(lambda r: ref_retired.append(_retired(r))) if retire else None)
     native = bridge.engine(config, _stack(names), trace=True,
-                           retire=(lambda r: nat_retired.append(r)) if retire else None) if native_too else None
+                           retire=(lambda r: nat_retired.append(r)) if retire else None)
     return reference, sink, native, ref_retired, nat_retired
 
 
@@ -225,11 +225,11 @@ def _event(rng: random.Random, run: Run, reference: Engine, t: float, arrived: l
     return Abort(t, rng.choice(arrived) if rng.random() < 0.95 else "nobody")
 
 
-def _drive(seed: int, draw: dict[str, Any], ops: int, native_too: bool = True) -> set[str]:
+def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
     rng = random.Random(seed)
     config = _config(rng, draw)
     names = draw["stack"]
-    reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"], native_too)
+    reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"])
     run = Run()
     bt = config.block_tokens
     shared = [[rng.randrange(1 << 40) for _ in range(8)] for _ in range(3)]
@@ -240,11 +240,10 @@ def _drive(seed: int, draw: dict[str, Any], ops: int, native_too: bool = True) -
         t += rng.choice([0.0, 0.5, 1.0, 2.0, 5.0]) if rng.random() < 0.93 else rng.choice([70.0, 150.0, 400.0])
         event = _event(rng, run, reference, t, arrived, shared, bt, config.ranks)
         commands = reference.handle(event)
-        if native_too:
-            assert _plain(native.handle(event)) == _plain(commands), event
-            assert native.progress() == reference.progress()
-            assert native.busy() == reference.busy()
-            assert native.next_wakeup() == reference.next_wakeup()
+        assert _plain(native.handle(event)) == _plain(commands), event
+        assert native.progress() == reference.progress()
+        assert native.busy() == reference.busy()
+        assert native.next_wakeup() == reference.next_wakeup()
         run.take(commands, config.ranks)
     seen = set(run.seen)
     stats = reference.stats
@@ -257,21 +256,20 @@ def _drive(seed: int, draw: dict[str, Any], ops: int, native_too: bool = True) -
             seen.add(name)
     if ref_retired:
         seen.add("retired")
-    if native_too:
-        assert bytes(native.trace_bytes()) == bytes(sink.data)
-        assert native.stats() == _stats(stats)
-        assert native.answers() == reference.answers
-        assert native.state_counts() == reference.state_counts
-        assert native.stranded() == reference.stranded()
-        assert [native.output_tokens(rid) for rid in arrived] == [reference.output_tokens(rid) for rid in arrived]
-        assert nat_retired == ref_retired
-        native.check_invariants()
-        late = Tick(t - rng.choice([0.5, 1e-9, 1e6]))  # an input older than the engine's time: refused alike
-        with pytest.raises(ValueError) as ref_error:
-            reference.handle(late)
-        with pytest.raises(ValueError) as nat_error:
-            native.handle(late)
-        assert str(nat_error.value) == str(ref_error.value)
+    assert bytes(native.trace_bytes()) == bytes(sink.data)
+    assert native.stats() == _stats(stats)
+    assert native.answers() == reference.answers
+    assert native.state_counts() == reference.state_counts
+    assert native.stranded() == reference.stranded()
+    assert [native.output_tokens(rid) for rid in arrived] == [reference.output_tokens(rid) for rid in arrived]
+    assert nat_retired == ref_retired
+    native.check_invariants()
+    late = Tick(t - rng.choice([0.5, 1e-9, 1e6]))  # an input older than the engine's time: refused alike
+    with pytest.raises(ValueError) as ref_error:
+        reference.handle(late)
+    with pytest.raises(ValueError) as nat_error:
+        native.handle(late)
+    assert str(nat_error.value) == str(ref_error.value)
     return seen
 
 
