@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "bind_core_convert.hpp"
+#include "bind_policy_asker.hpp"
 #include "engine.hpp"
 
 namespace py = pybind11;
@@ -28,29 +30,13 @@ py::tuple int_tuple(const std::vector<Int>& values) {
     return out;
 }
 
-std::vector<std::int64_t> int_vector(const py::handle& items) {
-    std::vector<std::int64_t> out;
-    out.reserve(py::len(items));
-    for (py::handle item : items) {
-        out.push_back(item.cast<std::int64_t>());
-    }
-    return out;
-}
-
-// The Python classes of events.py, looked up once.
+// The Python classes of events.py's commands, looked up once.
 struct EventTypes {
     py::module_ events;
-    py::object Arrival, Abort, Tick, LookupAnswer, TransferReport, StepOutput;
     py::object SubmitLookup, DiscardLookup, StartLoad, StartStore, StartPrefetch, FreeBlocks, StepPlan;
     py::object BlockMove, TierMove, Scheduled;
 
     EventTypes() : events(py::module_::import("kvlife.lifecycle.engine.events")) {
-        Arrival = events.attr("Arrival");
-        Abort = events.attr("Abort");
-        Tick = events.attr("Tick");
-        LookupAnswer = events.attr("LookupAnswer");
-        TransferReport = events.attr("TransferReport");
-        StepOutput = events.attr("StepOutput");
         SubmitLookup = events.attr("SubmitLookup");
         DiscardLookup = events.attr("DiscardLookup");
         StartLoad = events.attr("StartLoad");
@@ -61,57 +47,6 @@ struct EventTypes {
         BlockMove = events.attr("BlockMove");
         TierMove = events.attr("TierMove");
         Scheduled = events.attr("Scheduled");
-    }
-
-    InputEvent to_native(const py::handle& event) const {
-        py::handle type = reinterpret_cast<PyObject*>(Py_TYPE(event.ptr()));
-        double t = event.attr("t").cast<double>();
-        if (type.is(Tick)) {
-            return kvlife::Tick{t};
-        }
-        if (type.is(StepOutput)) {
-            kvlife::StepOutput out{t, event.attr("step_id").cast<std::int64_t>(), {}, {}, {}};
-            for (py::handle pair : event.attr("finished")) {
-                py::tuple p = py::reinterpret_borrow<py::tuple>(pair);
-                out.finished.emplace_back(p[0].cast<std::string>(), p[1].cast<std::string>());
-            }
-            for (py::handle report : event.attr("reports")) {
-                py::tuple r = py::reinterpret_borrow<py::tuple>(report);
-                out.reports.push_back(StepReport{r[0].cast<std::int64_t>(), r[1].cast<std::int64_t>(), int_vector(r[2])});
-            }
-            out.failed_ranks = int_vector(event.attr("failed_ranks"));
-            return out;
-        }
-        if (type.is(TransferReport)) {
-            return kvlife::TransferReport{t, event.attr("job_id").cast<std::int64_t>(),
-                                          event.attr("rank").cast<std::int64_t>(), int_vector(event.attr("failed"))};
-        }
-        if (type.is(LookupAnswer)) {
-            kvlife::LookupAnswer out{t, event.attr("request_id").cast<std::string>(),
-                                     event.attr("epoch").cast<std::int64_t>(), std::nullopt};
-            py::object tiers = event.attr("tiers");
-            if (!tiers.is_none()) {
-                std::vector<std::string> names;
-                for (py::handle name : tiers) names.push_back(name.cast<std::string>());
-                out.tiers = std::move(names);
-            }
-            return out;
-        }
-        if (type.is(Arrival)) {
-            kvlife::Arrival out{t,
-                                event.attr("request_id").cast<std::string>(),
-                                event.attr("prompt_tokens").cast<std::int64_t>(),
-                                int_vector(event.attr("block_hashes")),
-                                event.attr("resumable").cast<bool>(),
-                                std::nullopt};
-            py::object max_tokens = event.attr("max_tokens");
-            if (!max_tokens.is_none()) out.max_tokens = max_tokens.cast<std::int64_t>();
-            return out;
-        }
-        if (type.is(Abort)) {
-            return kvlife::Abort{t, event.attr("request_id").cast<std::string>()};
-        }
-        throw py::type_error("not an input event: " + py::repr(event).cast<std::string>());
     }
 
     py::tuple block_moves(const std::vector<kvlife::BlockMove>& moves) const {
@@ -168,85 +103,6 @@ struct EventTypes {
             }
         }
     }
-};
-
-// A hook's answer value: None, bool, int, float or str.
-AnswerValue to_answer_value(const py::handle& v) {
-    if (v.is_none()) return std::monostate{};
-    if (PyBool_Check(v.ptr())) return v.ptr() == Py_True;
-    if (PyLong_Check(v.ptr())) return v.cast<std::int64_t>();
-    if (PyFloat_Check(v.ptr())) return v.cast<double>();
-    return v.cast<std::string>();
-}
-
-py::tuple str_tuple(const std::vector<std::string>& values) {
-    py::tuple out(values.size());
-    for (std::size_t i = 0; i < values.size(); ++i) out[i] = py::str(values[i]);
-    return out;
-}
-
-// The Python PolicyStack, asked as lifecycle.py asks it: stack.ask(hook, req.view(), *args, engine_view).
-class StackAsker : public PolicyAsker {
-  public:
-    explicit StackAsker(py::object stack)
-        : stack_(std::move(stack)), base_(py::module_::import("kvlife.policies.base")) {
-        ask_ = stack_.attr("ask");
-        RequestView = base_.attr("RequestView");
-        LoadView = base_.attr("LoadView");
-        PrefetchView = base_.attr("PrefetchView");
-        EngineView = base_.attr("EngineView");
-        for (std::size_t h = 0; h < kNumHooks; ++h) hooks_.push_back(py::str(std::string(hook_name(static_cast<Hook>(h)))));
-        for (std::size_t s = 0; s < kNumStates; ++s) {
-            states_.push_back(py::str(std::string(state_name(static_cast<RequestState>(s)))));
-        }
-    }
-
-    void ask(Hook hook, const Request& req, const HookArg& arg, const kvlife::EngineView& engine, Answer& out) override {
-        py::object view = RequestView(req.request_id, states_[static_cast<std::size_t>(req.state)], req.arrival_ms,
-                                      req.prompt_tokens, req.generated, req.computed, req.confirmed, req.placeholders,
-                                      req.block_tokens, int_tuple(req.hashes), req.stored_blocks, req.resumable,
-                                      req.preemptions);
-        py::object ev = EngineView(engine.now_ms, engine.running, engine.waiting, engine.loading,
-                                   engine.free_device_blocks, engine.device_blocks);
-        py::object answer;
-        const py::str& name = hooks_[static_cast<std::size_t>(hook)];
-        switch (arg.index()) {
-            case 1: {
-                const kvlife::LoadView& lv = *std::get<const kvlife::LoadView*>(arg);
-                py::tuple in_flight(lv.in_flight.size());
-                for (std::size_t i = 0; i < lv.in_flight.size(); ++i) {
-                    in_flight[i] = py::make_tuple(lv.in_flight[i].first, lv.in_flight[i].second);
-                }
-                answer = ask_(name, view,
-                              LoadView(lv.device_hit_blocks, lv.external_hit_blocks, str_tuple(lv.tiers), in_flight),
-                              ev);
-                break;
-            }
-            case 2: {
-                const kvlife::PrefetchView& pv = *std::get<const kvlife::PrefetchView*>(arg);
-                answer = ask_(name, view, PrefetchView(pv.blocks, pv.tokens, str_tuple(pv.source_tiers), pv.started_ms),
-                              ev);
-                break;
-            }
-            case 3:
-                answer = ask_(name, view, std::get<std::int64_t>(arg), ev);
-                break;
-            default:
-                answer = ask_(name, view, ev);
-                break;
-        }
-        out.policy = answer.attr("policy").cast<std::string>();
-        out.value = to_answer_value(answer.attr("value"));
-        out.reason = answer.attr("reason").cast<std::string>();
-    }
-
-  private:
-    py::object stack_;
-    py::module_ base_;
-    py::object ask_;
-    py::object RequestView, LoadView, PrefetchView, EngineView;
-    std::vector<py::str> hooks_;
-    std::vector<py::str> states_;
 };
 
 py::dict stats_dict(const Stats& s) {
@@ -329,7 +185,7 @@ class NativeEngine {
     }
 
     py::list handle(const py::handle& event) {
-        InputEvent native = types_.to_native(event);
+        InputEvent native = input_event(event);
         engine_->handle(native, commands_);
         py::list out;
         for (const Command& command : commands_) {
@@ -367,7 +223,7 @@ class NativeEngine {
 
   private:
     EventTypes types_;
-    StackAsker asker_;
+    PyPolicyAsker asker_;
     py::object table_;  // the TransitionTable the engine moves by (kept alive here)
     std::unique_ptr<PyRetirer> retirer_;
     std::unique_ptr<JsonWriter> writer_;
