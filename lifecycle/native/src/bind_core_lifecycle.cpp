@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bind_core_convert.hpp"
-#include "bind_policy_asker.hpp"
+#include "bind_core_shared.hpp"
 #include "blocks.hpp"
 #include "core_lifecycle.hpp"
 #include "core_state.hpp"
@@ -112,43 +112,6 @@ py::tuple prefetch_tuple(const PrefetchJob& j) {
     }
     return py::make_tuple(j.job_id, j.request_id, j.epoch, py::tuple(moves), j.started_ms, j.deadline_ms,
                           j.patience_policy, j.deferred, j.abandoned);
-}
-
-py::dict stats_dict(const Stats& s) {
-    py::dict d;
-    d["ticks"] = s.ticks;
-    d["steps"] = s.steps;
-    d["sync_lookups"] = s.sync_lookups;
-    d["async_lookups"] = s.async_lookups;
-    d["stale_lookup_answers"] = s.stale_lookup_answers;
-    d["failed_lookups"] = s.failed_lookups;
-    d["loads"] = s.loads;
-    d["blocks_loaded"] = s.blocks_loaded;
-    d["redundant_block_loads"] = s.redundant_block_loads;
-    d["joined_blocks"] = s.joined_blocks;
-    d["stores"] = s.stores;
-    d["blocks_stored"] = s.blocks_stored;
-    d["failed_blocks"] = s.failed_blocks;
-    d["failed_loads"] = s.failed_loads;
-    d["failed_stores"] = s.failed_stores;
-    d["preemptions"] = s.preemptions;
-    py::dict deferrals;
-    for (const auto& node : s.deferrals) deferrals[py::str(node.key)] = node.value;
-    d["deferrals"] = deferrals;
-    py::dict warnings;
-    for (const auto& node : s.warnings) warnings[py::str(node.key)] = node.value;
-    d["warnings"] = warnings;
-    d["rank_timeouts"] = s.rank_timeouts;
-    d["duplicate_lookups"] = s.duplicate_lookups;
-    d["prefetches"] = s.prefetches;
-    d["blocks_prefetched"] = s.blocks_prefetched;
-    d["prefetch_waits"] = s.prefetch_waits;
-    d["prefetch_gave_up"] = s.prefetch_gave_up;
-    d["expired_lookups"] = s.expired_lookups;
-    d["reclaimed_jobs"] = s.reclaimed_jobs;
-    d["late_reports"] = s.late_reports;
-    d["flushed_stores"] = s.flushed_stores;
-    return d;
 }
 
 py::dict ordered_counts(const OrderedDict<std::string, std::int64_t>& d) {
