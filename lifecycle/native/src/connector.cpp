@@ -373,31 +373,37 @@ void ConnectorCore::update_state_after_alloc(const std::string& request_id, cons
 
 // ---- vLLM: build_connector_meta -----------------------------------------------------------------
 ConnectorMeta ConnectorCore::build_connector_meta(const StepInfo& step) {
-    for (const std::string& rid : step.preempted) {
-        Request* req = find(rid);
-        if (req != nullptr && req->state == RequestState::RUNNING && !preempted_early.count(rid)) {
+    for (const std::string* rid : step.preempted) {
+        Request* req = find(*rid);
+        if (req != nullptr && req->state == RequestState::RUNNING && !preempted_early.count(*rid)) {
             preempt(*req);
         }
     }
     preempted_early.clear();
     for (const StepInfo::NewBlocks& item : step.new_blocks) {
-        Request* req = find(item.request_id);
+        Request* req = find(*item.request_id);
         if (req != nullptr) {
             if (item.replace) {
-                req->block_table.assign(item.ids.begin(), item.ids.end());
+                req->block_table.assign(item.ids->begin(), item.ids->end());
             } else {
-                req->block_table.insert(req->block_table.end(), item.ids.begin(), item.ids.end());
+                req->block_table.insert(req->block_table.end(), item.ids->begin(), item.ids->end());
             }
         }
     }
     std::vector<StepEntry> entries;
+    if (!spare_entries_.empty()) {
+        entries.swap(spare_entries_.back());
+        spare_entries_.pop_back();
+    }
     std::int64_t bt = state.config.block_tokens;
-    std::vector<StepChunk> prompt_chunks;
-    std::vector<StepChunk> fills;
+    std::vector<StepChunk>& prompt_chunks = prompt_chunks_;
+    std::vector<StepChunk>& fills = fills_;
+    prompt_chunks.clear();
+    fills.clear();
     std::int64_t prefill = 0;
     bool recording = state.recorder.enabled();
     for (const StepInfo::Entry& item : step.scheduled) {
-        const CoreRequestPtr* found = state.requests.find(item.request_id);
+        const CoreRequestPtr* found = state.requests.find(*item.request_id);
         if (found == nullptr) {
             continue;
         }
@@ -416,9 +422,9 @@ ConnectorMeta ConnectorCore::build_connector_meta(const StepInfo& step) {
         }
         if (recording) {
             if (before < req->prompt_tokens) {
-                prompt_chunks.push_back(StepChunk{item.request_id, before, n});
+                prompt_chunks.push_back(StepChunk{*item.request_id, before, n});
             } else if (end % bt < n) {
-                fills.push_back(StepChunk{item.request_id, before, n});
+                fills.push_back(StepChunk{*item.request_id, before, n});
             }
         }
     }
@@ -593,6 +599,14 @@ void ConnectorCore::take_events() {
     }
     std::vector<StepEntry> entries = std::move(state.steps.front().second);
     state.steps.pop_front();
+    struct Recycle {  // the list goes back for a later step's entries (emptied: no request kept)
+        std::vector<StepEntry>& entries;
+        std::vector<std::vector<StepEntry>>& spare;
+        ~Recycle() {
+            entries.clear();
+            spare.push_back(std::move(entries));
+        }
+    } recycle{entries, spare_entries_};
     std::int64_t bt = state.config.block_tokens;
     for (const StepEntry& entry : entries) {
         Request& req = *entry.req;
@@ -805,7 +819,8 @@ void ConnectorAPI::update_state_after_alloc(SchedRequest& request, const std::ve
 ConnectorMeta ConnectorAPI::build_connector_meta(const SchedulerOutput& output) {
     pass();
     in_pass_ = false;
-    StepInfo step;
+    StepInfo& step = step_;
+    step.clear();
     step.step_id = builds;
     // num_scheduled_tokens[rid]: the scheduler lists it in scheduling order, and the new and
     // cached requests each keep that order, so one cursor per list finds each in turn.
@@ -823,28 +838,30 @@ ConnectorMeta ConnectorAPI::build_connector_meta(const SchedulerOutput& output) 
     };
     // (A request is scheduled once per step: each is new or cached, so new_blocks, a dict in
     // Python, gets each request once, in this order.)
-    auto set_blocks = [&](const std::string& rid, const std::vector<BlockId>& ids, bool replace) {
-        step.new_blocks.push_back(StepInfo::NewBlocks{rid, ids, replace});
-    };
     for (const NewRequestData& n : output.scheduled_new_reqs) {
-        step.scheduled.push_back(StepInfo::Entry{n.req_id, n.num_computed_tokens, tokens_of(n.req_id, cursor_new)});
-        set_blocks(n.req_id, n.block_ids, true);
+        step.scheduled.push_back(StepInfo::Entry{&n.req_id, n.num_computed_tokens, tokens_of(n.req_id, cursor_new)});
+        step.new_blocks.push_back(StepInfo::NewBlocks{&n.req_id, &n.block_ids, true});
     }
+    static const std::vector<BlockId> none;
     const CachedRequestData& cached = output.scheduled_cached_reqs;
     for (std::size_t i = 0; i < cached.req_ids.size(); ++i) {
         const std::string& rid = cached.req_ids[i];
-        step.scheduled.push_back(StepInfo::Entry{rid, cached.num_computed_tokens[i], tokens_of(rid, cursor_cached)});
+        step.scheduled.push_back(StepInfo::Entry{&rid, cached.num_computed_tokens[i], tokens_of(rid, cursor_cached)});
         bool resumed = std::find(cached.resumed_req_ids.begin(), cached.resumed_req_ids.end(), rid) !=
                        cached.resumed_req_ids.end();
         const auto& ids = cached.new_block_ids[i];
         if (ids.has_value() || resumed) {
-            static const std::vector<BlockId> none;
-            set_blocks(rid, ids.has_value() ? *ids : none, resumed);
+            step.new_blocks.push_back(StepInfo::NewBlocks{&rid, ids.has_value() ? &*ids : &none, resumed});
         }
     }
-    step.preempted = output.preempted_req_ids;
-    std::sort(step.preempted.begin(), step.preempted.end());
-    step.preempted.erase(std::unique(step.preempted.begin(), step.preempted.end()), step.preempted.end());
+    for (const std::string& rid : output.preempted_req_ids) {
+        step.preempted.push_back(&rid);
+    }
+    std::sort(step.preempted.begin(), step.preempted.end(),
+              [](const std::string* a, const std::string* b) { return *a < *b; });
+    step.preempted.erase(std::unique(step.preempted.begin(), step.preempted.end(),
+                                     [](const std::string* a, const std::string* b) { return *a == *b; }),
+                         step.preempted.end());
     builds += 1;
     return core.build_connector_meta(step);
 }
@@ -856,9 +873,10 @@ void ConnectorAPI::update_connector_output(const KVConnectorOutput& output) {
             reports_scratch_.push_back(TransferReport{core.state.now, r.job_id, r.rank, r.failed});
         }
     }
-    std::vector<std::string> sending;
+    std::vector<std::string>& sending = sending_scratch_;
+    sending.clear();
     if (output.finished_sending.has_value()) {
-        sending = *output.finished_sending;
+        sending.assign(output.finished_sending->begin(), output.finished_sending->end());
         std::sort(sending.begin(), sending.end());
         sending.erase(std::unique(sending.begin(), sending.end()), sending.end());
     }

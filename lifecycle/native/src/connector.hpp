@@ -23,22 +23,29 @@
 
 namespace kvlife {
 
-// What build_connector_meta reads of vLLM's SchedulerOutput (connector.StepInfo).
+// What build_connector_meta reads of vLLM's SchedulerOutput (connector.StepInfo). Its request
+// ids and block ids point into the caller's SchedulerOutput, which outlives the call.
 struct StepInfo {
     std::int64_t step_id = 0;
     struct Entry {
-        std::string request_id;
+        const std::string* request_id;
         std::int64_t before;
         std::int64_t tokens;
     };
     std::vector<Entry> scheduled;  // in scheduler order
     struct NewBlocks {
-        std::string request_id;
-        std::vector<BlockId> ids;
+        const std::string* request_id;
+        const std::vector<BlockId>* ids;
         bool replace;
     };
     std::vector<NewBlocks> new_blocks;  // a dict in Python: first assignment's order, one per request
-    std::vector<std::string> preempted;  // sorted
+    std::vector<const std::string*> preempted;  // sorted, no repeats
+
+    void clear() {
+        scheduled.clear();
+        new_blocks.clear();
+        preempted.clear();
+    }
 };
 
 // A resumable request's next input chunk (connector.NextChunk).
@@ -120,8 +127,10 @@ class ConnectorCore {
     void expire_lookups();
 
     std::vector<std::pair<BlockHash, std::string>> plan_;  // scratch
-    std::vector<BlockHash> candidates_;                   // scratch
     LoadView view_;                                       // scratch
+    std::vector<StepChunk> prompt_chunks_;                // scratch: a step record's "prompt"
+    std::vector<StepChunk> fills_;                        // scratch: its "fills"
+    std::vector<std::vector<StepEntry>> spare_entries_;   // steps' entry lists taken, for reuse
 };
 
 // connector_api.ConnectorAPI(core, clock=lambda: core.state.now, lookups=None,
@@ -152,6 +161,8 @@ class ConnectorAPI {
     void pass();
     bool in_pass_ = false;
     std::vector<TransferReport> reports_scratch_;
+    std::vector<std::string> sending_scratch_;
+    StepInfo step_;  // scratch
 };
 
 }  // namespace kvlife
