@@ -70,3 +70,15 @@ def transition_table() -> Any:
     """``_core.TransitionTable`` with the edges of the compiled spec table (specs/lifecycle_table.json,
     as ``kvlife.specs.table.TABLE`` read it): the table stays declared once, in specs/."""
     return load().TransitionTable([(state, trigger, target) for (state, trigger), target in TABLE.edges.items()])
+
+
+def engine(config: EngineConfig, policies: Any, trace: bool = False, retire: Any = None) -> Any:
+    """``_core.NativeEngine``: ``core.Engine(config, policies)``'s native twin (tiers from the
+    config, no reference mode, the driver answers lookups, inputs recorded as handled), its
+    trace rendered into a buffer when ``trace`` (``trace_bytes()``). ``retire``: called with a
+    dict of each retired request's final fields (None: every request is kept)."""
+    return load().NativeEngine(core=core_config(config), device_blocks=config.device_blocks,
+                               max_batched_tokens=config.max_batched_tokens, max_running=config.max_running,
+                               async_scheduling=config.async_scheduling,
+                               kv_load_failure_policy=config.kv_load_failure_policy, table=transition_table(),
+                               policies=policies, trace=trace, retire=retire)

@@ -8,6 +8,7 @@ void bind_errors(py::module_& m);
 void bind_step_cost(py::module_& m);
 void bind_blocks(py::module_& m);
 void bind_core_lifecycle(py::module_& m);
+void bind_engine(py::module_& m);
 void bind_scheduler(py::module_& m);
 void bind_json_writer(py::module_& m);
 void bind_links(py::module_& m);
@@ -26,6 +27,7 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_blocks(m);
     kvlife::bind_scheduler(m);
     kvlife::bind_core_lifecycle(m);
+    kvlife::bind_engine(m);
     kvlife::bind_json_writer(m);
     kvlife::bind_links(m);
     kvlife::bind_phase_clock(m);

@@ -8,14 +8,14 @@ namespace kvlife {
 
 namespace {
 
-JobKind kind_tag(const std::string& kind) {
+BookJobKind kind_tag(const std::string& kind) {
     if (kind == "load") {
-        return JobKind::LOAD;
+        return BookJobKind::LOAD;
     }
     if (kind == "store") {
-        return JobKind::STORE;
+        return BookJobKind::STORE;
     }
-    return JobKind::OTHER;
+    return BookJobKind::OTHER;
 }
 
 // Python's ``ids.add(job_id)``.
@@ -68,8 +68,8 @@ void WorkerBook::add(int64_t job_id, const std::string& kind, const std::string&
             join_of_[job_id] = *after;
         }
     }
-    if (entry.tag != JobKind::OTHER) {
-        auto& book = entry.tag == JobKind::LOAD ? loads_of_ : stores_of_;
+    if (entry.tag != BookJobKind::OTHER) {
+        auto& book = entry.tag == BookJobKind::LOAD ? loads_of_ : stores_of_;
         auto [ids, inserted] = book.try_emplace(request_id);
         if (inserted) {
             ids->clear();  // a reused node's old set
@@ -118,7 +118,7 @@ void WorkerBook::finish(int64_t job_id, const JobEntry& entry, const std::vector
         join_of_.erase(join);
         read_done(owner, job_id);
     }
-    if (entry.tag == JobKind::LOAD && !failed.empty()) {
+    if (entry.tag == BookJobKind::LOAD && !failed.empty()) {
         bad_.assign(failed.begin(), failed.end());
         std::sort(bad_.begin(), bad_.end());
         for (const auto& [hash, device] : entry.moves) {
@@ -127,10 +127,10 @@ void WorkerBook::finish(int64_t job_id, const JobEntry& entry, const std::vector
             }
         }
     }
-    if (entry.tag == JobKind::OTHER) {
+    if (entry.tag == BookJobKind::OTHER) {
         return;
     }
-    auto& book = entry.tag == JobKind::LOAD ? loads_of_ : stores_of_;
+    auto& book = entry.tag == BookJobKind::LOAD ? loads_of_ : stores_of_;
     JobIds* ids = book.find(entry.request_id);
     if (ids == nullptr) {
         return;
@@ -138,7 +138,7 @@ void WorkerBook::finish(int64_t job_id, const JobEntry& entry, const std::vector
     set_discard(*ids, job_id);
     if (ids->empty()) {
         book.erase(entry.request_id);
-        if (entry.tag == JobKind::LOAD) {
+        if (entry.tag == BookJobKind::LOAD) {
             if (is_owner_request(entry.request_id)) {
                 read_waiting_.insert(entry.request_id);  // joins still copy its blocks
             } else {

@@ -24,13 +24,13 @@
 
 namespace kvlife {
 
-enum class JobKind { LOAD, STORE, OTHER };  // "load", "store", anything else (no request's book)
+enum class BookJobKind { LOAD, STORE, OTHER };  // "load", "store", anything else (no request's book); not core_state.hpp's JobKind
 
 struct JobEntry {
     std::string kind;
     std::string request_id;
     std::vector<std::pair<BlockHash, int64_t>> moves;  // (block hash, device block)
-    JobKind tag;
+    BookJobKind tag;
 };
 
 // One rank's report (``WorkerBook.take``), or the combined one (``OutputAggregator.aggregate``).
