@@ -14,6 +14,7 @@ void bind_py_random(py::module_& m);
 void bind_ranks(py::module_& m);
 void bind_tier_index(py::module_& m);
 void bind_worker_book(py::module_& m);
+void bind_simulator(py::module_& m);
 }  // namespace kvlife
 
 PYBIND11_MODULE(_core, m) {
@@ -28,4 +29,5 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_ranks(m);
     kvlife::bind_tier_index(m);
     kvlife::bind_worker_book(m);
+    kvlife::bind_simulator(m);
 }
