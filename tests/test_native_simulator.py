@@ -255,7 +255,11 @@ def _compare(tmp_path: Path, config: RunConfig, workload: list[WorkloadRequest],
     assert filecmp.cmp(ref_path, nat_path, shallow=False)
     if ref[0] == "ok":
         REACH["run"] += 1
+        REACH["stranded"] += bool(ref[1][2])
+        REACH["retired"] += ref[1][5] is not None and ref[1][5]["requests"] > 0
         _reach(ref_path)
+    else:
+        REACH["refused"] += 1
 
 
 def test_the_examples_reach_every_path() -> None:
@@ -370,3 +374,35 @@ def test_a_signal_cuts_the_native_loop_between_two_events(tmp_path: Path, signum
     last = orjson.loads(traces[1].splitlines()[-1])
     assert last["kind"] == "interrupted" and last["signal"] == name and last["clean"] is True
     assert last["not_arrived"] > 0
+
+
+ALWAYS_DEFER = '''
+from kvlife.policies.base import Decision
+
+class AlwaysDefer:
+    name = "always-defer"
+
+    def admission(self, request, engine, load):
+        return Decision("defer", "never admit a request that would load")
+'''
+
+
+def test_a_user_policy_that_strands_requests(tmp_path: Path) -> None:
+    """A policy from a file that never admits a request that would load: the requests that
+    hit the host tier are stranded, and both loops end the trace with the same warnings."""
+    policy = tmp_path / "defer.py"
+    policy.write_text(ALWAYS_DEFER)
+    config = RunConfig(engine=EngineConfig(block_tokens=BLOCK_TOKENS, device_blocks=16,
+                                           tiers=(TierConfig("host", 40),)),
+                       policies=(f"{policy}:AlwaysDefer",))
+    workload = synthetic_workload(seed=4, num_requests=24, block_tokens=BLOCK_TOKENS, arrival_rate_per_s=100.0,
+                                  user_tokens=(50, 300), output_tokens=(2, 40), think_time_s=(0.05, 0.5))
+    results = [_run(run, tmp_path / f"{name}.jsonl", config, workload, True, False, [])
+               for name, run in (("ref", lambda *a, **k: Simulator(*a, **k).run()), ("native", simulate))]
+    assert results[0] == results[1] and results[0][0] == "ok"
+    assert filecmp.cmp(tmp_path / "ref.jsonl", tmp_path / "native.jsonl", shallow=False)
+    stranded = results[0][1][2]
+    assert stranded and all(entry.endswith(":waiting") for entry in stranded)
+    warned = [orjson.loads(line) for line in (tmp_path / "native.jsonl").read_bytes().splitlines()[-len(stranded):]]
+    assert [f"{w['req']}:{w['state']}" for w in warned] == stranded
+    assert {w["what"] for w in warned} == {"stranded"}
