@@ -18,7 +18,10 @@ from __future__ import annotations
 import filecmp
 import os
 import signal
+import subprocess
+import sys
 import tempfile
+import time
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -406,3 +409,59 @@ def test_a_user_policy_that_strands_requests(tmp_path: Path) -> None:
     warned = [orjson.loads(line) for line in (tmp_path / "native.jsonl").read_bytes().splitlines()[-len(stranded):]]
     assert [f"{w['req']}:{w['state']}" for w in warned] == stranded
     assert {w["what"] for w in warned} == {"stranded"}
+
+
+CUT_CHILD = '''
+import sys
+from kvlife.lifecycle.config import EngineConfig, RunConfig, TierConfig
+from kvlife.lifecycle.drivers import interrupts
+from kvlife.lifecycle.drivers.runner import recording
+from kvlife.lifecycle.native.bridge import simulate
+from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+from kvlife.policies.loading import load_stack
+
+config = RunConfig(engine=EngineConfig(device_blocks=200, ranks=2, tiers=(TierConfig("host", 400),)),
+                   policies=("async-lookup", "shared-loads"))
+stream = (WorkloadRequest(f"req-{i}", 5.0 * i, 1100 + 400 * (i % 3), 8, (1, 2, 100 + i % 50)[: 2 + i % 2])
+          for i in range(10**7))
+interrupts.install_sigterm_handler()
+interrupts.install_sigint_handler()
+stack = load_stack(config.policies)
+try:
+    with recording(sys.argv[1], config, stack) as writer:
+        simulate(config, stream, stack, writer.record)
+except KeyboardInterrupt as exc:
+    print(f"interrupted ({interrupts.signal_name(exc)})", file=sys.stderr)
+    sys.exit(interrupts.exit_code(exc))
+'''
+
+
+@pytest.mark.parametrize(("signum", "name", "code"), [(signal.SIGINT, "SIGINT", 130), (signal.SIGTERM, "SIGTERM", 143)])
+def test_a_signal_from_outside_cuts_a_native_run_with_a_valid_trace(tmp_path: Path, signum: int, name: str,
+                                                                     code: int) -> None:
+    """A process running the native loop, signalled once its trace is under way: it stops
+    between two events, ends the trace with a clean ``interrupted`` record, and exits 128 + N."""
+    from kvlife.lifecycle.traces.validate import validate
+    from tests.conftest import written_so_far
+
+    trace = tmp_path / "cut.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", CUT_CHILD, str(trace)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline and written_so_far(trace) < 200_000:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, err) == (code, f"interrupted ({name})\n")
+    last = orjson.loads(trace.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[1])
+    assert last["kind"] == "interrupted" and last["signal"] == name and last["clean"] is True
+    report = validate(trace)
+    assert report.ok, report.findings[:3]
