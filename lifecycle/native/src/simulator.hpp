@@ -10,7 +10,9 @@
 //   bool busy();                                        // Engine.busy
 //   P progress();                                       // Engine.progress: any P with ==
 //   std::optional<int64_t> output_tokens(const std::string& request_id);  // None: left the scheduler
-//   std::vector<std::string> sync_lookup(const std::vector<BlockHash>& hashes);  // tiers of leading hits
+//   T sync_lookup(const std::vector<BlockHash>& hashes);  // the tier of each leading hit; any T
+//                                                        // assignable to LookupAnswer::tiers (a
+//                                                        // const std::vector<std::string>& will do)
 //   int64_t finished_count();                           // state_counts["finished"]
 //   void check_invariants();                            // Engine.check_invariants
 //   std::vector<std::string> stranded();                // "id:state" of each unfinished request
