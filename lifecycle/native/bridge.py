@@ -3,7 +3,9 @@ reference's derived constants and hands them to ``_core`` unchanged."""
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from typing import TYPE_CHECKING, Any, cast
 
 from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.drivers.links import Link
@@ -11,6 +13,14 @@ from kvlife.lifecycle.drivers.lookup_service import LookupService
 from kvlife.lifecycle.native import load
 from kvlife.lifecycle.profiles.step_cost import StepCostModel
 from kvlife.specs.table import TABLE
+
+if TYPE_CHECKING:
+    from kvlife.lifecycle.config import RunConfig
+    from kvlife.lifecycle.drivers.simulator import SimResult
+    from kvlife.lifecycle.engine.request import Request
+    from kvlife.lifecycle.engine.state import Recorder
+    from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+    from kvlife.policies.stack import PolicyStack
 
 
 def step_cost(model: StepCostModel) -> Any:
@@ -82,3 +92,106 @@ def engine(config: EngineConfig, policies: Any, trace: bool = False, retire: Any
                                async_scheduling=config.async_scheduling,
                                kv_load_failure_policy=config.kv_load_failure_policy, table=transition_table(),
                                policies=policies, trace=trace, retire=retire)
+
+
+def simulate(
+    config: RunConfig,
+    workload: Iterable[WorkloadRequest],
+    policies: PolicyStack,
+    recorder: Recorder | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    check_every: int | None = None,
+    *,
+    size: int | None = None,
+    keep_requests: bool = True,
+    chunk: int = 1024,
+) -> SimResult:
+    """``Simulator(config, workload, ...).run()`` with the native loop (``_core.PyEngineSimulator``)
+    around the Python ``Engine``: the same trace, byte for byte, and the same ``SimResult``.
+    The workload is handed over ``chunk`` requests at a time (a stream stays a stream; a
+    reader's error is raised when the loop reaches the request it failed at, as the Python
+    loop raises it). Ctrl-C/SIGTERM cut between two events, with the ``interrupted`` record.
+    ``--chaos`` and ``--check`` are not in the native loop: ValueError."""
+    from kvlife.lifecycle.drivers import interrupts
+    from kvlife.lifecycle.drivers.physics import rank_links, resolve
+    from kvlife.lifecycle.drivers.simulator import SimResult, cut_record  # noqa: F811
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.metrics import RequestTotals
+
+    if config.sim.chaos is not None or config.sim.check:
+        raise ValueError("the native simulator has no --chaos or --check: those run on the Python engine")
+    config, physics = resolve(config)
+    if isinstance(workload, Sequence):
+        given: Sequence[WorkloadRequest] = workload
+        ordered = all(a.arrival_ms <= b.arrival_ms for a, b in itertools.pairwise(workload))
+        arrivals: Iterator[WorkloadRequest] = iter(
+            workload if ordered else sorted(workload, key=lambda w: w.arrival_ms))
+        size = size if size is not None else len(workload)
+    else:
+        given = ()
+        arrivals = iter(workload)
+        if size is None and isinstance(workload, Sized):
+            size = len(workload)
+    retired = None if keep_requests else RequestTotals()
+    native: Any = None
+
+    def retire(req: Request) -> None:
+        cast(RequestTotals, retired).fold(req)
+        native.retired(req.request_id)
+
+    engine = Engine(config.engine, policies, recorder=recorder, retire=None if keep_requests else retire)
+    # One rank's links (a tier whose loads and stores compete names one link twice); each rank
+    # gets its own copies.
+    links: list[Link] = []
+    tiers: list[tuple[str, float, int, int, bool]] = []
+    for tier in config.engine.tiers:
+        pair = rank_links(physics.hardware, (tier,))[tier.name]
+        load_at = len(links)
+        links.append(pair.load)
+        store_at = load_at
+        if pair.store is not pair.load:
+            store_at = len(links)
+            links.append(pair.store)
+        tiers.append((tier.name, tier.failure_rate, load_at, store_at, pair.store_is_write))
+    native = load().PyEngineSimulator(
+        engine, ranks=config.engine.ranks, async_scheduling=config.engine.async_scheduling,
+        exact=config.sim.completions == "exact", rank_jitter_ms=config.sim.rank_jitter_ms,
+        max_output_tokens=config.sim.max_output_tokens, seed=config.sim.seed,
+        rank_block_bytes=physics.rank_block_bytes, check_every=check_every, size=size,
+        cost=step_cost(physics.cost),
+        lookups=lookup_service(LookupService(config.sim.lookup_workers, config.engine.lookup_latency_ms,
+                                             config.sim.lookup_per_key_ms)),
+        links=[link(x) for x in links], tiers=tiers)
+    failure: list[BaseException] = []
+
+    def refill() -> bool:
+        """The next chunk of the workload; a reader's error once the requests before it are taken."""
+        if failure:
+            raise failure[0]
+        batch: list[WorkloadRequest] = []
+        try:
+            for w in arrivals:
+                batch.append(w)
+                if len(batch) >= chunk:
+                    break
+        except Exception as exc:  # raised when the loop asks for the request it failed at
+            if not batch:
+                raise
+            failure.append(exc)
+        if not batch:
+            return False
+        native.add_arrivals([w.request_id for w in batch], [w.arrival_ms for w in batch],
+                            [w.input_length for w in batch], [w.output_length for w in batch],
+                            [w.hash_ids for w in batch])
+        return True
+
+    native.set_refill(refill)
+    native.set_progress(progress)
+    with interrupts.held() as gate:
+        try:
+            makespan, events, stranded, critical = native.run(gate)
+        except KeyboardInterrupt as exc:
+            if engine.recorder is not None:
+                engine.recorder(cut_record(engine, exc, native.total, gate.clean, steps=native.steps_in_flight))
+            raise
+    return SimResult(engine, given, makespan, events, stranded, critical, physics, retired)

@@ -7,15 +7,16 @@ namespace kvlife {
 void bind_errors(py::module_& m);
 void bind_step_cost(py::module_& m);
 void bind_blocks(py::module_& m);
+void bind_scheduler(py::module_& m);
 void bind_core_lifecycle(py::module_& m);
 void bind_engine(py::module_& m);
-void bind_scheduler(py::module_& m);
 void bind_json_writer(py::module_& m);
 void bind_links(py::module_& m);
 void bind_phase_clock(py::module_& m);
 void bind_py_random(py::module_& m);
 void bind_ranks(py::module_& m);
 void bind_records(py::module_& m);
+void bind_simulator(py::module_& m);
 void bind_tier_index(py::module_& m);
 void bind_worker_book(py::module_& m);
 }  // namespace kvlife
@@ -34,6 +35,7 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_py_random(m);
     kvlife::bind_ranks(m);
     kvlife::bind_records(m);
+    kvlife::bind_simulator(m);
     kvlife::bind_tier_index(m);
     kvlife::bind_worker_book(m);
 }
