@@ -7,7 +7,8 @@ header that it runs the Python engine and why (``kvlife.lifecycle.native.why_not
 
 Environment: ``KVLIFE_NATIVE_SANITIZE=1`` builds with AddressSanitizer and UBSan (CI runs
 the differential suite under such a build); ``KVLIFE_NATIVE_REQUIRED=1`` makes a failed
-build fail the install (``.ci/run`` sets it).
+build fail the install (``.ci/run`` sets it); ``KVLIFE_NATIVE_JOBS=N`` compiles N units at
+once (default: one per CPU).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 from glob import glob
 from pathlib import Path
 
-from pybind11.setup_helpers import Pybind11Extension
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
@@ -74,6 +75,9 @@ def _flags() -> tuple[list[str], list[str]]:
 
 
 compile_args, link_args = _flags()
+# One compiler process per CPU (``KVLIFE_NATIVE_JOBS=N`` to choose): the core is some thirty
+# translation units, and a serial build of them takes minutes on a two-core machine.
+ParallelCompile("KVLIFE_NATIVE_JOBS", default=0).install()
 setup(
     ext_modules=[
         Pybind11Extension(
