@@ -27,8 +27,8 @@
 //   between_events(ctx): at the top of every loop turn, before the next event is popped (where
 //     the Python loop calls gate.check()); it may throw to cut the run there (the binding calls
 //     PyErr_CheckSignals and the interrupts gate). The loop's state stays valid for a cut record.
-//   refill(ctx): the arrival buffer ran dry: append the workload's next chunk (add_arrivals);
-//     false when the workload has ended.
+//   refill(ctx): the arrival buffer ran dry: append the workload's next chunk (add_arrival,
+//     request by request); false when the workload has ended.
 //   progress(ctx, done, total): every 200 finished requests, and once at the end.
 #pragma once
 
