@@ -226,6 +226,8 @@ class Twin:
         assert nat.tier_state() == [(t.name, t.used, t.free, t.pinned(), t.busy()) for t in state.tiers.values()]
         assert nat.state_counts() == {str(k): v for k, v in state.state_counts.items()}
         assert nat.busy() == state.busy()
+        assert nat.arrived() == state.arrived()
+        assert nat.unfinished() == [r.request_id for r in state.unfinished()]
         assert nat.next_wakeup() == state.next_wakeup()
         for rid, req in state.requests.items():
             assert nat.request_fields(rid) == (str(req.state), req.epoch, req.computed, req.confirmed,

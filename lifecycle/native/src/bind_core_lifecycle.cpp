@@ -301,6 +301,13 @@ void bind_core_lifecycle(py::module_& m) {
                  return out;
              })
         .def("busy", [](CoreKernel& k) { return k.state().busy(); })
+        .def("arrived", [](CoreKernel& k) { return k.state().arrived(); })
+        .def("unfinished",
+             [](CoreKernel& k) {
+                 py::list out;
+                 for (const CoreRequestPtr& r : k.state().unfinished()) out.append(py::str(r->request_id));
+                 return out;
+             })
         .def("next_wakeup", [](CoreKernel& k) { return k.state().next_wakeup(); })
         .def("hit_candidates",
              [](CoreKernel& k, const std::string& rid) {
