@@ -135,14 +135,14 @@ def _config(rng: random.Random, draw: dict[str, Any]) -> EngineConfig:
                         kv_load_failure_policy=draw["failure_policy"], tiers=tuple(tiers))
 
 
-def _engines(config: EngineConfig, names: tuple[str, ...], retire: bool) -> tuple[Engine, Bytes, Any, list[Any],
-                                                                                     list[Any]]:
+def _engines(config: EngineConfig, names: tuple[str, ...], retire: bool,
+             trace: bool) -> tuple[Engine, Bytes, Any, list[Any], list[Any]]:
     sink = Bytes()
     ref_retired: list[Any] = []
     nat_retired: list[Any] = []
-    reference = Engine(config, _stack(names), recorder=sink,
+    reference = Engine(config, _stack(names), recorder=sink if trace else None,
                        retire=(lambda r: ref_retired.append(_retired(r))) if retire else None)
-    native = bridge.engine(config, _stack(names), trace=True,
+    native = bridge.engine(config, _stack(names), trace=trace,
                            retire=(lambda r: nat_retired.append(r)) if retire else None)
     return reference, sink, native, ref_retired, nat_retired
 
@@ -229,7 +229,7 @@ def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
     rng = random.Random(seed)
     config = _config(rng, draw)
     names = draw["stack"]
-    reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"])
+    reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"], draw.get("trace", True))
     run = Run()
     bt = config.block_tokens
     shared = [[rng.randrange(1 << 40) for _ in range(8)] for _ in range(3)]
@@ -289,6 +289,7 @@ DRAW = st.fixed_dictionaries({
     "failure_policy": st.sampled_from(["recompute", "recompute", "fail"]),
     "stack": st.sampled_from(STACKS),
     "retire": st.booleans(),
+    "trace": st.sampled_from([True, True, False]),  # off: nothing rendered, nothing decided otherwise
 })
 
 
