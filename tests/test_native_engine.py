@@ -324,3 +324,48 @@ def test_reach() -> None:
     assert {"preemption", "load", "store", "async lookup", "expired lookup", "stale answer", "prefetch",
             "failed load", "reclaim", "timeout", "join", "retired", "SubmitLookup", "DiscardLookup",
             "StartPrefetch", "FreeBlocks"} <= seen
+
+
+class _Raises:
+    """A policy whose store_limit hook raises after a few answers (a user's broken policy)."""
+
+    name = "raises"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def store_limit(self, req: Any, engine: Any) -> Any:
+        self.asked += 1
+        if self.asked > 3:
+            raise RuntimeError(f"broken at {req.request_id}")
+        return None
+
+
+def test_policy_error_surfaces_alike() -> None:
+    """A hook that raises stops both engines at the same input, with the same PolicyError."""
+    from kvlife.policies.base import PolicyError
+
+    config = EngineConfig(block_tokens=4, device_blocks=64, ranks=1)
+    reference = Engine(config, PolicyStack([_Raises()]))
+    native = bridge.engine(config, PolicyStack([_Raises()]))
+    rng = random.Random(3)
+    errors: list[str] = []
+    for i in range(200):
+        t = float(i)
+        steps = [c for c in reference.handle(Tick(t)) if type(c) is StepPlan]
+        native.handle(Tick(t))
+        events: list[Any] = [Arrival(t, f"r{i}", rng.randint(9, 30), tuple(range(i * 10, i * 10 + 7)))]
+        events += [StepOutput(t, plan.step_id, ()) for plan in steps]
+        for event in events:
+            try:
+                reference.handle(event)
+            except PolicyError as exc:
+                with pytest.raises(PolicyError) as nat_error:
+                    native.handle(event)
+                assert str(nat_error.value) == str(exc)
+                errors.append(str(exc))
+                break
+            native.handle(event)
+        if errors:
+            break
+    assert errors and "broken at" in errors[0]
