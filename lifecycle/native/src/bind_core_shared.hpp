@@ -80,6 +80,7 @@ class PyPolicyAsker final : public PolicyAsker {
     // Request.view(): the id and the hashes tuple are kept per request and rebuilt only when
     // the hashes grew (a request's hashes only ever get derived ones appended).
     py::object request_view(const Request& req) {
+        if (cache_.size() >= kCacheMax && cache_.find(req.request_id) == cache_.end()) cache_.clear();
         Cached& c = cache_[req.request_id];
         if (!c.hashes || c.size != req.hashes.size()) {
             py::tuple hashes(req.hashes.size());
@@ -95,6 +96,9 @@ class PyPolicyAsker final : public PolicyAsker {
                              c.hashes, req.stored_blocks, req.resumable, req.preemptions);
     }
 
+    // Requests whose view parts are kept: past this many, the cache starts over (it only saves
+    // building the id and the hashes tuple again).
+    static constexpr std::size_t kCacheMax = 1 << 14;
     struct Cached {
         std::size_t size = 0;
         py::object hashes;

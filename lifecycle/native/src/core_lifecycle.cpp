@@ -86,7 +86,10 @@ void Lifecycle::move(Request& req, Trigger trigger, std::string_view reason) {
 
 const AnswerValue& Lifecycle::ask(Request& req, Hook hook, const HookArg& arg) {
     policies->ask(hook, req, arg, engine_view(), answer_);
-    auto [count, inserted] = answers.try_emplace(AnswerKey{answer_.policy, hook, answer_value_str(answer_.value)});
+    key_.policy = answer_.policy;  // (the key's buffers are reused: it is copied only into a new entry)
+    key_.hook = hook;
+    key_.value = answer_value_str(answer_.value);
+    auto [count, inserted] = answers.try_emplace(key_);
     *count = inserted ? 1 : *count + 1;
     auto [last, fresh] = req.last_decisions.try_emplace(hook);
     const bool changed = fresh || last->policy != answer_.policy || !answer_values_equal(last->value, answer_.value) ||

@@ -113,7 +113,7 @@ using DeviceInfo = DeviceBlockPool;
 // Lifecycle.answers' key: (policy, hook, str(value)).
 struct AnswerKey {
     std::string policy;
-    Hook hook;
+    Hook hook = Hook::ON_ARRIVAL;
     std::string value;
     bool operator==(const AnswerKey& o) const { return hook == o.hook && policy == o.policy && value == o.value; }
 };
@@ -148,7 +148,8 @@ class Lifecycle {
 
   private:
     const TransitionTable& table_;
-    Answer answer_;  // the last answer (its buffers reused)
+    Answer answer_;   // the last answer (its buffers reused)
+    AnswerKey key_;   // the last answer's key in ``answers``
 };
 
 }  // namespace kvlife
