@@ -263,6 +263,8 @@ def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
     assert native.stranded() == reference.stranded()
     assert [native.output_tokens(rid) for rid in arrived] == [reference.output_tokens(rid) for rid in arrived]
     assert nat_retired == ref_retired
+    for family in shared:  # what the tiers hold now, asked of each
+        assert native.sync_lookup(family) == reference.sync_lookup(family)
     native.check_invariants()
     late = Tick(t - rng.choice([0.5, 1e-9, 1e6]))  # an input older than the engine's time: refused alike
     with pytest.raises(ValueError) as ref_error:
