@@ -109,6 +109,7 @@ class Engine {
     // Scratch reused across inputs.
     std::vector<Command> commands_;
     std::vector<std::string> lookup_scratch_;
+    KVConnectorOutput report_output_;  // a TransferReport's connector output (one report)
     std::vector<KVOutput> taken_;
     KVOutput combined_;
     std::vector<BlockHash> hashes_scratch_;
