@@ -295,7 +295,7 @@ DRAW = st.fixed_dictionaries({
 })
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), draw=DRAW)
 def test_native_engine_matches_reference(seed: int, draw: dict[str, Any]) -> None:
     _drive(seed, draw, 160)
