@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlife.lifecycle.config import EngineConfig, TierConfig
+from kvlife.lifecycle.engine import records
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.events import (
     Abort,
@@ -256,7 +257,13 @@ def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
             seen.add(name)
     if ref_retired:
         seen.add("retired")
+    # The simulator's last records (drivers/simulator.py): a driver warning per stranded request.
+    for req in reference.state.unfinished():
+        if reference.recorder is not None:
+            reference.recorder(records.warning(t, "stranded", origin="driver", req=req.request_id, state=req.state))
+    native.record_stranded(t)
     assert bytes(native.trace_bytes()) == bytes(sink.data)
+    assert native.finished_count() == reference.state_counts["finished"]
     assert native.stats() == _stats(stats)
     assert native.answers() == reference.answers
     assert native.state_counts() == reference.state_counts
