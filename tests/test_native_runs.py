@@ -198,3 +198,46 @@ def cases(draw: st.DrawFn) -> tuple[RunConfig, list[WorkloadRequest]]:
 def test_random_small_runs(tmp_path: Path, case: tuple[RunConfig, list[WorkloadRequest]]) -> None:
     config, workload = case
     _both(tmp_path, config, workload)
+
+
+def _traces_equal(tmp: Path) -> None:
+    a, b = tmp / "python.jsonl", tmp / "native.jsonl"
+    assert filecmp.cmp(a, b, shallow=False), _first_difference(a, b)
+
+
+def test_a_workload_error_mid_stream_ends_both_traces_alike(tmp_path: Path) -> None:
+    """The records rendered before the error reach the trace before its ``interrupted`` record."""
+    from kvlife.lifecycle.workloads.mooncake import WorkloadError
+
+    workload = _workload(seed=7, n=80)
+
+    def stream() -> Any:
+        for i, request in enumerate(workload):
+            if i == 50:
+                raise WorkloadError("w.jsonl", 51, "timestamp", "bad value")
+            yield request
+
+    for engine in ("python", "native"):
+        with pytest.raises(WorkloadError, match="w.jsonl:51"):
+            run_workload(BASE, stream(), trace_path=tmp_path / f"{engine}.jsonl", engine=engine)
+    _traces_equal(tmp_path)
+    assert b'"kind":"interrupted"' in (tmp_path / "native.jsonl").read_bytes().splitlines()[-1]
+
+
+def test_an_interrupt_ends_both_traces_alike(tmp_path: Path) -> None:
+    """Ctrl-C (here raised by the progress callback at 200 finished requests): the same
+    ``interrupted`` record, after the same records."""
+    seen: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        seen.append(done)
+        if done >= 200:
+            raise KeyboardInterrupt
+
+    workload = synthetic_burst_workload(seed=2, num_requests=260, block_tokens=BT, arrival_rate_per_s=20.0)
+    for engine in ("python", "native"):
+        with pytest.raises(KeyboardInterrupt):
+            run_workload(BASE, workload, trace_path=tmp_path / f"{engine}.jsonl", progress=progress, engine=engine)
+    _traces_equal(tmp_path)
+    last = (tmp_path / "native.jsonl").read_bytes().splitlines()[-1]
+    assert b'"kind":"interrupted"' in last and b'"finished":200' in last
