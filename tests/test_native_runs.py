@@ -241,3 +241,37 @@ def test_an_interrupt_ends_both_traces_alike(tmp_path: Path) -> None:
     _traces_equal(tmp_path)
     last = (tmp_path / "native.jsonl").read_bytes().splitlines()[-1]
     assert b'"kind":"interrupted"' in last and b'"finished":200' in last
+
+
+RAISING_POLICY = '''
+from kvlife.policies.base import Decision
+
+
+class Raises:
+    name = "raises"
+    calls = 0
+
+    def store_limit(self, req, engine):
+        Raises.calls += 1
+        if Raises.calls == 40:
+            raise KeyError("missing")
+        return None
+'''
+
+
+def test_a_policy_error_mid_run_ends_both_traces_alike(tmp_path: Path) -> None:
+    """A hook that raises stops both engines at the same input, with the same error and the
+    records before it in the trace."""
+    from kvlife.policies.base import PolicyError
+
+    path = tmp_path / "raising.py"
+    path.write_text(RAISING_POLICY)
+    messages = []
+    for engine in ("python", "native"):
+        stack = load_stack([f"{path}:Raises"])  # a fresh module: its call count starts at 0
+        with pytest.raises(PolicyError) as raised:
+            run_workload(BASE, _workload(seed=8), stack, tmp_path / f"{engine}.jsonl", engine=engine)
+        messages.append(str(raised.value))
+    assert messages[0] == messages[1] and "missing" in messages[0]
+    _traces_equal(tmp_path)
+    assert b'"kind":"interrupted"' in (tmp_path / "native.jsonl").read_bytes().splitlines()[-1]
