@@ -67,6 +67,8 @@ def _both(tmp: Path, config: RunConfig, workload: Sequence[WorkloadRequest], sta
     assert left == right, {k: (left[k], right.get(k)) for k in left if left[k] != right.get(k)}
     assert python.rows == native.rows
     assert python.result.makespan_ms == native.result.makespan_ms
+    # Every counter of the engine's Stats, not only those the summary shows.
+    assert attrs.asdict(python.result.engine.stats) == vars(native.result.engine.stats)
     return python, native
 
 
