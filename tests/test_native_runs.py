@@ -277,3 +277,28 @@ def test_a_policy_error_mid_run_ends_both_traces_alike(tmp_path: Path) -> None:
     assert messages[0] == messages[1] and "missing" in messages[0]
     _traces_equal(tmp_path)
     assert b'"kind":"interrupted"' in (tmp_path / "native.jsonl").read_bytes().splitlines()[-1]
+
+
+STUCK_POLICY = '''
+from kvlife.policies.base import Decision
+
+
+class Stuck:
+    name = "stuck"
+
+    def admission(self, req, load, engine):
+        if req.request_id.endswith("7"):
+            return Decision("defer", "never")
+        return None
+'''
+
+
+def test_requests_never_admitted_are_stranded_alike(tmp_path: Path) -> None:
+    """Requests a policy defers for ever stay in the engine: the summary's stranded list, the
+    trace's stranded warnings and their rows (phases cut at the run's end) agree."""
+    path = tmp_path / "stuck.py"
+    path.write_text(STUCK_POLICY)
+    python, native = _both(tmp_path, attrs.evolve(BASE, policies=(f"{path}:Stuck",)), _workload(seed=9),
+                           stack=[f"{path}:Stuck"])
+    assert python.summary["stranded"] > 0
+    assert native.rows is not None and any(row.phase("queue") > 0 and row.e2e_ms is None for row in native.rows)
