@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlife.lifecycle.config import EngineConfig, TierConfig
+from kvlife.lifecycle.engine import records
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.events import (
     Abort,
@@ -135,14 +136,14 @@ def _config(rng: random.Random, draw: dict[str, Any]) -> EngineConfig:
                         kv_load_failure_policy=draw["failure_policy"], tiers=tuple(tiers))
 
 
-def _engines(config: EngineConfig, names: tuple[str, ...], retire: bool) -> tuple[Engine, Bytes, Any, list[Any],
-                                                                                     list[Any]]:
+def _engines(config: EngineConfig, names: tuple[str, ...], retire: bool,
+             trace: bool) -> tuple[Engine, Bytes, Any, list[Any], list[Any]]:
     sink = Bytes()
     ref_retired: list[Any] = []
     nat_retired: list[Any] = []
-    reference = Engine(config, _stack(names), recorder=sink,
+    reference = Engine(config, _stack(names), recorder=sink if trace else None,
                        retire=(lambda r: ref_retired.append(_retired(r))) if retire else None)
-    native = bridge.engine(config, _stack(names), trace=True,
+    native = bridge.engine(config, _stack(names), trace=trace,
                            retire=(lambda r: nat_retired.append(r)) if retire else None)
     return reference, sink, native, ref_retired, nat_retired
 
@@ -229,7 +230,7 @@ def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
     rng = random.Random(seed)
     config = _config(rng, draw)
     names = draw["stack"]
-    reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"])
+    reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"], draw.get("trace", True))
     run = Run()
     bt = config.block_tokens
     shared = [[rng.randrange(1 << 40) for _ in range(8)] for _ in range(3)]
@@ -256,13 +257,21 @@ def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
             seen.add(name)
     if ref_retired:
         seen.add("retired")
+    # The simulator's last records (drivers/simulator.py): a driver warning per stranded request.
+    for req in reference.state.unfinished():
+        if reference.recorder is not None:
+            reference.recorder(records.warning(t, "stranded", origin="driver", req=req.request_id, state=req.state))
+    native.record_stranded(t)
     assert bytes(native.trace_bytes()) == bytes(sink.data)
+    assert native.finished_count() == reference.state_counts["finished"]
     assert native.stats() == _stats(stats)
     assert native.answers() == reference.answers
     assert native.state_counts() == reference.state_counts
     assert native.stranded() == reference.stranded()
     assert [native.output_tokens(rid) for rid in arrived] == [reference.output_tokens(rid) for rid in arrived]
     assert nat_retired == ref_retired
+    for family in shared:  # what the tiers hold now, asked of each
+        assert native.sync_lookup(family) == reference.sync_lookup(family)
     native.check_invariants()
     late = Tick(t - rng.choice([0.5, 1e-9, 1e6]))  # an input older than the engine's time: refused alike
     with pytest.raises(ValueError) as ref_error:
@@ -289,10 +298,11 @@ DRAW = st.fixed_dictionaries({
     "failure_policy": st.sampled_from(["recompute", "recompute", "fail"]),
     "stack": st.sampled_from(STACKS),
     "retire": st.booleans(),
+    "trace": st.sampled_from([True, True, False]),  # off: nothing rendered, nothing decided otherwise
 })
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), draw=DRAW)
 def test_native_engine_matches_reference(seed: int, draw: dict[str, Any]) -> None:
     _drive(seed, draw, 160)
@@ -323,3 +333,48 @@ def test_reach() -> None:
     assert {"preemption", "load", "store", "async lookup", "expired lookup", "stale answer", "prefetch",
             "failed load", "reclaim", "timeout", "join", "retired", "SubmitLookup", "DiscardLookup",
             "StartPrefetch", "FreeBlocks"} <= seen
+
+
+class _Raises:
+    """A policy whose store_limit hook raises after a few answers (a user's broken policy)."""
+
+    name = "raises"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def store_limit(self, req: Any, engine: Any) -> Any:
+        self.asked += 1
+        if self.asked > 3:
+            raise RuntimeError(f"broken at {req.request_id}")
+        return None
+
+
+def test_policy_error_surfaces_alike() -> None:
+    """A hook that raises stops both engines at the same input, with the same PolicyError."""
+    from kvlife.policies.base import PolicyError
+
+    config = EngineConfig(block_tokens=4, device_blocks=64, ranks=1)
+    reference = Engine(config, PolicyStack([_Raises()]))
+    native = bridge.engine(config, PolicyStack([_Raises()]))
+    rng = random.Random(3)
+    errors: list[str] = []
+    for i in range(200):
+        t = float(i)
+        steps = [c for c in reference.handle(Tick(t)) if type(c) is StepPlan]
+        native.handle(Tick(t))
+        events: list[Any] = [Arrival(t, f"r{i}", rng.randint(9, 30), tuple(range(i * 10, i * 10 + 7)))]
+        events += [StepOutput(t, plan.step_id, ()) for plan in steps]
+        for event in events:
+            try:
+                reference.handle(event)
+            except PolicyError as exc:
+                with pytest.raises(PolicyError) as nat_error:
+                    native.handle(event)
+                assert str(nat_error.value) == str(exc)
+                errors.append(str(exc))
+                break
+            native.handle(event)
+        if errors:
+            break
+    assert errors and "broken at" in errors[0]

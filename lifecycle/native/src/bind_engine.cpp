@@ -225,6 +225,8 @@ void bind_engine(py::module_& m) {
                  return py::tuple(py::cast(e.get().sync_lookup(hashes)));
              })
         .def("check_invariants", [](NativeEngine& e) { e.get().check_invariants(); })
+        .def("finished_count", [](NativeEngine& e) { return e.get().finished_count(); })
+        .def("record_stranded", [](NativeEngine& e, double now) { e.get().record_stranded(now); }, py::arg("now"))
         .def_property_readonly("now", [](NativeEngine& e) { return e.get().now(); });
 }
 

@@ -78,8 +78,14 @@ void Engine::dispatch(const InputEvent& event, std::vector<Command>& commands) {
         case 4: {  // TransferReport
             const TransferReport& report = std::get<TransferReport>(event);
             worker_done(report.job_id, report.rank, report.failed);
-            KVConnectorOutput output;
-            output.reports = std::vector<WorkerReport>{WorkerReport{report.job_id, report.rank, report.failed}};
+            // KVConnectorOutput(kv_connector_worker_meta=WorkerMeta(((job, rank, failed),))), its
+            // buffers reused from one report to the next.
+            KVConnectorOutput& output = report_output_;
+            if (!output.reports.has_value()) output.reports.emplace(1);
+            WorkerReport& one = output.reports->front();
+            one.job_id = report.job_id;
+            one.rank = report.rank;
+            one.failed.assign(report.failed.begin(), report.failed.end());
             connector_.update_connector_output(output);
             break;
         }

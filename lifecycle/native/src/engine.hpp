@@ -69,10 +69,11 @@ class Engine {
     void record_stranded(double now);
     // Invariant 8 on the device and every tier; AssertionError when broken.
     void check_invariants();
-    std::vector<std::string> sync_lookup(const std::vector<BlockHash>& hashes) const {
-        std::vector<std::string> found;
-        core_.state.sync_lookup(hashes.data(), hashes.size(), found);
-        return found;
+    // Engine.sync_lookup: the tier of each leading block some tier holds; the engine's own
+    // buffer, valid until the next call.
+    const std::vector<std::string>& sync_lookup(const std::vector<BlockHash>& hashes) {
+        core_.state.sync_lookup(hashes.data(), hashes.size(), lookup_scratch_);
+        return lookup_scratch_;
     }
     std::vector<WorkerBook>& workers() { return workers_; }
 
@@ -107,6 +108,8 @@ class Engine {
     std::deque<WorkerStep> worker_steps_;
     // Scratch reused across inputs.
     std::vector<Command> commands_;
+    std::vector<std::string> lookup_scratch_;
+    KVConnectorOutput report_output_;  // a TransferReport's connector output (one report)
     std::vector<KVOutput> taken_;
     KVOutput combined_;
     std::vector<BlockHash> hashes_scratch_;
