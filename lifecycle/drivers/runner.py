@@ -129,6 +129,7 @@ def run_workload(
     breakdown: bool = False,
     goodput: Mapping[str, float] | None = None,
     inputs: Iterable[str | Path | None] = (),
+    engine: str = "python",
 ) -> RunOutcome:
     """Simulate ``workload`` (a list, or a stream in arrival order whose length ``size`` is
     given when known: the trace header and progress report it). The trace header holds the
@@ -144,7 +145,19 @@ def run_workload(
     even without a trace: about 10 % more time) and add ``latency_breakdown_ms`` to the
     summary; ``goodput``: the per-request SLO of the summary's ``goodput`` field;
     ``inputs``: the files the run reads (the workload, the config), which ``trace_path``
-    may not be."""
+    may not be. ``engine``: ``"python"`` (the reference) or ``"native"``
+    (``kvlife.lifecycle.native.run``: the same summary but ``wall_s``, rows and trace bytes);
+    native where ``native.choice.uncovered`` names a reason, or with ``keep_requests`` or
+    ``engine_factory`` (callers that read the Python engine's objects): ValueError."""
+    if engine not in ("python", "native"):
+        raise ValueError(f"engine must be python or native, got {engine!r}")
+    if engine == "native":
+        from kvlife.lifecycle.native.choice import uncovered
+
+        why = "keep_requests and engine_factory read the python engine's objects" \
+            if keep_requests or engine_factory is not None else uncovered(config)
+        if why is not None:
+            raise ValueError(f"the native engine cannot run this: {why}")
     if size is None and isinstance(workload, Sequence):
         size = len(workload)
     workload = require_requests(workload, workload_name)
@@ -155,16 +168,22 @@ def run_workload(
     setup["lookup_workers"] = config.sim.lookup_workers
     started = time.perf_counter()  # wall time of the run, reported, never fed to the core
     meta = {"name": workload_name, "requests": size}
-    clock = PhaseClock() if breakdown else None
+    clock = PhaseClock() if breakdown and engine == "python" else None
     with interrupts.held(), recording(trace_path, config, stack, inputs, workload=meta, setup=setup) as writer:
-        recorder = both(writer.record if writer else None, clock.record if clock else None)
-        sim = Simulator(config, workload, stack, recorder, progress, size=size,
-                        keep_requests=keep_requests or engine_factory is not None, engine_factory=engine_factory)
-        if clock is not None and sim.retired is not None:
-            sim.retired.collect(clock)
-        result = sim.run()
+        if engine == "native":
+            from kvlife.lifecycle.native import run as native_run
+
+            result, phases = native_run.simulate(config, workload, stack, writer, progress, size, breakdown)
+        else:
+            recorder = both(writer.record if writer else None, clock.record if clock else None)
+            sim = Simulator(config, workload, stack, recorder, progress, size=size,
+                            keep_requests=keep_requests or engine_factory is not None, engine_factory=engine_factory)
+            if clock is not None and sim.retired is not None:
+                sim.retired.collect(clock)
+            result = sim.run()
+            phases = clock
     wall = time.perf_counter() - started
-    totals = RequestTotals.of(result, clock)
+    totals = RequestTotals.of(result, phases)
     summary = summarize(result, wall, physics.block_bytes, totals=totals, goodput=goodput)
     summary["setup"] = setup
     if result.chaos is not None:

@@ -8,8 +8,10 @@ summary: both engines must write the same bytes.
 
 What the native engine does not cover stays on the Python engine: ``--chaos`` and
 ``--check`` (the adversary and the online observer work on the Python engine's objects),
-and everything until the native core has a simulator entry point (``_core.simulate``;
-issue 23 builds it part by part: every part below the connector core is mirrored).
+and everything where the compiled core lacks the whole-run entry point
+(``_core.NativeSimulator``, driven by ``lifecycle/native/run.py``). Callers of
+``runner.run_workload`` that read the Python engine's objects (``keep_requests=True``,
+``engine_factory``) stay on it too: ``run_workload(engine="native")`` refuses them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 ENGINES = ("python", "native")
 # The native core's entry point for a whole simulated run: where the compiled module
 # has it, the native engine runs.
-ENTRY_POINT = "simulate"
+ENTRY_POINT = "NativeSimulator"
 
 
 @attrs.frozen

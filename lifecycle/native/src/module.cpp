@@ -12,6 +12,7 @@ void bind_core_lifecycle(py::module_& m);
 void bind_engine(py::module_& m);
 void bind_json_writer(py::module_& m);
 void bind_links(py::module_& m);
+void bind_native_simulator(py::module_& m);
 void bind_phase_clock(py::module_& m);
 void bind_py_random(py::module_& m);
 void bind_ranks(py::module_& m);
@@ -31,6 +32,7 @@ PYBIND11_MODULE(_core, m) {
     kvlife::bind_engine(m);
     kvlife::bind_json_writer(m);
     kvlife::bind_links(m);
+    kvlife::bind_native_simulator(m);
     kvlife::bind_phase_clock(m);
     kvlife::bind_py_random(m);
     kvlife::bind_ranks(m);

@@ -146,7 +146,31 @@ void Trace::header(std::int64_t schema, const JsonValue& config, const std::vect
     close_record(out);
 }
 
+namespace {
+
+// A state's name (specs/names.py RequestState) as the PhaseClock numbers it.
+PhaseClock::State clock_state(std::string_view name) {
+    switch (name.empty() ? '\0' : name[0]) {
+        case 'w':
+            return PhaseClock::State::WAITING;
+        case 'l':
+            return name.size() == 7 ? PhaseClock::State::LOADING : PhaseClock::State::LOOKUP_PENDING;
+        case 'r':
+            return PhaseClock::State::RUNNING;
+        case 's':
+            return PhaseClock::State::SENDING;
+        default:
+            return PhaseClock::State::FINISHED;
+    }
+}
+
+}  // namespace
+
 void Trace::input(const InputEvent& event) {
+    if (clock_ != nullptr && event.index() == 0) {
+        const Arrival& e = std::get<Arrival>(event);
+        clock_->arrival(e.request_id, e.t);
+    }
     if (out_ == nullptr) return;
     JsonWriter& out = *out_;
     out.begin_object();
@@ -259,6 +283,9 @@ void Trace::input(const InputEvent& event) {
 
 void Trace::transition(double t, std::string_view rid, std::string_view source, std::string_view target,
                        std::string_view trigger, std::string_view reason) {
+    if (clock_ != nullptr) {
+        clock_->transition(std::string(rid), clock_state(source), clock_state(target), t);
+    }
     if (out_ == nullptr) return;
     JsonWriter& out = *out_;
     open_record(out, "transition", t);

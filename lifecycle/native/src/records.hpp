@@ -27,6 +27,7 @@
 #include "events.hpp"
 #include "json_writer.hpp"
 #include "ordered_dict.hpp"
+#include "phase_clock.hpp"
 
 namespace kvlife {
 
@@ -96,8 +97,13 @@ class Trace {
   public:
     Trace() = default;                               // disabled
     explicit Trace(JsonWriter* out) : out_(out) {}  // nullptr: disabled
+    // ``clock``: a PhaseClock (breakdown.py) fed the transition records and arrival inputs, as
+    // a Python recorder ``clock.record`` beside the writer would be, even with no writer
+    // (the records are then not rendered: enabled() stays false).
+    Trace(JsonWriter* out, PhaseClock* clock) : out_(out), clock_(clock) {}
     bool enabled() const { return out_ != nullptr; }
     JsonWriter* writer() const { return out_; }
+    PhaseClock* clock() const { return clock_; }
 
     // records.header(schema, config, policies, seed, **extra)
     void header(std::int64_t schema, const JsonValue& config, const std::vector<std::string>& policies,
@@ -155,6 +161,7 @@ class Trace {
 
   private:
     JsonWriter* out_ = nullptr;
+    PhaseClock* clock_ = nullptr;
 };
 
 }  // namespace kvlife
