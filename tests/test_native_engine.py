@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvlife.lifecycle.config import EngineConfig, TierConfig
@@ -304,6 +304,13 @@ DRAW = st.fixed_dictionaries({
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), draw=DRAW)
+# A request preempted while its last step runs, stopped by that step's token with a store of
+# its blocks still in flight: it finishes from waiting, its blocks held (both engines raised
+# IllegalTransition, send_started from waiting, before the fix).
+@example(seed=4_294_967_295, draw={
+    "bt": 16, "device_blocks": 6, "budget": 8, "ranks": 2, "async_scheduling": False, "two_tiers": True,
+    "host": 4, "eviction": "lru", "transfer_deadline": None, "lookup_deadline": 60.0, "reclaim_deadline": 300.0,
+    "max_async_lookups": 2, "failure_policy": "recompute", "stack": (), "retire": False, "trace": True})
 def test_native_engine_matches_reference(seed: int, draw: dict[str, Any]) -> None:
     _drive(seed, draw, 160)
 

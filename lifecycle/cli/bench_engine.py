@@ -4,27 +4,25 @@ Part 1 drives the same sequence of (request, trigger) transitions three ways, in
 a bare loop over a dict of (state, trigger) -> state, the engine's transition path (attrs
 records over the compiled table, with state counts; recorder off), and python-statemachine
 instances (the reference mode). Part 2 simulates a workload (by default the whole bundled
-Mooncake conversation trace, ``mooncake-conversation``) with tracing off and with the trace
-written to a temporary file, and reports which workload it ran, wall time, requests/s
-beside the anchor (``ANCHOR_PER_S``) and peak memory. A workload
-that cannot be read is an error, never a silent switch to another one. Medians over
-repeats; wall clock is used here, never in the core.
+Mooncake conversation trace, ``mooncake-conversation``; larger sizes add shifted copies of
+it) with tracing off and on, on the Python engine and the native one side by side, each
+run in a fresh process: the run's own CPU time (median over repeats), requests per CPU
+second beside the anchor (``ANCHOR_PER_S``), peak memory, and the Python/native ratio. A
+workload that cannot be read is an error, never a silent switch to another one. Clocks are
+read here, never in the core.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
-import resource
 import statistics
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
-from kvlife.lifecycle.config import EngineConfig, RunConfig
+from kvlife.lifecycle.config import EngineConfig
 from kvlife.lifecycle.drivers.simulator import Progress
 from kvlife.lifecycle.engine.core import Engine
 from kvlife.lifecycle.engine.request import Request
@@ -143,41 +141,41 @@ ANCHOR_NOTE = (f"anchor: a published Rust simulator replays Mooncake's tool&agen
                "(another language and engine model)")
 
 
-def bench_trace(workload_name: str, limit: int | None, bars: Bars | None = None, *,
-                tracing: bool = True) -> dict[str, Any]:
-    """Simulate ``workload_name`` (a bundled name or a Mooncake file), tracing on (to a
-    temporary file) or off."""
-    from kvlife.lifecycle.drivers.runner import run_workload
-    from kvlife.lifecycle.workloads.bundled import resolve_workload
-    from kvlife.lifecycle.workloads.mooncake import load_mooncake
+def bench_simulation(workload_name: str, sizes: Sequence[int | None], engines: Sequence[str],
+                     tracings: Sequence[bool], repeats: int) -> list[dict[str, Any]]:
+    """Part 2: ``workload_name`` simulated at each size (None: the whole workload; a size
+    past its length adds shifted copies, ``bench_soak.soak_workload``), tracing off and on,
+    on each engine, at time scale 1 with the recorded arrivals. Every run is a fresh process
+    (``bench_soak.run_child``: the peak RSS is that run's alone); CPU and wall time are the
+    run's own (the interpreter's start and the imports left out), medians over ``repeats``.
+    One row per size and tracing mode: each engine's figures and the python/native ratio."""
+    from kvlife.lifecycle.cli.bench_soak import run_child, trace_shape
 
-    workload = load_mooncake(resolve_workload(workload_name), limit=limit)
-    config = RunConfig()
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "bench.trace.jsonl" if tracing else None
-        with (bars or _no_bars)(f"simulation, tracing {'on' if tracing else 'off'}", "req",
-                                len(workload)) as progress:
-            start = time.perf_counter()
-            outcome = run_workload(config, workload, trace_path=trace, workload_name=workload_name,
-                                   progress=progress)
-            wall = time.perf_counter() - start
-        size = trace.stat().st_size if trace is not None else 0
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {
-        "workload": workload_name,
-        "requests": len(workload),
-        "tracing": tracing,
-        "finished": sum(outcome.summary["finished"].values()),
-        "engine_events": outcome.result.events,
-        "steps": outcome.summary["steps"],
-        "trace_lines": outcome.trace_lines,
-        "trace_mib": size / 2**20,
-        "wall_s": wall,
-        "events_per_s": outcome.result.events / wall,
-        "requests_per_s": len(workload) / wall,
-        "anchor_requests_per_s": ANCHOR_PER_S,
-        "peak_rss_mib": peak_kib / 1024,
-    }
+    whole = trace_shape(workload_name, 512, 1.0).requests
+    rows = []
+    for size in sizes:
+        requests = whole if size is None else size
+        for tracing in tracings:
+            row: dict[str, Any] = {"workload": workload_name, "requests": requests, "tracing": tracing,
+                                   "repeats": repeats, "engines": {}}
+            for engine in engines:
+                runs = [run_child(requests, 1.0, False, tracing, engine=engine, arrivals="recorded",
+                                  source=workload_name) for _ in range(repeats)]
+                cpu = statistics.median(r["cpu_s"] for r in runs)
+                row["engines"][engine] = {
+                    "cpu_s": cpu,
+                    "wall_s": statistics.median(r["wall_s"] for r in runs),
+                    "requests_per_cpu_s": requests / cpu,
+                    "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+                    "trace_mib": runs[0]["trace_mib"],
+                    "finished": runs[0]["finished"],
+                    "engine_events": runs[0]["engine_events"],
+                    "steps": runs[0]["steps"],
+                }
+            if "python" in row["engines"] and "native" in row["engines"]:
+                row["speedup"] = row["engines"]["python"]["cpu_s"] / row["engines"]["native"]["cpu_s"]
+            rows.append(row)
+    return rows
 
 
 @contextlib.contextmanager
@@ -195,19 +193,25 @@ def format_report(transitions: dict[str, float] | None, runs: list[dict[str, Any
             f"  compiled core         {t['core_per_s']:>14,.0f} /s   ({t['core_slowdown_vs_bare']:.2f}x the bare loop)",
             f"  python-statemachine   {t['reference_per_s']:>14,.0f} /s",
         ]
-    for r in runs:
-        lines += [
-            f"whole-run simulation: workload {r['workload']}, {r['requests']:,} requests, "
-            f"tracing {'on' if r['tracing'] else 'off'}",
-            f"  finished {r['finished']:,}, engine events {r['engine_events']:,}, steps {r['steps']:,}",
-        ]
-        if r["tracing"]:
-            lines.append(f"  trace {r['trace_lines']:,} lines, {r['trace_mib']:.1f} MiB")
-        lines += [
-            f"  wall {r['wall_s']:.1f} s, {r['events_per_s']:,.0f} events/s, peak RSS {r['peak_rss_mib']:.0f} MiB",
-            f"  {r['requests_per_s']:,.0f} requests/s vs the anchor's {r['anchor_requests_per_s']:,.0f} "
-            f"({r['requests_per_s'] / r['anchor_requests_per_s']:.2f}x)",
-        ]
+    if runs:
+        r0 = runs[0]
+        lines.append(f"simulation: {r0['workload']}, time scale 1, recorded arrivals, each run a fresh process; "
+                     f"CPU of the run itself, median of {r0['repeats']}")
+        engines = list(r0["engines"])
+        head = f"{'requests':>9}  {'tracing':>7}"
+        for engine in engines:
+            head += f"  {engine + ' CPU s':>15}  {'req/CPU s':>10}  {'peak RSS MiB':>12}"
+        if len(engines) == 2:
+            head += f"  {'speedup':>8}"
+        lines.append(head)
+        for r in runs:
+            line = f"{r['requests']:>9,}  {'on' if r['tracing'] else 'off':>7}"
+            for engine in engines:
+                e = r["engines"][engine]
+                line += f"  {e['cpu_s']:>15,.3f}  {e['requests_per_cpu_s']:>10,.0f}  {e['peak_rss_mib']:>12,.1f}"
+            if "speedup" in r:
+                line += f"  {r['speedup']:>7.1f}x"
+            lines.append(line)
     if runs:
         lines.append(ANCHOR_NOTE)
     return "\n".join(lines)

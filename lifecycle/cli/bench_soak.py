@@ -91,38 +91,45 @@ def soak_workload(requests: int, *, source: str = SOURCE, block_tokens: int = 51
         copy += 1
 
 
-def soak_config(time_scale: float) -> RunConfig:
-    return RunConfig(sim=SimConfig(arrivals="spread", time_scale=time_scale))
+def soak_config(time_scale: float, arrivals: str = "spread") -> RunConfig:
+    return RunConfig(sim=SimConfig(arrivals=arrivals, time_scale=time_scale))
 
 
 def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_one(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False) -> dict[str, Any]:
+def run_one(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False, *,
+            engine: str = "python", arrivals: str = "spread", source: str = SOURCE) -> dict[str, Any]:
     """The child's side: one soak run in this process (``requests`` 0: imports only);
-    ``tracing``: the trace written to a temporary file (removed after)."""
+    ``tracing``: the trace written to a temporary file (removed after); ``engine``: which
+    engine simulates (``kvlife bench engine`` runs both); ``cpu_s``: the run's own CPU time
+    (``time.process_time`` around it: the interpreter's start and the imports left out)."""
     from kvlife.lifecycle.cli.progress import progress_bar
     from kvlife.lifecycle.drivers.runner import run_workload
     from kvlife.lifecycle.workloads.arrivals import spread_ties
 
     if requests == 0:
         return {"requests": 0, "peak_rss_mib": _peak_rss_mib()}
-    workload = spread_ties(soak_workload(requests, time_scale=time_scale))
+    stream = soak_workload(requests, source=source, time_scale=time_scale)
+    workload = spread_ties(stream) if arrivals == "spread" else stream
     with tempfile.TemporaryDirectory() as tmp, \
             progress_bar(f"kvlife bench soak {requests:,}", total=requests) as progress:
         trace = Path(tmp) / "soak.trace.jsonl" if tracing else None
-        start = time.perf_counter()
-        outcome = run_workload(soak_config(time_scale), workload, workload_name=f"soak-{requests}",
+        start, cpu = time.perf_counter(), time.process_time()
+        outcome = run_workload(soak_config(time_scale, arrivals), workload, workload_name=f"soak-{requests}",
                                progress=progress, size=requests, keep_requests=keep_requests,
-                               trace_path=trace)
-        wall = time.perf_counter() - start
+                               trace_path=trace, engine=engine)
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         trace_mib = trace.stat().st_size / 2**20 if trace is not None else 0.0
     summary = outcome.summary
-    engine = outcome.result.engine
+    retired = outcome.result.retired  # the requests that left the engine, folded
     return {
         "requests": requests,
+        "engine": engine,
+        "tracing": tracing,
         "wall_s": wall,
+        "cpu_s": cpu,
         "requests_per_s": requests / wall,
         "trace_mib": trace_mib,
         "steps": summary["steps"],
@@ -132,8 +139,8 @@ def run_one(requests: int, time_scale: float, keep_requests: bool, tracing: bool
         "ttft_p50_ms": summary["ttft_ms"]["p50"],
         "ttft_p99_ms": summary["ttft_ms"]["p99"],
         "engine_events": outcome.result.events,
-        "held_at_end": len(engine.requests),  # requests still in the engine when the run ended
-        "retired": len(engine.state.retired),
+        "held_at_end": summary["requests"] - retired.requests if retired is not None else summary["requests"],
+        "retired": retired.requests if retired is not None else 0,
     }
 
 
@@ -141,10 +148,12 @@ class SoakError(Exception):
     """A soak child failed."""
 
 
-def run_child(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False) -> dict[str, Any]:
+def run_child(requests: int, time_scale: float, keep_requests: bool, tracing: bool = False, *,
+              engine: str = "python", arrivals: str = "spread", source: str = SOURCE) -> dict[str, Any]:
     """``run_one`` in a fresh interpreter; its JSON line back."""
     command = [sys.executable, "-m", "kvlife.lifecycle.cli.bench_soak", str(requests), repr(time_scale),
-               "keep" if keep_requests else "drop", "trace" if tracing else "notrace"]
+               "keep" if keep_requests else "drop", "trace" if tracing else "notrace",
+               "--engine", engine, "--arrivals", arrivals, "--source", source]
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise SoakError(f"the {requests:,}-request run failed (exit {done.returncode})")
@@ -186,9 +195,12 @@ def _main(argv: Sequence[str]) -> None:
     parser.add_argument("retention", choices=("keep", "drop"), help="keep or drop finished requests")
     parser.add_argument("tracing", nargs="?", choices=("trace", "notrace"), default="notrace",
                         help="write the trace (to a temporary file) or not")
+    parser.add_argument("--engine", choices=("python", "native"), default="python", help="the engine that runs")
+    parser.add_argument("--arrivals", choices=("recorded", "spread"), default="spread", help="arrival times")
+    parser.add_argument("--source", default=SOURCE, help="the workload copied (a bundled name or a file)")
     args = parser.parse_args(argv)
-    print(json.dumps(run_one(args.requests, args.time_scale, args.retention == "keep", args.tracing == "trace")),
-          flush=True)
+    print(json.dumps(run_one(args.requests, args.time_scale, args.retention == "keep", args.tracing == "trace",
+                             engine=args.engine, arrivals=args.arrivals, source=args.source)), flush=True)
 
 
 if __name__ == "__main__":

@@ -532,7 +532,10 @@ class ConnectorCore:
             self._finish(req, Trigger.ABORTED, "aborted", why or "client aborted", hold)
         elif reason == "error":
             self._finish(req, Trigger.FAILED, "error", why or "vLLM finished it with an error", hold)
-        elif hold and (held is not None or lifecycle.ask(req, Hook.HOLD_AT_FINISH, req.store_jobs)):
+        elif hold and req.state == RUNNING and (held is not None
+                                                or lifecycle.ask(req, Hook.HOLD_AT_FINISH, req.store_jobs)):
+            # (Only a running request goes to sending: one preempted while its last step ran,
+            # whose token stops it, finishes from waiting with its stores' blocks held below.)
             req.finish_reason = reason
             req.finish_ms = state.now
             self._hold(req)

@@ -7,7 +7,14 @@ import sys
 from typing import Any
 
 from kvlife.lifecycle.cli import output
-from kvlife.lifecycle.cli.parsing import KvlifeParser, add_json_flag, name_or_path, positive_float, positive_int
+from kvlife.lifecycle.cli.parsing import (
+    KvlifeParser,
+    UsageError,
+    add_json_flag,
+    name_or_path,
+    positive_float,
+    positive_int,
+)
 from kvlife.lifecycle.config import REQUESTS
 
 KB = 1024
@@ -30,11 +37,13 @@ def register(sub: Any) -> None:
 def _register_engine(which: Any) -> None:
     parser = which.add_parser(
         "engine", help="transitions/s of the compiled core vs a bare dict loop vs python-statemachine; "
-                       "then a whole workload simulated with tracing on",
+                       "then a whole workload simulated on the python and native engines side by side",
         description="Part 1: the same transitions three ways (bare dict loop, compiled core, python-statemachine). "
-                    "Part 2: a whole workload simulated, tracing off and on (the trace to a temporary file), "
-                    "with requests/s beside an anchor: a published Rust simulator's 9,800 requests/s on "
-                    "Mooncake's tool&agent trace (another trace, another language).")
+                    "Part 2: a whole workload simulated, tracing off and on (the trace to a temporary file), on "
+                    "the python and native engines side by side, each run in a fresh process: the run's CPU "
+                    "time (median), requests per CPU second beside an anchor (a published Rust simulator's "
+                    "9,800 requests/s on Mooncake's tool&agent trace: another trace, another language), peak "
+                    "RSS, and the python/native ratio.")
     parser.add_argument("--requests", type=positive_int, default=20000, metavar="N",
                         help="requests in the transition bench")
     parser.add_argument("--repeats", type=positive_int, default=5, metavar="N", help="repeats (the median is shown)")
@@ -42,8 +51,13 @@ def _register_engine(which: Any) -> None:
                         help="requests for python-statemachine (it is ~250x slower)")
     parser.add_argument("--workload", type=name_or_path, default=DEFAULT_ENGINE_WORKLOAD, metavar="NAME|PATH",
                         help="workload of part 2: a bundled name or a Mooncake JSON-lines file (.gz read as gzip)")
-    parser.add_argument("--limit", type=positive_int, metavar="N",
-                        help="first N requests of the workload (default: all)")
+    parser.add_argument("--sizes", type=_request_counts, metavar="N,N,...",
+                        help="part 2's sizes in requests (12k, 50000, ...): the workload's first N, or it and "
+                             "shifted copies past its length (default: the whole workload)")
+    parser.add_argument("--engines", type=_engines, default=("python", "native"), metavar="python,native",
+                        help="the engines part 2 runs, side by side (default both; native needs the built core)")
+    parser.add_argument("--sim-repeats", type=positive_int, default=3, metavar="N",
+                        help="part 2's runs per size, tracing mode and engine (the median CPU time is shown)")
     parser.add_argument("--tracing", choices=("off", "on", "both"), default="both",
                         help="part 2 with tracing off, on (the trace to a temporary file), or both, off first")
     skip = parser.add_mutually_exclusive_group()
@@ -54,23 +68,35 @@ def _register_engine(which: Any) -> None:
 
 
 def handle_engine(args: argparse.Namespace) -> int:
-    from kvlife.lifecycle.cli.bench_engine import ANCHOR_NOTE, bench_trace, bench_transitions, format_report
+    from kvlife.lifecycle.cli.bench_engine import ANCHOR_NOTE, bench_simulation, bench_transitions, format_report
     from kvlife.lifecycle.cli.progress import progress_bar
 
     transitions = None if args.skip_transitions else bench_transitions(
         args.requests, args.repeats, args.reference_requests, bars=progress_bar)
     modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.tracing]
-    runs = [] if args.skip_trace else [
-        bench_trace(args.workload, args.limit, bars=progress_bar, tracing=tracing)
-        for tracing in modes]
+    if "native" in args.engines:
+        from kvlife.lifecycle.config import RunConfig
+        from kvlife.lifecycle.native.choice import uncovered
+
+        why = uncovered(RunConfig())
+        if why is not None:
+            raise UsageError(f"argument --engines: the native engine cannot run: {why}; "
+                             "give --engines python")
+    runs = [] if args.skip_trace else bench_simulation(args.workload, args.sizes or (None,), args.engines, modes,
+                                                       args.sim_repeats)
     if args.json:
-        # ``simulation``: the traced run (the one part 2 always made), else the untraced one.
-        main_run = next((r for r in runs if r["tracing"]), runs[-1] if runs else None)
-        output.emit("bench-engine", transitions=transitions, simulation=main_run, simulations=runs,
-                    anchor=ANCHOR_NOTE)
+        output.emit("bench-engine", transitions=transitions, simulations=runs, anchor=ANCHOR_NOTE)
     else:
         print(format_report(transitions, runs))
     return 0
+
+
+def _engines(text: str) -> tuple[str, ...]:
+    engines = tuple(dict.fromkeys(e.strip() for e in text.split(",")))
+    bad = [e for e in engines if e not in ("python", "native")]
+    if bad or not engines:
+        raise argparse.ArgumentTypeError(f"unknown engine {bad[0] if bad else text!r}: choose from python, native")
+    return engines
 
 
 def parse_size(text: str) -> int:
@@ -172,7 +198,7 @@ def handle_transfer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _soak_sizes(text: str) -> list[int]:
+def _request_counts(text: str) -> list[int]:
     """``12000,50k,100k`` -> [12000, 50000, 100000]."""
     sizes = []
     for part in text.split(","):
@@ -201,7 +227,7 @@ def _register_soak(which: Any) -> None:
         description="Simulate the bundled conversation trace followed by shifted copies of itself (streamed, "
                     "tracing off unless --trace) at each size, each in a fresh Python process, and report its peak "
                     "resident set size (ru_maxrss) and wall time.")
-    parser.add_argument("--sizes", type=_soak_sizes, default=",".join(str(n) for n in SIZES), metavar="N,N,...",
+    parser.add_argument("--sizes", type=_request_counts, default=",".join(str(n) for n in SIZES), metavar="N,N,...",
                         help="comma-separated request counts (a k suffix is thousands), e.g. 12k,50k,100k")
     parser.add_argument("--time-scale", type=positive_float, default=DEFAULT_TIME_SCALE, metavar="X",
                         help="arrival rate multiplier (the default is one the baseline engine keeps up with)")

@@ -150,7 +150,7 @@ def _run_sim(args: argparse.Namespace, config: RunConfig) -> int:
     with progress_bar("kvlife run", total=size) as progress:
         outcome = run_workload(config, workload, trace_path=args.trace, progress=progress, workload_name=name,
                                device_blocks_origin=origin, size=size, breakdown=True, goodput=args.goodput,
-                               inputs=run_inputs(args))
+                               inputs=run_inputs(args), engine=engine.engine)
     rows_written = None
     if out is not None and outcome.rows is not None:
         from kvlife.lifecycle.breakdown import save_csv

@@ -546,7 +546,10 @@ bool ConnectorCore::request_finished(const std::string& request_id, std::string_
     } else if (reason == "error") {
         finish(req, Trigger::FAILED, "error",
                why.has_value() && !why->empty() ? *why : "vLLM finished it with an error", hold_it);
-    } else if (hold_it && truthy(lifecycle.ask(req, Hook::HOLD_AT_FINISH, HookArg(req.store_jobs)))) {
+    } else if (hold_it && req.state == RequestState::RUNNING &&
+               truthy(lifecycle.ask(req, Hook::HOLD_AT_FINISH, HookArg(req.store_jobs)))) {
+        // (Only a running request goes to sending: one preempted while its last step ran,
+        // whose token stops it, finishes from waiting with its stores' blocks held below.)
         req.finish_reason = std::string(reason);
         req.finish_ms = state.now;
         hold(req);
