@@ -137,12 +137,21 @@ def test_bench_engine_names_its_workload(tmp_path: Path, capsys: pytest.CaptureF
     workload.write_text("".join(json.dumps({"timestamp": i * 40, "input_length": 700, "output_length": 3,
                                             "hash_ids": [0, i + 1]}) + "\n" for i in range(9)))
     args = ["bench", "engine", "--requests", "100", "--repeats", "1", "--reference-requests", "5",
-            "--workload", str(workload)]
+            "--workload", str(workload), "--sim-repeats", "1", "--tracing", "off"]
     assert main(args) == 0
-    assert f"whole-run simulation: workload {workload}, 9 requests" in capsys.readouterr().out
-    assert main([*args, "--limit", "4", "--json"]) == 0
-    simulation = json.loads(capsys.readouterr().out)["simulation"]
-    assert simulation["workload"] == str(workload) and simulation["requests"] == simulation["finished"] == 4
+    out = capsys.readouterr().out
+    assert f"simulation: {workload}, time scale 1" in out
+    row = next(line for line in out.splitlines() if line.split()[:2] == ["9", "off"])
+    assert row.rstrip().endswith("x")  # both engines ran: their ratio ends the row
+    assert main([*args, "--sizes", "4", "--skip-transitions", "--json"]) == 0
+    simulation = json.loads(capsys.readouterr().out)["simulations"][0]
+    assert simulation["workload"] == str(workload) and simulation["requests"] == 4
+    engines = simulation["engines"]
+    assert set(engines) == {"python", "native"} and simulation["speedup"] > 0
+    # The same run on both engines: the same requests finished, the same steps and events.
+    assert engines["python"]["finished"] == engines["native"]["finished"] == 4
+    assert engines["python"]["steps"] == engines["native"]["steps"]
+    assert engines["python"]["engine_events"] == engines["native"]["engine_events"]
 
 
 def test_bench_engine_never_switches_workload_silently(tmp_path: Path) -> None:
@@ -151,7 +160,7 @@ def test_bench_engine_never_switches_workload_silently(tmp_path: Path) -> None:
                   "--workload", str(missing))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"kvlife: error: {missing}") and proc.stderr.count("\n") == 1
-    assert "whole-run simulation" not in proc.stdout
+    assert "simulation:" not in proc.stdout
 
 
 def test_bench_engine_defaults_to_the_bundled_trace() -> None:
