@@ -100,7 +100,9 @@ class Scheduler {
     struct Step {
         std::vector<Entry> scheduled;
         std::int64_t total;
-        std::vector<Scheduled> planned;
+        // The device blocks the step writes (each entry's block_table[computed_before / bt,
+        // cdiv(computed_before + num_tokens, bt)) as planned): all a failed step needs.
+        std::vector<BlockId> written;
     };
     using Meta = decltype(std::declval<Connector&>().build_connector_meta(std::declval<const SchedulerOutput&>()));
 
@@ -698,6 +700,7 @@ class Scheduler {
         std::int64_t seq = sched_step_seq_;
         std::vector<Scheduled> entries;
         entries.reserve(scheduled.size());
+        std::vector<BlockId> written;
         for (const Entry& entry : scheduled) {
             SchedRequest& req = *entry.req;
             std::int64_t before = req.num_computed_tokens;
@@ -723,11 +726,16 @@ class Scheduler {
                 // derived hashes too, so a live worker writes their content.
                 extend_hashes(hashes, req.request_id, end / bt_);
             }
+            std::size_t first = static_cast<std::size_t>(before / bt_);
+            std::size_t stop = std::min(static_cast<std::size_t>(cdiv(end, bt_)), req.blocks.size());
+            for (std::size_t i = first; i < stop; ++i) {
+                written.push_back(req.blocks[i]);
+            }
             entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, req.blocks, std::move(hashes)});
         }
-        StepPlan plan{step_id, entries, static_cast<std::int64_t>(meta.sync_lookup_keys.size()), meta.sync_lookup_keys,
-                      meta.flush};
-        steps_.emplace(step_id, Step{std::move(scheduled), total, std::move(entries)});
+        StepPlan plan{step_id, std::move(entries), static_cast<std::int64_t>(meta.sync_lookup_keys.size()),
+                      meta.sync_lookup_keys, meta.flush};
+        steps_.emplace(step_id, Step{std::move(scheduled), total, std::move(written)});
         return std::make_pair(std::move(plan), std::move(meta));
     }
 
