@@ -104,6 +104,9 @@ class Scheduler {
         // cdiv(computed_before + num_tokens, bt)) as planned): all a failed step needs.
         std::vector<BlockId> written;
     };
+    // Whether a plan's entries carry their block tables and hashes: a live worker and the
+    // Python bindings read them; the native simulator's loop never does and turns them off.
+    bool plan_tables = true;
     using Meta = decltype(std::declval<Connector&>().build_connector_meta(std::declval<const SchedulerOutput&>()));
 
     Scheduler(const SchedulerConfig& config, Connector& connector)
@@ -277,6 +280,9 @@ class Scheduler {
                 if (req.status == Status::RUNNING) {
                     cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens);
                 }
+            }
+            if (stops.empty()) {
+                continue;  // (most steps finish nothing: no lookup by id)
             }
             auto reason = stops.find(req.request_id);
             if (reason != stops.end()) {
@@ -718,6 +724,18 @@ class Scheduler {
                     req.num_output_placeholders += 1;
                 }
             }
+            std::size_t first = static_cast<std::size_t>(before / bt_);
+            std::size_t stop = std::min(static_cast<std::size_t>(cdiv(end, bt_)), req.blocks.size());
+            for (std::size_t i = first; i < stop; ++i) {
+                written.push_back(req.blocks[i]);
+            }
+            if (!plan_tables) {
+                if (static_cast<std::int64_t>(req.hashes.size()) < known / bt_) {
+                    req.block_hashes();  // (the request's own hashes grow as they do with tables)
+                }
+                entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, {}, {}});
+                continue;
+            }
             std::vector<BlockHash> hashes = static_cast<std::int64_t>(req.hashes.size()) < known / bt_
                                                 ? req.block_hashes()
                                                 : req.hashes;
@@ -725,11 +743,6 @@ class Scheduler {
                 // Blocks completed by output placeholders (async scheduling): named by their
                 // derived hashes too, so a live worker writes their content.
                 extend_hashes(hashes, req.request_id, end / bt_);
-            }
-            std::size_t first = static_cast<std::size_t>(before / bt_);
-            std::size_t stop = std::min(static_cast<std::size_t>(cdiv(end, bt_)), req.blocks.size());
-            for (std::size_t i = first; i < stop; ++i) {
-                written.push_back(req.blocks[i]);
             }
             entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, req.blocks, std::move(hashes)});
         }
