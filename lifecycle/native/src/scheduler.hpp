@@ -173,7 +173,7 @@ class Scheduler {
         std::size_t index = 0;
         std::int64_t capacity = pool_.capacity();
         while (index < running_.size() && budget > 0) {
-            RequestPtr req = running_[index];
+            SchedRequest* req = running_[index].get();  // (no shared_ptr copy per request per step)
             std::int64_t computed = req->num_computed_tokens;
             std::int64_t placeholders = req->num_output_placeholders;
             if (placeholders > 0 && req->max_tokens.has_value() &&
@@ -193,8 +193,9 @@ class Scheduler {
             std::int64_t need = cdiv(computed + n, bt_);
             if (need > capacity) {
                 // It outgrew the whole device: preempting anything could never make room.
+                RequestPtr owned = running_[index];
                 running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
-                free_request(req, "error", false,
+                free_request(owned, "error", false,
                              "needs " + std::to_string(need) + " blocks for " + std::to_string(req->num_computed_tokens) +
                                  " computed tokens and the chunk, the device has " + std::to_string(pool_.capacity()),
                              Status::FINISHED_IGNORED);
@@ -210,7 +211,7 @@ class Scheduler {
                 running_.pop_back();
                 preempt(victim);
                 preempted = true;
-                if (victim == req) {
+                if (victim.get() == req) {
                     break;
                 }
             }
@@ -229,7 +230,7 @@ class Scheduler {
             if (upto / bt_ > req->num_cached_blocks) {
                 cache_blocks(*req, upto);
             }
-            scheduled.push_back(Entry{req, n, end >= known});
+            scheduled.push_back(Entry{running_[index], n, end >= known});  // (req: still at index)
             budget -= n;
             index += 1;
         }
@@ -671,6 +672,10 @@ class Scheduler {
         std::int64_t total = 0;
         SchedulerOutput output;
         CachedRequestData& cached = output.scheduled_cached_reqs;
+        output.num_scheduled_tokens.reserve(scheduled.size());
+        cached.req_ids.reserve(scheduled.size());
+        cached.num_computed_tokens.reserve(scheduled.size());
+        cached.new_block_ids.reserve(scheduled.size());
         for (const Entry& entry : scheduled) {
             const std::string& rid = entry.req->request_id;
             output.num_scheduled_tokens.emplace_back(rid, entry.n);
