@@ -168,6 +168,7 @@ class Scheduler {
         connector_.begin_pass();
         std::int64_t budget = config_.max_batched_tokens;
         std::vector<Entry> scheduled;
+        scheduled.swap(spare_scheduled_);  // (an emptied list of an earlier step: no growth per step)
         NewBlocks new_blocks;
         bool preempted = false;
         std::size_t index = 0;
@@ -305,6 +306,10 @@ class Scheduler {
             transfers_finished(*output);
         }
         connector_.take_events();
+        step.scheduled.clear();  // (the lists go back, emptied, for later steps)
+        spare_scheduled_ = std::move(step.scheduled);
+        step.written.clear();
+        spare_written_ = std::move(step.written);
         return true;
     }
 
@@ -670,8 +675,16 @@ class Scheduler {
     std::pair<StepPlan, Meta> emit(std::vector<Entry>& scheduled, NewBlocks& new_blocks) {
         std::int64_t step_id = next_step_id_++;
         std::int64_t total = 0;
-        SchedulerOutput output;
+        SchedulerOutput& output = output_scratch_;  // (its lists emptied, their room kept)
+        output.scheduled_new_reqs.clear();
+        output.num_scheduled_tokens.clear();
+        output.preempted_req_ids.clear();
+        output.finished_req_ids.clear();
         CachedRequestData& cached = output.scheduled_cached_reqs;
+        cached.req_ids.clear();
+        cached.num_computed_tokens.clear();
+        cached.new_block_ids.clear();
+        cached.resumed_req_ids.clear();
         output.num_scheduled_tokens.reserve(scheduled.size());
         cached.req_ids.reserve(scheduled.size());
         cached.num_computed_tokens.reserve(scheduled.size());
@@ -712,6 +725,7 @@ class Scheduler {
         std::vector<Scheduled> entries;
         entries.reserve(scheduled.size());
         std::vector<BlockId> written;
+        written.swap(spare_written_);
         for (const Entry& entry : scheduled) {
             SchedRequest& req = *entry.req;
             std::int64_t before = req.num_computed_tokens;
@@ -840,6 +854,9 @@ class Scheduler {
     std::int64_t next_step_id_ = 0;
     std::int64_t results_ = 0;
     std::vector<BlockId> freed_scratch_;
+    std::vector<Entry> spare_scheduled_;
+    std::vector<BlockId> spare_written_;
+    SchedulerOutput output_scratch_;
 };
 
 }  // namespace kvlife
