@@ -224,7 +224,7 @@ class Scheduler {
                 std::vector<BlockId> added;
                 pool_.allocate(more, added);
                 req->blocks.insert(req->blocks.end(), added.begin(), added.end());
-                new_blocks.set(req->request_id, std::move(added), false);
+                new_blocks.set(req, std::move(added), false);
             }
             std::int64_t end = computed + n;
             std::int64_t upto = end < known ? end : known;
@@ -364,11 +364,19 @@ class Scheduler {
     }
 
   private:
-    // new_blocks: request id -> (blocks added this pass, whether it was admitted this pass).
+    // new_blocks: request -> (blocks added this pass, whether it was admitted this pass). A
+    // request gets its blocks just before its entry joins the pass's scheduled list, once per
+    // pass, and an entry is never preempted later in its pass: the items are in the scheduled
+    // list's order, so emit walks them with one cursor (no lookup by id).
     struct NewBlocks {
-        std::unordered_map<std::string, std::pair<std::vector<BlockId>, bool>> map;
-        void set(const std::string& rid, std::vector<BlockId> blocks, bool admitted) {
-            map[rid] = std::make_pair(std::move(blocks), admitted);
+        struct Item {
+            const SchedRequest* req;
+            std::vector<BlockId> blocks;
+            bool admitted;
+        };
+        std::vector<Item> items;
+        void set(const SchedRequest* req, std::vector<BlockId> blocks, bool admitted) {
+            items.push_back(Item{req, std::move(blocks), admitted});
         }
     };
 
@@ -561,7 +569,7 @@ class Scheduler {
             }
             req->status = Status::RUNNING;
             req->num_computed_tokens = computed;
-            new_blocks.set(rid, req->blocks, true);
+            new_blocks.set(req.get(), req->blocks, true);
             scheduled.push_back(Entry{req, n, computed + n >= req->num_tokens()});
             budget -= n;
             if (computed + n < req->num_tokens()) {
@@ -689,27 +697,31 @@ class Scheduler {
         cached.req_ids.reserve(scheduled.size());
         cached.num_computed_tokens.reserve(scheduled.size());
         cached.new_block_ids.reserve(scheduled.size());
+        std::size_t cursor = 0;
         for (const Entry& entry : scheduled) {
             const std::string& rid = entry.req->request_id;
             output.num_scheduled_tokens.emplace_back(rid, entry.n);
             total += entry.n;
-            auto added = new_blocks.map.find(rid);
-            if (added == new_blocks.map.end()) {
+            typename NewBlocks::Item* added = nullptr;
+            if (cursor < new_blocks.items.size() && new_blocks.items[cursor].req == entry.req.get()) {
+                added = &new_blocks.items[cursor++];
+            }
+            if (added == nullptr) {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
                 cached.new_block_ids.emplace_back(std::nullopt);
-            } else if (!added->second.second) {
+            } else if (!added->admitted) {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
-                cached.new_block_ids.emplace_back(added->second.first);
+                cached.new_block_ids.emplace_back(std::move(added->blocks));
             } else if (resumed_.count(rid)) {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
-                cached.new_block_ids.emplace_back(added->second.first);
+                cached.new_block_ids.emplace_back(std::move(added->blocks));
                 add_unique(cached.resumed_req_ids, rid);
             } else {
                 output.scheduled_new_reqs.push_back(
-                    NewRequestData{rid, entry.req->num_computed_tokens, added->second.first});
+                    NewRequestData{rid, entry.req->num_computed_tokens, std::move(added->blocks)});
             }
         }
         output.preempted_req_ids = preempted_ids_;
