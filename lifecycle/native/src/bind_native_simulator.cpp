@@ -108,6 +108,7 @@ class NativeRun {
         if (clock) clock_ = std::make_unique<PhaseClock>();
         engine_ = std::make_unique<Engine>(core, scheduler, &asker_, table_.cast<const TransitionTable&>(),
                                            Trace(out_.get(), clock_.get()), fold_.is_none() ? nullptr : &retirer_);
+        engine_->scheduler().plan_tables = false;  // the loop reads no plan's block tables or hashes
         sim_ = std::make_unique<Simulator<Engine>>(*engine_, settings, cost, lookups, rank_links, std::move(tiers));
         sim_->hooks.ctx = this;
         sim_->hooks.between_events = &NativeRun::between_events;

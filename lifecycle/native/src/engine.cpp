@@ -175,17 +175,18 @@ void Engine::on_step_output(const StepOutput& event) {
         return;
     }
     if (!event.failed_ranks.empty()) {
-        std::vector<Scheduled> planned = steps.begin()->second.planned;
-        fail_step(planned);
+        std::vector<BlockId> written = steps.begin()->second.written;
+        fail_step(written);
     }
-    std::unordered_set<std::string> scheduled;
-    for (const auto& entry : scheduler_.steps().begin()->second.scheduled) {
-        if (entry.samples) {
-            scheduled.insert(entry.req->request_id);
+    for (const auto& item : event.finished) {  // (a short list: a scan, no set per step)
+        bool sampled = false;
+        for (const auto& entry : scheduler_.steps().begin()->second.scheduled) {
+            if (entry.samples && entry.req->request_id == item.first) {
+                sampled = true;
+                break;
+            }
         }
-    }
-    for (const auto& item : event.finished) {
-        if (!scheduled.count(item.first)) {
+        if (!sampled) {
             core_.lifecycle.warn("finish_for_unscheduled_request",
                                  {Field("req", item.first), Field("step", event.step_id)});
         }
@@ -229,17 +230,8 @@ void Engine::on_step_output(const StepOutput& event) {
     scheduler_.update_from_output(event.step_id, stops, &output, given_up);
 }
 
-void Engine::fail_step(const std::vector<Scheduled>& planned) {
-    std::int64_t bt = core_.state.config.block_tokens;
-    std::unordered_set<BlockId> bad;
-    for (const Scheduled& entry : planned) {
-        std::int64_t first = entry.computed_before / bt;
-        std::int64_t end = cdiv(entry.computed_before + entry.num_tokens, bt);
-        std::int64_t size = static_cast<std::int64_t>(entry.block_table.size());
-        for (std::int64_t i = first; i < std::min(end, size); ++i) {
-            bad.insert(entry.block_table[static_cast<std::size_t>(i)]);
-        }
-    }
+void Engine::fail_step(const std::vector<BlockId>& written) {
+    std::unordered_set<BlockId> bad(written.begin(), written.end());
     std::vector<std::string> victims;
     std::unordered_set<std::string> is_victim;
     bool grew = true;

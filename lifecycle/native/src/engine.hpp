@@ -84,7 +84,7 @@ class Engine {
     void worker_done(std::int64_t job_id, std::int64_t rank, const std::vector<BlockHash>& failed);
     void on_step_output(const StepOutput& event);
     void on_abort(const Abort& event);
-    void fail_step(const std::vector<Scheduled>& planned);
+    void fail_step(const std::vector<BlockId>& written);  // the failed step's written blocks
 
     // The scheduler's block pool, as the core's quarantine holds and releases blocks.
     struct PoolHolder : BlockHolds {

@@ -100,8 +100,13 @@ class Scheduler {
     struct Step {
         std::vector<Entry> scheduled;
         std::int64_t total;
-        std::vector<Scheduled> planned;
+        // The device blocks the step writes (each entry's block_table[computed_before / bt,
+        // cdiv(computed_before + num_tokens, bt)) as planned): all a failed step needs.
+        std::vector<BlockId> written;
     };
+    // Whether a plan's entries carry their block tables and hashes: a live worker and the
+    // Python bindings read them; the native simulator's loop never does and turns them off.
+    bool plan_tables = true;
     using Meta = decltype(std::declval<Connector&>().build_connector_meta(std::declval<const SchedulerOutput&>()));
 
     Scheduler(const SchedulerConfig& config, Connector& connector)
@@ -163,12 +168,13 @@ class Scheduler {
         connector_.begin_pass();
         std::int64_t budget = config_.max_batched_tokens;
         std::vector<Entry> scheduled;
+        scheduled.swap(spare_scheduled_);  // (an emptied list of an earlier step: no growth per step)
         NewBlocks new_blocks;
         bool preempted = false;
         std::size_t index = 0;
         std::int64_t capacity = pool_.capacity();
         while (index < running_.size() && budget > 0) {
-            RequestPtr req = running_[index];
+            SchedRequest* req = running_[index].get();  // (no shared_ptr copy per request per step)
             std::int64_t computed = req->num_computed_tokens;
             std::int64_t placeholders = req->num_output_placeholders;
             if (placeholders > 0 && req->max_tokens.has_value() &&
@@ -188,8 +194,9 @@ class Scheduler {
             std::int64_t need = cdiv(computed + n, bt_);
             if (need > capacity) {
                 // It outgrew the whole device: preempting anything could never make room.
+                RequestPtr owned = running_[index];
                 running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
-                free_request(req, "error", false,
+                free_request(owned, "error", false,
                              "needs " + std::to_string(need) + " blocks for " + std::to_string(req->num_computed_tokens) +
                                  " computed tokens and the chunk, the device has " + std::to_string(pool_.capacity()),
                              Status::FINISHED_IGNORED);
@@ -205,7 +212,7 @@ class Scheduler {
                 running_.pop_back();
                 preempt(victim);
                 preempted = true;
-                if (victim == req) {
+                if (victim.get() == req) {
                     break;
                 }
             }
@@ -217,14 +224,14 @@ class Scheduler {
                 std::vector<BlockId> added;
                 pool_.allocate(more, added);
                 req->blocks.insert(req->blocks.end(), added.begin(), added.end());
-                new_blocks.set(req->request_id, std::move(added), false);
+                new_blocks.set(req, std::move(added), false);
             }
             std::int64_t end = computed + n;
             std::int64_t upto = end < known ? end : known;
             if (upto / bt_ > req->num_cached_blocks) {
                 cache_blocks(*req, upto);
             }
-            scheduled.push_back(Entry{req, n, end >= known});
+            scheduled.push_back(Entry{running_[index], n, end >= known});  // (req: still at index)
             budget -= n;
             index += 1;
         }
@@ -276,6 +283,9 @@ class Scheduler {
                     cache_blocks(req, req.num_computed_tokens - req.num_in_flight_tokens);
                 }
             }
+            if (stops.empty()) {
+                continue;  // (most steps finish nothing: no lookup by id)
+            }
             auto reason = stops.find(req.request_id);
             if (reason != stops.end()) {
                 if (req.status == Status::RUNNING) {
@@ -296,6 +306,10 @@ class Scheduler {
             transfers_finished(*output);
         }
         connector_.take_events();
+        step.scheduled.clear();  // (the lists go back, emptied, for later steps)
+        spare_scheduled_ = std::move(step.scheduled);
+        step.written.clear();
+        spare_written_ = std::move(step.written);
         return true;
     }
 
@@ -350,11 +364,19 @@ class Scheduler {
     }
 
   private:
-    // new_blocks: request id -> (blocks added this pass, whether it was admitted this pass).
+    // new_blocks: request -> (blocks added this pass, whether it was admitted this pass). A
+    // request gets its blocks just before its entry joins the pass's scheduled list, once per
+    // pass, and an entry is never preempted later in its pass: the items are in the scheduled
+    // list's order, so emit walks them with one cursor (no lookup by id).
     struct NewBlocks {
-        std::unordered_map<std::string, std::pair<std::vector<BlockId>, bool>> map;
-        void set(const std::string& rid, std::vector<BlockId> blocks, bool admitted) {
-            map[rid] = std::make_pair(std::move(blocks), admitted);
+        struct Item {
+            const SchedRequest* req;
+            std::vector<BlockId> blocks;
+            bool admitted;
+        };
+        std::vector<Item> items;
+        void set(const SchedRequest* req, std::vector<BlockId> blocks, bool admitted) {
+            items.push_back(Item{req, std::move(blocks), admitted});
         }
     };
 
@@ -547,7 +569,7 @@ class Scheduler {
             }
             req->status = Status::RUNNING;
             req->num_computed_tokens = computed;
-            new_blocks.set(rid, req->blocks, true);
+            new_blocks.set(req.get(), req->blocks, true);
             scheduled.push_back(Entry{req, n, computed + n >= req->num_tokens()});
             budget -= n;
             if (computed + n < req->num_tokens()) {
@@ -661,29 +683,45 @@ class Scheduler {
     std::pair<StepPlan, Meta> emit(std::vector<Entry>& scheduled, NewBlocks& new_blocks) {
         std::int64_t step_id = next_step_id_++;
         std::int64_t total = 0;
-        SchedulerOutput output;
+        SchedulerOutput& output = output_scratch_;  // (its lists emptied, their room kept)
+        output.scheduled_new_reqs.clear();
+        output.num_scheduled_tokens.clear();
+        output.preempted_req_ids.clear();
+        output.finished_req_ids.clear();
         CachedRequestData& cached = output.scheduled_cached_reqs;
+        cached.req_ids.clear();
+        cached.num_computed_tokens.clear();
+        cached.new_block_ids.clear();
+        cached.resumed_req_ids.clear();
+        output.num_scheduled_tokens.reserve(scheduled.size());
+        cached.req_ids.reserve(scheduled.size());
+        cached.num_computed_tokens.reserve(scheduled.size());
+        cached.new_block_ids.reserve(scheduled.size());
+        std::size_t cursor = 0;
         for (const Entry& entry : scheduled) {
             const std::string& rid = entry.req->request_id;
             output.num_scheduled_tokens.emplace_back(rid, entry.n);
             total += entry.n;
-            auto added = new_blocks.map.find(rid);
-            if (added == new_blocks.map.end()) {
+            typename NewBlocks::Item* added = nullptr;
+            if (cursor < new_blocks.items.size() && new_blocks.items[cursor].req == entry.req.get()) {
+                added = &new_blocks.items[cursor++];
+            }
+            if (added == nullptr) {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
                 cached.new_block_ids.emplace_back(std::nullopt);
-            } else if (!added->second.second) {
+            } else if (!added->admitted) {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
-                cached.new_block_ids.emplace_back(added->second.first);
+                cached.new_block_ids.emplace_back(std::move(added->blocks));
             } else if (resumed_.count(rid)) {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
-                cached.new_block_ids.emplace_back(added->second.first);
+                cached.new_block_ids.emplace_back(std::move(added->blocks));
                 add_unique(cached.resumed_req_ids, rid);
             } else {
                 output.scheduled_new_reqs.push_back(
-                    NewRequestData{rid, entry.req->num_computed_tokens, added->second.first});
+                    NewRequestData{rid, entry.req->num_computed_tokens, std::move(added->blocks)});
             }
         }
         output.preempted_req_ids = preempted_ids_;
@@ -698,6 +736,8 @@ class Scheduler {
         std::int64_t seq = sched_step_seq_;
         std::vector<Scheduled> entries;
         entries.reserve(scheduled.size());
+        std::vector<BlockId> written;
+        written.swap(spare_written_);
         for (const Entry& entry : scheduled) {
             SchedRequest& req = *entry.req;
             std::int64_t before = req.num_computed_tokens;
@@ -715,6 +755,18 @@ class Scheduler {
                     req.num_output_placeholders += 1;
                 }
             }
+            std::size_t first = static_cast<std::size_t>(before / bt_);
+            std::size_t stop = std::min(static_cast<std::size_t>(cdiv(end, bt_)), req.blocks.size());
+            for (std::size_t i = first; i < stop; ++i) {
+                written.push_back(req.blocks[i]);
+            }
+            if (!plan_tables) {
+                if (static_cast<std::int64_t>(req.hashes.size()) < known / bt_) {
+                    req.block_hashes();  // (the request's own hashes grow as they do with tables)
+                }
+                entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, {}, {}});
+                continue;
+            }
             std::vector<BlockHash> hashes = static_cast<std::int64_t>(req.hashes.size()) < known / bt_
                                                 ? req.block_hashes()
                                                 : req.hashes;
@@ -725,9 +777,9 @@ class Scheduler {
             }
             entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, req.blocks, std::move(hashes)});
         }
-        StepPlan plan{step_id, entries, static_cast<std::int64_t>(meta.sync_lookup_keys.size()), meta.sync_lookup_keys,
-                      meta.flush};
-        steps_.emplace(step_id, Step{std::move(scheduled), total, std::move(entries)});
+        StepPlan plan{step_id, std::move(entries), static_cast<std::int64_t>(meta.sync_lookup_keys.size()),
+                      meta.sync_lookup_keys, meta.flush};
+        steps_.emplace(step_id, Step{std::move(scheduled), total, std::move(written)});
         return std::make_pair(std::move(plan), std::move(meta));
     }
 
@@ -814,6 +866,9 @@ class Scheduler {
     std::int64_t next_step_id_ = 0;
     std::int64_t results_ = 0;
     std::vector<BlockId> freed_scratch_;
+    std::vector<Entry> spare_scheduled_;
+    std::vector<BlockId> spare_written_;
+    SchedulerOutput output_scratch_;
 };
 
 }  // namespace kvlife
