@@ -792,6 +792,13 @@ def test_one_hook_answering_nonsense_is_one_line(scratch: Path, hooks_asked: set
     path.write_text(policy_module({hook: answer}))
     outcome = policy_run(scratch, path)
     if (hook, answer) in VALID_FOR:
+        if outcome.code == 2 and "2**70" in answer:
+            # The native engine holds answers in 64 bits: it says so in one line, naming the
+            # way out, and the Python engine takes the answer.
+            assert outcome.line.endswith("the native engine takes integers within 64 bits; run it with "
+                                         "--engine python"), outcome.line
+            outcome = kvlife("run", "--engine", "python", "--stack", f"{path}:P{UNDER}", "--config",
+                             str(scratch / "failing.toml"), "--limit", "15", "--json")
         assert outcome.code == 0, outcome
         return
     assert hook in hooks_asked

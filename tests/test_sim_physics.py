@@ -282,5 +282,6 @@ def test_kvlife_run_on_defaults_is_llama_3_8b_on_one_h100_at_realistic_latencies
 def test_kvlife_run_prints_what_it_ran_on(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--limit", "30", "--device-blocks", "400"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].split() == ["hardware", "/", "model", "/", "TP", "h100-sxm", "/", "llama-3-8b", "/", "TP", "1"]
-    assert out[2].split(None, 2)[2] == "400 (--device-blocks; derived: 821) / 64 MiB per block"
+    assert out[1].split()[0] == "engine"  # which engine ran (tests/test_engine_choice.py)
+    assert out[2].split() == ["hardware", "/", "model", "/", "TP", "h100-sxm", "/", "llama-3-8b", "/", "TP", "1"]
+    assert out[3].split(None, 2)[2] == "400 (--device-blocks; derived: 821) / 64 MiB per block"

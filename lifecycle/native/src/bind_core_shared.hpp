@@ -72,7 +72,21 @@ class PyPolicyAsker final : public PolicyAsker {
                 break;
         }
         out.policy = answer.attr("policy").cast<std::string>();
-        out.value = answer_value(answer.attr("value"));
+        py::object value = answer.attr("value");
+        if (PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr())) {
+            int overflow = 0;
+            PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+            if (overflow != 0) {  // a valid answer (store_limit 2**70) the native core cannot hold
+                py::object error = py::module_::import("kvlife.policies.base").attr("PolicyError");
+                PyErr_SetString(error.ptr(), ("policy " + out.policy + ": hook " + name.cast<std::string>() +
+                                              " answered " + py::repr(value).cast<std::string>() +
+                                              ": the native engine takes integers within 64 bits; "
+                                              "run it with --engine python")
+                                                 .c_str());
+                throw py::error_already_set();
+            }
+        }
+        out.value = answer_value(value);
         out.reason = answer.attr("reason").cast<std::string>();
     }
 
