@@ -15,7 +15,8 @@ from kvlife.lifecycle.profiles.step_cost import StepCostModel
 from kvlife.specs.table import TABLE
 
 if TYPE_CHECKING:
-    from kvlife.lifecycle.config import RunConfig
+    from kvlife.lifecycle.config import RunConfig, TierConfig
+    from kvlife.lifecycle.drivers.physics import Physics
     from kvlife.lifecycle.drivers.simulator import SimResult
     from kvlife.lifecycle.engine.request import Request
     from kvlife.lifecycle.engine.state import Recorder
@@ -94,57 +95,30 @@ def engine(config: EngineConfig, policies: Any, trace: bool = False, retire: Any
                                policies=policies, trace=trace, retire=retire)
 
 
-def simulate(
-    config: RunConfig,
-    workload: Iterable[WorkloadRequest],
-    policies: PolicyStack,
-    recorder: Recorder | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    check_every: int | None = None,
-    *,
-    size: int | None = None,
-    keep_requests: bool = True,
-    chunk: int = 1024,
-) -> SimResult:
-    """``Simulator(config, workload, ...).run()`` with the native loop (``_core.PyEngineSimulator``)
-    around the Python ``Engine``: the same trace, byte for byte, and the same ``SimResult``.
-    The workload is handed over ``chunk`` requests at a time (a stream stays a stream; a
-    reader's error is raised when the loop reaches the request it failed at, as the Python
-    loop raises it). Ctrl-C/SIGTERM cut between two events, with the ``interrupted`` record.
-    ``--chaos`` and ``--check`` are not in the native loop: ValueError."""
-    from kvlife.lifecycle.drivers import interrupts
-    from kvlife.lifecycle.drivers.physics import rank_links, resolve
-    from kvlife.lifecycle.drivers.simulator import SimResult, cut_record  # noqa: F811
-    from kvlife.lifecycle.engine.core import Engine
-    from kvlife.lifecycle.metrics import RequestTotals
-
-    if config.sim.chaos is not None or config.sim.check:
-        raise ValueError("the native simulator has no --chaos or --check: those run on the Python engine")
-    config, physics = resolve(config)
+def arrivals_of(workload: Iterable[WorkloadRequest], size: int | None
+                ) -> tuple[Sequence[WorkloadRequest], Iterator[WorkloadRequest], int | None]:
+    """What the simulated drivers take from a workload: the list given (empty for a stream),
+    the requests in arrival order (a list out of order sorted, stably, as ``Simulator``
+    sorts it) and the size when known."""
     if isinstance(workload, Sequence):
-        given: Sequence[WorkloadRequest] = workload
         ordered = all(a.arrival_ms <= b.arrival_ms for a, b in itertools.pairwise(workload))
-        arrivals: Iterator[WorkloadRequest] = iter(
-            workload if ordered else sorted(workload, key=lambda w: w.arrival_ms))
-        size = size if size is not None else len(workload)
-    else:
-        given = ()
-        arrivals = iter(workload)
-        if size is None and isinstance(workload, Sized):
-            size = len(workload)
-    retired = None if keep_requests else RequestTotals()
-    native: Any = None
+        arrivals = iter(workload if ordered else sorted(workload, key=lambda w: w.arrival_ms))
+        return workload, arrivals, size if size is not None else len(workload)
+    if size is None and isinstance(workload, Sized):
+        size = len(workload)
+    return (), iter(workload), size
 
-    def retire(req: Request) -> None:
-        cast(RequestTotals, retired).fold(req)
-        native.retired(req.request_id)
 
-    engine = Engine(config.engine, policies, recorder=recorder, retire=None if keep_requests else retire)
-    # One rank's links (a tier whose loads and stores compete names one link twice); each rank
-    # gets its own copies.
+def sim_links(physics: Physics, tiers: Sequence[TierConfig]
+              ) -> tuple[list[Any], list[tuple[str, float, int, int, bool]]]:
+    """One rank's native links (a tier whose loads and stores compete names one link twice;
+    the loop gives each rank its own copies) and, per tier, (name, failure rate, load link,
+    store link, whether a store writes)."""
+    from kvlife.lifecycle.drivers.physics import rank_links
+
     links: list[Link] = []
-    tiers: list[tuple[str, float, int, int, bool]] = []
-    for tier in config.engine.tiers:
+    spec: list[tuple[str, float, int, int, bool]] = []
+    for tier in tiers:
         pair = rank_links(physics.hardware, (tier,))[tier.name]
         load_at = len(links)
         links.append(pair.load)
@@ -152,20 +126,17 @@ def simulate(
         if pair.store is not pair.load:
             store_at = len(links)
             links.append(pair.store)
-        tiers.append((tier.name, tier.failure_rate, load_at, store_at, pair.store_is_write))
-    native = load().PyEngineSimulator(
-        engine, ranks=config.engine.ranks, async_scheduling=config.engine.async_scheduling,
-        exact=config.sim.completions == "exact", rank_jitter_ms=config.sim.rank_jitter_ms,
-        max_output_tokens=config.sim.max_output_tokens, seed=config.sim.seed,
-        rank_block_bytes=physics.rank_block_bytes, check_every=check_every, size=size,
-        cost=step_cost(physics.cost),
-        lookups=lookup_service(LookupService(config.sim.lookup_workers, config.engine.lookup_latency_ms,
-                                             config.sim.lookup_per_key_ms)),
-        links=[link(x) for x in links], tiers=tiers)
+        spec.append((tier.name, tier.failure_rate, load_at, store_at, pair.store_is_write))
+    return [link(x) for x in links], spec
+
+
+def feed(native: Any, arrivals: Iterator[WorkloadRequest], chunk: int) -> Callable[[], bool]:
+    """The native loop's refill hook: the next ``chunk`` requests handed over as arrays
+    (False once the workload has ended); a reader's error is raised once the requests
+    before it are taken, when the loop asks for the one it failed at."""
     failure: list[BaseException] = []
 
     def refill() -> bool:
-        """The next chunk of the workload; a reader's error once the requests before it are taken."""
         if failure:
             raise failure[0]
         batch: list[WorkloadRequest] = []
@@ -185,7 +156,57 @@ def simulate(
                             [w.hash_ids for w in batch])
         return True
 
-    native.set_refill(refill)
+    return refill
+
+
+def simulate(
+    config: RunConfig,
+    workload: Iterable[WorkloadRequest],
+    policies: PolicyStack,
+    recorder: Recorder | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    check_every: int | None = None,
+    *,
+    size: int | None = None,
+    keep_requests: bool = True,
+    chunk: int = 1024,
+) -> SimResult:
+    """``Simulator(config, workload, ...).run()`` with the native loop (``_core.PyEngineSimulator``)
+    around the Python ``Engine``: the same trace, byte for byte, and the same ``SimResult``.
+    The workload is handed over ``chunk`` requests at a time (a stream stays a stream; a
+    reader's error is raised when the loop reaches the request it failed at, as the Python
+    loop raises it). Ctrl-C/SIGTERM cut between two events, with the ``interrupted`` record.
+    ``--chaos`` and ``--check`` are not in the native loop: ValueError."""
+    from kvlife.lifecycle.drivers import interrupts
+    from kvlife.lifecycle.drivers.physics import resolve
+    from kvlife.lifecycle.drivers.simulator import SimResult, cut_record  # noqa: F811
+    from kvlife.lifecycle.engine.core import Engine
+    from kvlife.lifecycle.metrics import RequestTotals
+
+    if config.sim.chaos is not None or config.sim.check:
+        raise ValueError("the native simulator has no --chaos or --check: those run on the Python engine")
+    config, physics = resolve(config)
+    given, arrivals, size = arrivals_of(workload, size)
+    retired = None if keep_requests else RequestTotals()
+    native: Any = None
+
+    def retire(req: Request) -> None:
+        cast(RequestTotals, retired).fold(req)
+        native.retired(req.request_id)
+
+    engine = Engine(config.engine, policies, recorder=recorder, retire=None if keep_requests else retire)
+    links, tiers = sim_links(physics, config.engine.tiers)
+    native = load().PyEngineSimulator(
+        engine, ranks=config.engine.ranks, async_scheduling=config.engine.async_scheduling,
+        exact=config.sim.completions == "exact", rank_jitter_ms=config.sim.rank_jitter_ms,
+        max_output_tokens=config.sim.max_output_tokens, seed=config.sim.seed,
+        rank_block_bytes=physics.rank_block_bytes, check_every=check_every, size=size,
+        cost=step_cost(physics.cost),
+        lookups=lookup_service(LookupService(config.sim.lookup_workers, config.engine.lookup_latency_ms,
+                                             config.sim.lookup_per_key_ms)),
+        links=links, tiers=tiers)
+
+    native.set_refill(feed(native, arrivals, chunk))
     native.set_progress(progress)
     with interrupts.held() as gate:
         try:

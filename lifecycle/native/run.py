@@ -13,8 +13,7 @@ Each request the engine lets go reaches ``RequestTotals.fold`` (and ``breakdown.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -25,7 +24,6 @@ from kvlife.lifecycle.native import bridge, load
 if TYPE_CHECKING:
     from kvlife.lifecycle.breakdown import PhaseClock
     from kvlife.lifecycle.config import EngineConfig, RunConfig
-    from kvlife.lifecycle.drivers.links import Link
     from kvlife.lifecycle.drivers.simulator import Progress, SimResult
     from kvlife.lifecycle.traces.trace import TraceWriter
     from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
@@ -109,39 +107,17 @@ def simulate(
     error raised when the loop reaches the request it failed at; Ctrl-C/SIGTERM cut between two
     events, with the ``interrupted`` record. ``--chaos`` and ``--check``: ValueError."""
     from kvlife.lifecycle.drivers import interrupts
-    from kvlife.lifecycle.drivers.physics import rank_links, resolve
+    from kvlife.lifecycle.drivers.physics import resolve
     from kvlife.lifecycle.drivers.simulator import SimResult, cut_record
     from kvlife.lifecycle.metrics import RequestTotals
 
     if config.sim.chaos is not None or config.sim.check:
         raise ValueError("the native engine has no --chaos or --check: those run on the Python engine")
     config, physics = resolve(config)
-    if isinstance(workload, Sequence):
-        given: Sequence[WorkloadRequest] = workload
-        ordered = all(a.arrival_ms <= b.arrival_ms for a, b in itertools.pairwise(workload))
-        arrivals: Iterator[WorkloadRequest] = iter(
-            workload if ordered else sorted(workload, key=lambda w: w.arrival_ms))
-        size = size if size is not None else len(workload)
-    else:
-        given = ()
-        arrivals = iter(workload)
-        if size is None and isinstance(workload, Sized):
-            size = len(workload)
+    given, arrivals, size = bridge.arrivals_of(workload, size)
     engine = config.engine
     retired = RequestTotals()
-    # One rank's links (a tier whose loads and stores compete names one link twice); each rank
-    # gets its own copies.
-    links: list[Link] = []
-    tiers: list[tuple[str, float, int, int, bool]] = []
-    for tier in engine.tiers:
-        pair = rank_links(physics.hardware, (tier,))[tier.name]
-        load_at = len(links)
-        links.append(pair.load)
-        store_at = load_at
-        if pair.store is not pair.load:
-            store_at = len(links)
-            links.append(pair.store)
-        tiers.append((tier.name, tier.failure_rate, load_at, store_at, pair.store_is_write))
+    links, tiers = bridge.sim_links(physics, engine.tiers)
     native = load().NativeSimulator(
         core=bridge.core_config(engine), device_blocks=engine.device_blocks,
         max_batched_tokens=engine.max_batched_tokens, max_running=engine.max_running,
@@ -153,35 +129,12 @@ def simulate(
         cost=bridge.step_cost(physics.cost),
         lookups=bridge.lookup_service(LookupService(config.sim.lookup_workers, engine.lookup_latency_ms,
                                                     config.sim.lookup_per_key_ms)),
-        links=[bridge.link(x) for x in links], tiers=tiers)
+        links=links, tiers=tiers)
     phases = NativeClock(native) if clock else None
     if phases is not None:
         retired.collect(cast("PhaseClock", phases))
     view = NativeEngineView(native, engine)
-    failure: list[BaseException] = []
-
-    def refill() -> bool:
-        """The next chunk of the workload; a reader's error once the requests before it are taken."""
-        if failure:
-            raise failure[0]
-        batch: list[WorkloadRequest] = []
-        try:
-            for w in arrivals:
-                batch.append(w)
-                if len(batch) >= chunk:
-                    break
-        except Exception as exc:  # raised when the loop asks for the request it failed at
-            if not batch:
-                raise
-            failure.append(exc)
-        if not batch:
-            return False
-        native.add_arrivals([w.request_id for w in batch], [w.arrival_ms for w in batch],
-                            [w.input_length for w in batch], [w.output_length for w in batch],
-                            [w.hash_ids for w in batch])
-        return True
-
-    native.set_refill(refill)
+    native.set_refill(bridge.feed(native, arrivals, chunk))
     native.set_progress(progress)
     with interrupts.held() as gate:
         try:
