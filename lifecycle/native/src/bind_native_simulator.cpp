@@ -28,6 +28,7 @@
 #include "bind_core_shared.hpp"
 #include "engine.hpp"
 #include "phase_clock.hpp"
+#include "bind_sim_shared.hpp"
 #include "simulator.hpp"
 
 namespace py = pybind11;
@@ -202,13 +203,7 @@ class NativeRun {
     static void between_events(void* ctx) {
         auto* self = static_cast<NativeRun*>(ctx);
         if (self->out_ && self->out_->size() >= kChunkBytes) self->flush();
-        if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-        if (self->gate_.is_none()) return;
-        PyObject* pending = PyObject_GetAttr(self->gate_.ptr(), self->pending_.ptr());
-        if (pending == nullptr) throw py::error_already_set();
-        bool held = pending != Py_None;
-        Py_DECREF(pending);
-        if (held) self->gate_.attr("check")();
+        check_between_events(self->gate_, self->pending_);
     }
 
     static bool refill(void* ctx) { return static_cast<NativeRun*>(ctx)->refill_().cast<bool>(); }
@@ -265,7 +260,7 @@ void bind_native_simulator(py::module_& m) {
                          std::optional<std::int64_t> max_output_tokens, std::int64_t seed, double rank_block_bytes,
                          std::optional<std::int64_t> size, const StepCost& cost, const LookupService& lookups,
                          const std::vector<Link>& links,
-                         const std::vector<std::tuple<std::string, double, std::size_t, std::size_t, bool>>& tiers) {
+                         const TierTuples& tiers) {
                  SchedulerConfig scheduler{core.block_tokens, device_blocks, max_batched_tokens, max_running,
                                            async_scheduling, kv_load_failure_policy == "fail"};
                  SimSettings s;
@@ -277,15 +272,7 @@ void bind_native_simulator(py::module_& m) {
                  s.seed = seed;
                  s.rank_block_bytes = rank_block_bytes;
                  s.size = size;
-                 std::vector<SimTier> out;
-                 for (const auto& t : tiers) {
-                     if (std::get<2>(t) >= links.size() || std::get<3>(t) >= links.size()) {
-                         throw std::invalid_argument("tier " + std::get<0>(t) + ": no such link");
-                     }
-                     out.push_back(SimTier{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t),
-                                           std::get<4>(t)});
-                 }
-                 if (ranks < 1) throw std::invalid_argument("ranks must be at least 1");
+                 std::vector<SimTier> out = sim_tiers(tiers, links.size(), ranks);
                  return std::make_unique<NativeRun>(core, scheduler, std::move(table), std::move(policies),
                                                     std::move(writer), clock, std::move(fold), s, cost, lookups,
                                                     links, std::move(out));

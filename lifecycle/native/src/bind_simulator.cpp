@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "bind_sim_shared.hpp"
 #include "simulator.hpp"
 
 namespace py = pybind11;
@@ -299,21 +300,7 @@ class PySimulator {
   private:
     static void between_events(void* ctx) {
         auto* self = static_cast<PySimulator*>(ctx);
-        if (PyErr_CheckSignals() != 0) {
-            throw py::error_already_set();  // a handler raised (a second signal, or no gate)
-        }
-        if (self->gate_.is_none()) {
-            return;
-        }
-        PyObject* pending = PyObject_GetAttr(self->gate_.ptr(), self->pending_.ptr());
-        if (pending == nullptr) {
-            throw py::error_already_set();
-        }
-        bool held = pending != Py_None;
-        Py_DECREF(pending);
-        if (held) {
-            self->gate_.attr("check")();
-        }
+        check_between_events(self->gate_, self->pending_);
     }
 
     static bool refill(void* ctx) { return static_cast<PySimulator*>(ctx)->refill_().cast<bool>(); }
@@ -339,7 +326,7 @@ void bind_simulator(py::module_& m) {
                          double rank_block_bytes, std::optional<std::int64_t> check_every,
                          std::optional<std::int64_t> size, const StepCost& cost, const LookupService& lookups,
                          const std::vector<Link>& links,
-                         const std::vector<std::tuple<std::string, double, std::size_t, std::size_t, bool>>& tiers) {
+                         const TierTuples& tiers) {
                  SimSettings s;
                  s.ranks = ranks;
                  s.async_scheduling = async_scheduling;
@@ -350,17 +337,7 @@ void bind_simulator(py::module_& m) {
                  s.rank_block_bytes = rank_block_bytes;
                  s.check_every = check_every;
                  s.size = size;
-                 std::vector<SimTier> out;
-                 for (const auto& t : tiers) {
-                     if (std::get<2>(t) >= links.size() || std::get<3>(t) >= links.size()) {
-                         throw std::invalid_argument("tier " + std::get<0>(t) + ": no such link");
-                     }
-                     out.push_back(SimTier{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t),
-                                           std::get<4>(t)});
-                 }
-                 if (ranks < 1) {
-                     throw std::invalid_argument("ranks must be at least 1");
-                 }
+                 std::vector<SimTier> out = sim_tiers(tiers, links.size(), ranks);
                  return new PySimulator(std::move(engine), s, cost, lookups, links, std::move(out));
              }),
              py::arg("engine"), py::kw_only(), py::arg("ranks"), py::arg("async_scheduling"), py::arg("exact"),
