@@ -38,6 +38,10 @@ class PolicyStack:
         self.policies: tuple[object, ...] = tuple(policies) + (Baseline(),)
         self.budget_s = budget_s
         self._watch = Watch(budget_s, HookTimeout, self._locate_ask)
+        # The native core asks the chains itself (lifecycle/native/src/bind_policy_asker.hpp):
+        # before each hook it sets (thread ident, policy, hook, request view), which the
+        # watchdog reads when that hook runs past the budget (no ask frame to read it from).
+        self.native_asking: tuple[int, str, str, object] | None = None
         self._chains: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {}
         for hook in HOOKS:
             chain = []
@@ -63,20 +67,8 @@ class PolicyStack:
                     if decision is None:
                         continue
                     _check_decision(name, hook, decision, fn)
-                except (PolicyError, Overrun):  # (Overrun: another watchdog's, the live loop's, passes through)
-                    raise
-                except OverrunKilled as exc:  # the hook caught its HookTimeout and went on
-                    raise exc.overrun(str(exc)) from None
-                except (Exception, SystemExit) as exc:  # a user's hook (or its value's __eq__) can raise anything
-                    raise PolicyError(
-                        f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
-                        f"{_where(exc)}"
-                    ) from exc
-                except KeyboardInterrupt as exc:
-                    if getattr(exc, "from_signal", False):
-                        raise  # Ctrl-C or SIGTERM (kvlife.lifecycle.drivers.interrupts marks them)
-                    raise PolicyError(f"policy {name} ({_origin(fn)}): hook {hook} raised KeyboardInterrupt "
-                                      f"(not an interrupt: no signal came)") from exc
+                except BaseException as exc:
+                    raise hook_failure(name, hook, fn, exc)  # noqa: B904 (the cause is hook_failure's)
                 return Answer(name, decision.value, decision.reason)
         finally:
             watch.seq += 1
@@ -88,7 +80,8 @@ class PolicyStack:
     def _locate_ask(self) -> tuple[int, str] | None:
         """For the watchdog, when a hook ran past the budget: the thread asking this stack,
         and the message naming the policy, the hook and the request (read from the asking
-        frame; None when no thread is asking any more)."""
+        frame, or from ``native_asking`` when the native core asks; None when no thread is
+        asking any more)."""
         for ident, frame in sys._current_frames().items():
             found: FrameType | None = frame
             while found is not None and not (found.f_code is _ASK_CODE and found.f_locals.get("self") is self):
@@ -96,17 +89,50 @@ class PolicyStack:
             if found is None:
                 continue
             local = found.f_locals
-            name, hook, args = local.get("name", "?"), local.get("hook", "?"), local.get("args") or ()
-            fn = dict(self._chains.get(hook, ())).get(name)
-            where = f" ({_origin(fn)})" if fn is not None else ""
-            request = getattr(args[0], "request_id", None) if args else None
-            about = f" for request {request}" if isinstance(request, str) else ""
-            return ident, (f"policy {name}{where}: hook {hook} ran past its time budget of {self.budget_s:g} s{about} "
-                           f"(policies.hook_budget_s); the run was stopped")
+            args = local.get("args") or ()
+            return ident, self._overrun_message(local.get("name", "?"), local.get("hook", "?"),
+                                                args[0] if args else None)
+        if self.native_asking is not None:
+            ident, name, hook, req = self.native_asking
+            return ident, self._overrun_message(name, hook, req)
         return None
+
+    def _overrun_message(self, name: str, hook: str, req: object) -> str:
+        fn = dict(self._chains.get(hook, ())).get(name)
+        where = f" ({_origin(fn)})" if fn is not None else ""
+        request = getattr(req, "request_id", None)
+        about = f" for request {request}" if isinstance(request, str) else ""
+        return (f"policy {name}{where}: hook {hook} ran past its time budget of {self.budget_s:g} s{about} "
+                f"(policies.hook_budget_s); the run was stopped")
 
 
 _ASK_CODE = PolicyStack.ask.__code__
+
+
+def hook_failure(name: str, hook: str, fn: Callable[..., Any], exc: BaseException) -> BaseException:
+    """What ``PolicyStack.ask`` raises when hook ``fn`` of policy ``name``, or the check of its
+    answer, raised ``exc``: ``exc`` itself when it passes through (a ``PolicyError``, another
+    watchdog's ``Overrun``, Ctrl-C or SIGTERM, a ``BaseException`` that is none of the below),
+    else the error that replaces it, its ``__cause__`` set (the native core raises the same)."""
+    if isinstance(exc, PolicyError | Overrun):  # (Overrun: another watchdog's, the live loop's, passes through)
+        return exc
+    error: BaseException
+    if isinstance(exc, OverrunKilled):  # the hook caught its HookTimeout and went on
+        error = exc.overrun(str(exc))
+        error.__cause__ = None
+        return error
+    if isinstance(exc, Exception | SystemExit):  # a user's hook (or its value's __eq__) can raise anything
+        error = PolicyError(f"policy {name} ({_origin(fn)}): hook {hook} raised {type(exc).__name__}: {exc}"
+                            f"{_where(exc)}")
+    elif isinstance(exc, KeyboardInterrupt):
+        if getattr(exc, "from_signal", False):
+            return exc  # Ctrl-C or SIGTERM (kvlife.lifecycle.drivers.interrupts marks them)
+        error = PolicyError(f"policy {name} ({_origin(fn)}): hook {hook} raised KeyboardInterrupt "
+                            f"(not an interrupt: no signal came)")
+    else:
+        return exc
+    error.__cause__ = exc
+    return error
 
 
 def _where(exc: BaseException) -> str:

@@ -1,0 +1,447 @@
+// PyPolicyAsker: the native core's PolicyAsker, a mirror of policies/stack.py PolicyStack.ask
+// over the stack's own chains (``_chains``: per hook, (policy name, hook function) top-down),
+// the same watchdog (``_watch.seq`` odd while a hook runs; ``native_asking`` says which one),
+// and the reference's view classes, filled without running Python:
+//
+// * views: policies/base.py's RequestView, EngineView, LoadView and PrefetchView are attrs
+//   frozen slots classes; an instance is allocated and its slots written directly (what
+//   attrs' __init__ does, without the interpreter), so a policy gets the very classes the
+//   Python engine hands it. A class whose fields are not plain slots is called instead.
+// * answers: a ``Decision`` whose value and reason are plainly well formed (exact str, int,
+//   float, bool) is taken here; anything else goes through the reference's _check_decision.
+// * errors: whatever a hook (or that check) raises goes through the reference's hook_failure,
+//   which says what PolicyStack.ask raises instead.
+//
+// A binding-only header: the core's plain C++ never includes it.
+#pragma once
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <structmember.h>
+
+#include <array>
+#include <cmath>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "bind_core_convert.hpp"
+#include "core_lifecycle.hpp"
+#include "core_request.hpp"
+
+namespace kvlife {
+
+namespace py = pybind11;
+
+// An attrs slots class whose instances are made by writing their slots (``make``), in the
+// order of ``fields``; a class with a field that is not a plain object slot is called.
+class SlotClass {
+  public:
+    SlotClass() = default;
+    SlotClass(py::object cls, std::initializer_list<const char*> fields) : cls_(std::move(cls)) {
+        py::object attrs_fields = py::module_::import("attrs").attr("fields")(cls_);
+        std::vector<std::string> declared;
+        for (py::handle a : attrs_fields) declared.push_back(a.attr("name").cast<std::string>());
+        std::vector<std::string> wanted(fields.begin(), fields.end());
+        if (declared != wanted) {
+            throw std::logic_error(py::repr(cls_).cast<std::string>() +
+                                   ": its fields are not the ones the native core fills, in that order");
+        }
+        type_ = reinterpret_cast<PyTypeObject*>(cls_.ptr());
+        py::dict members = cls_.attr("__dict__");
+        direct_ = type_->tp_alloc != nullptr;
+        for (const std::string& name : wanted) {
+            PyObject* d = PyDict_GetItemString(members.ptr(), name.c_str());
+            if (d == nullptr || Py_TYPE(d) != &PyMemberDescr_Type) {
+                direct_ = false;
+                break;
+            }
+            const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+            if (m->type != T_OBJECT_EX || (m->flags & READONLY) != 0) {
+                direct_ = false;
+                break;
+            }
+            offsets_.push_back(m->offset);
+        }
+    }
+
+    // An instance holding ``values`` (new references, stolen; one per field).
+    template <std::size_t N>
+    py::object make(std::array<PyObject*, N> values) const {
+        for (PyObject* v : values) {
+            if (v == nullptr) {
+                for (PyObject* o : values) Py_XDECREF(o);
+                throw py::error_already_set();
+            }
+        }
+        if (direct_) {
+            PyObject* obj = type_->tp_alloc(type_, 0);
+            if (obj == nullptr) {
+                for (PyObject* v : values) Py_DECREF(v);
+                throw py::error_already_set();
+            }
+            char* base = reinterpret_cast<char*>(obj);
+            for (std::size_t i = 0; i < N; ++i) *reinterpret_cast<PyObject**>(base + offsets_[i]) = values[i];
+            return py::reinterpret_steal<py::object>(obj);
+        }
+        py::tuple args(N);
+        for (std::size_t i = 0; i < N; ++i) PyTuple_SET_ITEM(args.ptr(), i, values[i]);
+        return cls_(*args);
+    }
+
+  private:
+    py::object cls_;
+    PyTypeObject* type_ = nullptr;
+    std::vector<Py_ssize_t> offsets_;
+    bool direct_ = false;
+};
+
+class PyPolicyAsker final : public PolicyAsker {
+  public:
+    explicit PyPolicyAsker(py::object stack) : stack_(std::move(stack)) {
+        py::module_ base = py::module_::import("kvlife.policies.base");
+        py::module_ stack_module = py::module_::import("kvlife.policies.stack");
+        request_view_ = SlotClass(base.attr("RequestView"),
+                                  {"request_id", "state", "arrival_ms", "prompt_tokens", "generated_tokens",
+                                   "computed_tokens", "confirmed_tokens", "placeholder_tokens", "block_tokens",
+                                   "block_hashes", "stored_blocks", "resumable", "preemptions"});
+        engine_view_ = SlotClass(base.attr("EngineView"), {"now_ms", "running", "waiting", "loading",
+                                                           "free_device_blocks", "device_blocks"});
+        load_view_ = SlotClass(base.attr("LoadView"), {"device_hit_blocks", "external_hit_blocks", "tiers",
+                                                       "in_flight"});
+        prefetch_view_ = SlotClass(base.attr("PrefetchView"), {"blocks", "tokens", "source_tiers", "started_ms"});
+        decision_ = base.attr("Decision");
+        py::dict decision_members = decision_.attr("__dict__");
+        for (auto [field, offset] : {std::pair{"value", &value_offset_}, std::pair{"reason", &reason_offset_}}) {
+            PyObject* d = PyDict_GetItemString(decision_members.ptr(), field);
+            if (d != nullptr && Py_TYPE(d) == &PyMemberDescr_Type &&
+                reinterpret_cast<PyMemberDescrObject*>(d)->d_member->type == T_OBJECT_EX) {
+                *offset = reinterpret_cast<PyMemberDescrObject*>(d)->d_member->offset;
+            }
+        }
+        reason_max_ = stack_module.attr("REASON_MAX").cast<Py_ssize_t>();
+        check_decision_ = stack_module.attr("_check_decision");
+        hook_failure_ = stack_module.attr("hook_failure");
+        watch_ = stack_.attr("_watch");
+        seq_ = py::str("seq");
+        native_asking_ = py::str("native_asking");
+        py::dict chains = stack_.attr("_chains");
+        py::dict values = base.attr("HOOK_VALUES");
+        py::dict fallbacks = base.attr("FALLBACKS");
+        py::object builtins = py::module_::import("builtins");
+        for (std::size_t i = 0; i < kNumHooks; ++i) {
+            HookAsk& h = hooks_[i];
+            h.name = py::str(std::string(hook_name(static_cast<Hook>(i))));
+            for (py::handle link : chains[h.name]) {
+                py::tuple pair = py::reinterpret_borrow<py::tuple>(link);
+                h.chain.push_back(Link{py::reinterpret_borrow<py::str>(pair[0]), pair[0].cast<std::string>(),
+                                       py::reinterpret_borrow<py::object>(pair[1])});
+            }
+            py::object allowed = values[h.name];
+            if (py::isinstance<py::tuple>(allowed)) {
+                h.kind = Kind::CHOICE;
+                for (py::handle choice : allowed) h.choices.push_back(py::reinterpret_borrow<py::str>(choice));
+            } else if (allowed.is(builtins.attr("float"))) {
+                h.kind = Kind::NUMBER;
+            } else if (allowed.is(builtins.attr("bool"))) {
+                h.kind = Kind::BOOL;
+            } else {
+                h.kind = Kind::INT;  // the only other: int
+            }
+            if (fallbacks.contains(h.name)) {
+                py::object fallback = fallbacks[h.name];
+                h.has_fallback = true;
+                h.fallback.policy = fallback.attr("policy").cast<std::string>();
+                h.fallback.value = answer_value(fallback.attr("value"));
+                h.fallback.reason = fallback.attr("reason").cast<std::string>();
+            }
+        }
+        py::object members = py::module_::import("kvlife.specs.names").attr("RequestState");
+        for (std::size_t i = 0; i < kNumStates; ++i) {
+            states_[i] = py::str(std::string(state_name(static_cast<RequestState>(i))));
+            members_[i] = members(states_[i]);
+        }
+    }
+
+    void ask(Hook hook, const Request& req, const HookArg& arg, const EngineView& engine, Answer& out) override {
+        const HookAsk& h = hooks_[static_cast<std::size_t>(hook)];
+        std::array<PyObject*, 4> args{};  // the request view, the hook's own argument, the engine view
+        py::object view = request_view(req);
+        py::object middle;
+        switch (arg.index()) {
+            case 1:
+                middle = load_view(*std::get<const LoadView*>(arg));
+                break;
+            case 2:
+                middle = prefetch_view(*std::get<const PrefetchView*>(arg));
+                break;
+            case 3:
+                middle = py::int_(std::get<std::int64_t>(arg));
+                break;
+            default:
+                break;
+        }
+        py::object ev = engine_view(engine);
+        std::size_t nargs = 0;
+        args[nargs++] = view.ptr();
+        if (middle) args[nargs++] = middle.ptr();
+        args[nargs++] = ev.ptr();
+
+        Seq running(watch_, seq_);  // PolicyStack.ask's watch.seq += 1, before and after
+        for (const Link& link : h.chain) {
+            py::tuple asking = py::make_tuple(PyThread_get_thread_ident(), link.name, h.name, view);
+            if (PyObject_SetAttr(stack_.ptr(), native_asking_.ptr(), asking.ptr()) != 0) throw py::error_already_set();
+            PyObject* decision = PyObject_Vectorcall(link.fn.ptr(), args.data(), nargs, nullptr);
+            if (decision == nullptr) fail(link, h);
+            py::object held = py::reinterpret_steal<py::object>(decision);
+            if (decision == Py_None) continue;
+            PyObject* value = nullptr;
+            PyObject* reason = nullptr;
+            if (!well_formed(h, decision, value, reason)) {
+                PyObject* checked = PyObject_CallFunctionObjArgs(check_decision_.ptr(), link.name.ptr(), h.name.ptr(),
+                                                                 decision, link.fn.ptr(), nullptr);
+                if (checked == nullptr) fail(link, h);
+                Py_DECREF(checked);
+                py::object v = held.attr("value");  // (well formed: it has both)
+                py::object r = held.attr("reason");
+                take(link, h, v.ptr(), r.ptr(), out);
+                return;
+            }
+            take(link, h, value, reason, out);
+            return;
+        }
+        if (h.has_fallback) {
+            out.policy = h.fallback.policy;
+            out.value = h.fallback.value;
+            out.reason = h.fallback.reason;
+            return;
+        }
+        py::object error = py::module_::import("kvlife.policies.base").attr("PolicyError");
+        PyErr_SetString(error.ptr(), ("no policy in the stack answered " + h.name.cast<std::string>()).c_str());
+        throw py::error_already_set();
+    }
+
+  private:
+    enum class Kind { CHOICE, NUMBER, INT, BOOL };
+    struct Link {
+        py::str name;
+        std::string policy;
+        py::object fn;
+    };
+    struct HookAsk {
+        py::str name;
+        std::vector<Link> chain;
+        Kind kind = Kind::CHOICE;
+        std::vector<py::str> choices;
+        bool has_fallback = false;
+        Answer fallback;
+    };
+
+    // watch.seq += 1 now and again when it goes out of scope (as PolicyStack.ask's finally:
+    // also when the hook raised; by then the error is held by the C++ exception).
+    class Seq {
+      public:
+        Seq(const py::object& watch, const py::str& name) : watch_(watch), name_(name) {
+            if (!bump()) throw py::error_already_set();
+        }
+        ~Seq() {
+            if (!bump()) PyErr_Clear();
+        }
+        Seq(const Seq&) = delete;
+        Seq& operator=(const Seq&) = delete;
+
+      private:
+        bool bump() {
+            PyObject* seq = PyObject_GetAttr(watch_.ptr(), name_.ptr());
+            if (seq == nullptr) return false;
+            PyObject* next = PyNumber_Add(seq, one());
+            Py_DECREF(seq);
+            if (next == nullptr) return false;
+            const int failed = PyObject_SetAttr(watch_.ptr(), name_.ptr(), next);
+            Py_DECREF(next);
+            return failed == 0;
+        }
+        static PyObject* one() {
+            static PyObject* value = PyLong_FromLong(1);  // (small ints are immortal in practice)
+            return value;
+        }
+        const py::object& watch_;
+        const py::str& name_;
+    };
+
+    // _decision_problem's plain cases, answered here: an exact Decision whose reason is a
+    // non-empty exact str within REASON_MAX and whose value is an exact str among the hook's
+    // choices, an int (store_limit), a bool, or a number of ms >= 0. ``value``/``reason`` borrowed.
+    bool well_formed(const HookAsk& h, PyObject* decision, PyObject*& value, PyObject*& reason) const {
+        if (Py_TYPE(decision) != reinterpret_cast<PyTypeObject*>(decision_.ptr()) || value_offset_ < 0 ||
+            reason_offset_ < 0) {
+            return false;
+        }
+        char* base = reinterpret_cast<char*>(decision);
+        value = *reinterpret_cast<PyObject**>(base + value_offset_);
+        reason = *reinterpret_cast<PyObject**>(base + reason_offset_);
+        if (value == nullptr || reason == nullptr || !PyUnicode_CheckExact(reason)) return false;
+        const Py_ssize_t length = PyUnicode_GET_LENGTH(reason);
+        if (length == 0 || length > reason_max_) return false;
+        switch (h.kind) {
+            case Kind::CHOICE:
+                if (!PyUnicode_CheckExact(value)) return false;
+                for (const py::str& choice : h.choices) {
+                    if (value == choice.ptr() || PyUnicode_Compare(value, choice.ptr()) == 0) return true;
+                }
+                return false;
+            case Kind::INT:
+                return PyLong_CheckExact(value);
+            case Kind::BOOL:
+                return PyBool_Check(value);
+            case Kind::NUMBER:
+                if (PyFloat_CheckExact(value)) {
+                    const double ms = PyFloat_AS_DOUBLE(value);
+                    return !std::isnan(ms) && ms >= 0;
+                }
+                if (PyLong_CheckExact(value)) {
+                    int overflow = 0;
+                    const long long ms = PyLong_AsLongLongAndOverflow(value, &overflow);
+                    return overflow > 0 || (overflow == 0 && ms >= 0);
+                }
+                return false;
+        }
+        return false;
+    }
+
+    // Answer(name, decision.value, decision.reason), into ``out``.
+    void take(const Link& link, const HookAsk& h, PyObject* value, PyObject* reason, Answer& out) {
+        if (PyLong_Check(value) && !PyBool_Check(value)) {
+            int overflow = 0;
+            PyLong_AsLongLongAndOverflow(value, &overflow);
+            if (overflow != 0) {  // a valid answer (store_limit 2**70) the native core cannot hold
+                py::object error = py::module_::import("kvlife.policies.base").attr("PolicyError");
+                PyErr_SetString(error.ptr(), ("policy " + link.policy + ": hook " + h.name.cast<std::string>() +
+                                              " answered " + py::repr(value).cast<std::string>() +
+                                              ": the native engine takes integers within 64 bits; "
+                                              "run it with --engine python")
+                                                 .c_str());
+                throw py::error_already_set();
+            }
+        }
+        out.policy = link.policy;
+        out.value = answer_value(value);
+        Py_ssize_t size = 0;
+        const char* text = PyUnicode_Check(reason) ? PyUnicode_AsUTF8AndSize(reason, &size) : nullptr;
+        if (text == nullptr) {
+            PyErr_Clear();
+            out.reason = py::str(reason).cast<std::string>();
+        } else {
+            out.reason.assign(text, static_cast<std::size_t>(size));
+        }
+    }
+
+    // The hook (or the check of its answer) raised: raise what hook_failure says, as
+    // PolicyStack.ask does (raised inside its except clause: the hook's error is the context).
+    [[noreturn]] void fail(const Link& link, const HookAsk& h) {
+        PyObject* type = nullptr;
+        PyObject* value = nullptr;
+        PyObject* traceback = nullptr;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyErr_NormalizeException(&type, &value, &traceback);
+        if (traceback != nullptr) PyException_SetTraceback(value, traceback);
+        Py_XDECREF(type);
+        Py_XDECREF(traceback);
+        PyObject* raised = PyObject_CallFunctionObjArgs(hook_failure_.ptr(), link.name.ptr(), h.name.ptr(),
+                                                        link.fn.ptr(), value, nullptr);
+        if (raised == nullptr) {
+            Py_DECREF(value);
+            throw py::error_already_set();
+        }
+        if (raised != value) {
+            PyException_SetContext(raised, value);  // (steals value)
+        } else {
+            Py_DECREF(value);
+        }
+        PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(raised)), raised);
+        Py_DECREF(raised);
+        throw py::error_already_set();
+    }
+
+    // Request.view(): the id and the hashes tuple are kept per request and rebuilt only when
+    // the hashes grew (a request's hashes only ever get derived ones appended).
+    py::object request_view(const Request& req) {
+        if (cache_.size() >= kCacheMax && cache_.find(req.request_id) == cache_.end()) cache_.clear();
+        Cached& c = cache_[req.request_id];
+        if (!c.hashes || c.size != req.hashes.size()) {
+            py::tuple hashes(req.hashes.size());
+            for (std::size_t i = 0; i < req.hashes.size(); ++i) {
+                PyTuple_SET_ITEM(hashes.ptr(), i, PyLong_FromLongLong(req.hashes[i]));
+            }
+            c.hashes = std::move(hashes);
+            c.size = req.hashes.size();
+            if (!c.rid) c.rid = py::str(req.request_id);
+        }
+        const std::size_t state = static_cast<std::size_t>(req.state);
+        PyObject* state_obj = req.state_is_member ? members_[state].ptr() : states_[state].ptr();
+        return request_view_.make(std::array<PyObject*, 13>{
+            c.rid.inc_ref().ptr(), (Py_INCREF(state_obj), state_obj), PyFloat_FromDouble(req.arrival_ms),
+            PyLong_FromLongLong(req.prompt_tokens), PyLong_FromLongLong(req.generated),
+            PyLong_FromLongLong(req.computed), PyLong_FromLongLong(req.confirmed),
+            PyLong_FromLongLong(req.placeholders), PyLong_FromLongLong(req.block_tokens), c.hashes.inc_ref().ptr(),
+            PyLong_FromLongLong(req.stored_blocks), PyBool_FromLong(req.resumable ? 1 : 0),
+            PyLong_FromLongLong(req.preemptions)});
+    }
+
+    // The engine view, kept while nothing in it changed (a frozen view: the same object serves).
+    py::object engine_view(const EngineView& e) {
+        if (!last_engine_ || e.now_ms != last_.now_ms || e.running != last_.running || e.waiting != last_.waiting ||
+            e.loading != last_.loading || e.free_device_blocks != last_.free_device_blocks ||
+            e.device_blocks != last_.device_blocks) {
+            last_engine_ = engine_view_.make(std::array<PyObject*, 6>{
+                PyFloat_FromDouble(e.now_ms), PyLong_FromLongLong(e.running), PyLong_FromLongLong(e.waiting),
+                PyLong_FromLongLong(e.loading), PyLong_FromLongLong(e.free_device_blocks),
+                PyLong_FromLongLong(e.device_blocks)});
+            last_ = e;
+        }
+        return last_engine_;
+    }
+
+    py::object load_view(const LoadView& load) const {
+        py::tuple tiers(load.tiers.size());
+        for (std::size_t i = 0; i < load.tiers.size(); ++i) tiers[i] = py::str(load.tiers[i]);
+        py::tuple in_flight(load.in_flight.size());
+        for (std::size_t i = 0; i < load.in_flight.size(); ++i) {
+            in_flight[i] = py::make_tuple(load.in_flight[i].first, py::str(load.in_flight[i].second));
+        }
+        return load_view_.make(std::array<PyObject*, 4>{PyLong_FromLongLong(load.device_hit_blocks),
+                                                        PyLong_FromLongLong(load.external_hit_blocks),
+                                                        tiers.release().ptr(), in_flight.release().ptr()});
+    }
+
+    py::object prefetch_view(const PrefetchView& pull) const {
+        py::tuple tiers(pull.source_tiers.size());
+        for (std::size_t i = 0; i < pull.source_tiers.size(); ++i) tiers[i] = py::str(pull.source_tiers[i]);
+        return prefetch_view_.make(std::array<PyObject*, 4>{PyLong_FromLongLong(pull.blocks),
+                                                            PyLong_FromLongLong(pull.tokens), tiers.release().ptr(),
+                                                            PyFloat_FromDouble(pull.started_ms)});
+    }
+
+    // Requests whose view parts are kept: past this many, the cache starts over (it only saves
+    // building the id and the hashes tuple again).
+    static constexpr std::size_t kCacheMax = 1 << 14;
+    struct Cached {
+        std::size_t size = 0;
+        py::object hashes;
+        py::object rid;
+    };
+
+    py::object stack_, watch_, decision_, check_decision_, hook_failure_;
+    py::str seq_, native_asking_;
+    SlotClass request_view_, engine_view_, load_view_, prefetch_view_;
+    Py_ssize_t value_offset_ = -1, reason_offset_ = -1, reason_max_ = 0;
+    std::array<HookAsk, kNumHooks> hooks_;
+    std::array<py::str, kNumStates> states_;
+    std::array<py::object, kNumStates> members_;  // RequestState members
+    std::unordered_map<std::string, Cached> cache_;
+    py::object last_engine_;
+    EngineView last_{};
+};
+
+}  // namespace kvlife
