@@ -70,7 +70,8 @@ def _flags() -> tuple[list[str], list[str]]:
         compile_args += [*sanitize, "-O1", "-g"]
         link_args += sanitize
     else:
-        compile_args += ["-O2"]
+        compile_args += ["-O2", "-flto=auto"]
+        link_args += ["-O2", "-flto=auto"]
     return compile_args, link_args
 
 

@@ -122,6 +122,7 @@ class NativeRun {
     void retire(const Request& req) {
         py::object view = py::cast(retired_of(req));
         sim_->retired(req.request_id);
+        asker_.forget(req.request_id);
         fold_(view);
     }
 

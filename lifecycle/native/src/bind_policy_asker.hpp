@@ -222,6 +222,10 @@ class PyPolicyAsker final : public PolicyAsker {
         throw py::error_already_set();
     }
 
+    // The request left the engine: its view parts are dropped (a run that retires requests
+    // keeps only the live ones'; otherwise kCacheMax bounds them).
+    void forget(const std::string& request_id) { cache_.erase(request_id); }
+
   private:
     enum class Kind { CHOICE, NUMBER, INT, BOOL };
     struct Link {
@@ -425,7 +429,7 @@ class PyPolicyAsker final : public PolicyAsker {
 
     // Requests whose view parts are kept: past this many, the cache starts over (it only saves
     // building the id and the hashes tuple again).
-    static constexpr std::size_t kCacheMax = 1 << 14;
+    static constexpr std::size_t kCacheMax = 1 << 10;
     struct Cached {
         std::size_t size = 0;
         py::object hashes;
