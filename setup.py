@@ -70,8 +70,7 @@ def _flags() -> tuple[list[str], list[str]]:
         compile_args += [*sanitize, "-O1", "-g"]
         link_args += sanitize
     else:
-        compile_args += ["-O2", "-flto=auto"]
-        link_args += ["-O2", "-flto=auto"]
+        compile_args += ["-O2"]
     return compile_args, link_args
 
 
