@@ -232,3 +232,93 @@ def test_illegal_move_raises_the_reference_error() -> None:
         twin.nat.move("r0", "lookup_submitted", "again")
     assert str(raised.value) == ("request r0: trigger <Trigger.LOOKUP_SUBMITTED: 'lookup_submitted'> is not allowed "
                                  "in state 'lookup_pending'")
+
+
+class _Decision(Decision[Any]):
+    """A Decision subclass: well formed, but not the exact class (the native asker's slow path)."""
+
+
+class _Str(str):
+    pass
+
+
+class _Grumpy:
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("no comparing me")
+
+    __hash__ = object.__hash__
+
+
+class _Escape(BaseException):
+    """A BaseException that is none of the ones PolicyStack.ask turns into a PolicyError."""
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+# (hook, what the hook does): the plain answers the native asker takes itself, and every odd one
+# it hands to the reference's checks (_check_decision, hook_failure).
+ODD_ANSWERS: list[tuple[str, Any]] = [
+    ("admission", lambda: Decision("go", "plain")),
+    ("admission", lambda: Decision(_Str("defer"), "a str subclass among the choices")),
+    ("admission", lambda: _Decision("join", "a Decision subclass")),
+    ("admission", lambda: Decision("maybe", "not a choice")),
+    ("admission", lambda: Decision(_Grumpy(), "its __eq__ raises")),
+    ("admission", lambda: Decision("go", "")),
+    ("admission", lambda: Decision("go", 7)),
+    ("admission", lambda: Decision("go", _Str("a str subclass reason"))),
+    ("admission", lambda: Decision("go", "x" * 4096)),
+    ("admission", lambda: Decision("go", "x" * 4097)),
+    ("admission", lambda: "go"),
+    ("admission", lambda: None),
+    ("store_limit", lambda: Decision(3, "an int")),
+    ("store_limit", lambda: Decision(-3, "a negative int")),
+    ("store_limit", lambda: Decision(True, "a bool is no int here")),
+    ("store_limit", lambda: Decision(3.0, "a float")),
+    ("store_limit", lambda: Decision(2**63 - 1, "the largest int64")),
+    ("hold_at_finish", lambda: Decision(False, "a bool")),
+    ("hold_at_finish", lambda: Decision(1, "an int is no bool here")),
+    ("prefetch_patience", lambda: Decision(0, "an int")),
+    ("prefetch_patience", lambda: Decision(-(2**64), "an int past int64, < 0")),
+    ("prefetch_patience", lambda: Decision(-0.0, "minus zero")),
+    ("prefetch_patience", lambda: Decision(math.inf, "wait")),
+    ("prefetch_patience", lambda: Decision(math.nan, "nan")),
+    ("prefetch_patience", lambda: Decision(-1, "negative")),
+    ("prefetch_patience", lambda: Decision(True, "a bool")),
+    ("prefetch_patience", lambda: None),  # nobody answers: FALLBACKS
+    ("lookup_mode", lambda: _raise(ValueError("broken"))),
+    ("lookup_mode", lambda: _raise(KeyboardInterrupt())),  # no signal came: a PolicyError
+    ("lookup_mode", lambda: _raise(SystemExit(3))),
+    ("lookup_mode", lambda: _raise(_Escape("through"))),
+]
+
+
+@pytest.mark.parametrize(("hook", "answer"), ODD_ANSWERS)
+def test_odd_answers_are_taken_or_refused_as_the_reference_does(hook: str, answer: Any) -> None:
+    """The native asker takes a plainly well-formed Decision itself and hands every other one to
+    the reference's checks: each answer gives the same value, decision and trace, or the same
+    error (type, message and cause) on both engines."""
+
+    class Odd:
+        name = "odd"
+
+    setattr(Odd, hook, lambda self, *views: answer())
+    args: dict[str, tuple[Any, ...]] = {"admission": (LoadView(0, 0, (), ()),),
+                                        "prefetch_patience": (PrefetchView(1, 16, ("disk",), 0.0),),
+                                        "hold_at_finish": (1,)}
+    twin = Twin([])
+    twin.ref = Lifecycle(twin.state, PolicyStack([Odd()]), twin.ref_pool)
+    twin.nat = core.CoreKernel(bridge.core_config(EngineConfig(block_tokens=BLOCK_TOKENS)), bridge.transition_table(),
+                               PolicyStack([Odd()]), twin.nat_pool)
+    twin.apply(("arrive", 3, [1, 2], False))
+    outcomes = []
+    for ask in (lambda: twin.ref.ask(twin.state.requests["r0"], hook, *args.get(hook, ())),
+                lambda: twin.nat.ask("r0", hook, *args.get(hook, ()))):
+        try:
+            outcomes.append(("answer", repr(ask())))
+        except BaseException as exc:  # noqa: BLE001  (a hook's BaseException passes through both)
+            outcomes.append((type(exc).__name__, str(exc), type(exc.__cause__).__name__))
+    assert outcomes[0] == outcomes[1]
+    if outcomes[0][0] == "answer":
+        twin.check()
