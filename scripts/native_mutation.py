@@ -3,7 +3,8 @@
     python scripts/native_mutation.py [--sample N] [--seed S] [--list] [--tests PATTERN]
 
 Every binary operator written with a space on each side in ``lifecycle/native/src/*.cpp``
-and ``*.hpp`` (the bindings and ``module.cpp`` excepted: they hold no logic) is a mutation
+and ``*.hpp`` (the bindings and ``module.cpp`` excepted: they hold no logic; but the policy
+asker, ``bind_policy_asker.hpp``, which mirrors ``PolicyStack.ask``) is a mutation
 point: comparisons flip to their neighbour or negation (``<`` to ``<=``, ``==`` to ``!=``),
 arithmetic to its inverse (``+`` to ``-``, ``*`` to ``/``), logic to its dual (``&&`` to
 ``||``); and every ``std::max`` becomes ``std::min`` and back. Template brackets and
@@ -60,9 +61,14 @@ class Mutant:
         return f"{self.path}:{self.line}:{self.column + 1} {self.old} -> {self.new}"
 
 
+# The binding files convert and hold no logic, but one: the policy asker mirrors
+# PolicyStack.ask (which answers it takes itself, what it raises), so it is mutated too.
+BINDINGS_WITH_LOGIC = {"bind_policy_asker.hpp"}
+
+
 def sources() -> list[Path]:
     return sorted(p.relative_to(ROOT) for p in (ROOT / SRC).glob("*.[ch]pp")
-                  if not p.name.startswith("bind_") and p.name != "module.cpp")
+                  if (not p.name.startswith("bind_") or p.name in BINDINGS_WITH_LOGIC) and p.name != "module.cpp")
 
 
 def mutants() -> list[Mutant]:

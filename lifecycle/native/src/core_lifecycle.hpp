@@ -7,7 +7,8 @@
 // with reference=True stays Python.
 //
 // Policies stay Python: ``ask`` goes through PolicyAsker, one virtual call, which the binding
-// implements by calling PolicyStack.ask(hook, req_view, *args, engine_view) as lifecycle.py does.
+// implements as PolicyStack.ask(hook, req_view, *args, engine_view) answers it
+// (bind_policy_asker.hpp: the stack's own chains, checks and errors).
 #pragma once
 
 #include <array>
