@@ -31,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from pathlib import Path
 
 import attrs
@@ -102,13 +103,15 @@ def _compile_flags() -> list[str]:
 class Builder:
     """A scratch clone whose core is rebuilt one changed file at a time."""
 
-    def __init__(self, scratch: Path) -> None:
+    def __init__(self, scratch: Path, timeout_s: float = 300.0) -> None:
         self.clone = scratch / "clone"
         subprocess.run(["git", "clone", "-q", str(ROOT), str(self.clone)], check=True)
         for path in (ROOT / SRC).glob("*.[ch]pp"):  # the working tree as it is, committed or not
             shutil.copy(path, self.clone / SRC / path.name)
         for test in (ROOT / "tests").glob("test_native_*.py"):
             shutil.copy(test, self.clone / "tests" / test.name)
+        self.timeout_s = timeout_s
+        self.last_failure = ""
         self.objects = scratch / "objects"
         self.objects.mkdir()
         self.flags = _compile_flags()
@@ -153,9 +156,12 @@ class Builder:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", "-o", "addopts=",
-                                   *tests], cwd=self.clone, capture_output=True, text=True, env=env, timeout=300)
+                                   *tests], cwd=self.clone, capture_output=True, text=True, env=env,
+                                  timeout=self.timeout_s)
         except subprocess.TimeoutExpired:
+            self.last_failure = f"the tests ran past {self.timeout_s} s"
             return False  # a mutant that hangs the tests is caught
+        self.last_failure = "\n".join(proc.stdout.splitlines()[-15:])
         return proc.returncode == 0
 
 
@@ -165,6 +171,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default: 0)")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--tests", default="test_native_*.py", help="the tests that must kill (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds the tests may run on one mutant; past it, it counts as killed (default: 300)")
     parser.add_argument("--only", default="*", help="mutate only the sources whose file name matches (default: all)")
     args = parser.parse_args()
     every = [m for m in mutants() if m.path.match(args.only)]
@@ -176,10 +184,13 @@ def main() -> int:
         print(f"{len(chosen)} of {len(every)} mutants")
         return 0
     with tempfile.TemporaryDirectory(prefix="kvlife-native-mutation-") as scratch:
-        builder = Builder(Path(scratch))
+        builder = Builder(Path(scratch), args.timeout)
+        started = time.monotonic()
         if not builder.build([]) or not builder.tests_pass(args.tests):
-            print("the unmutated core does not build or pass its tests", file=sys.stderr)
+            print(f"the unmutated core does not build or pass its tests:\n{builder.last_failure}", file=sys.stderr)
             return 1
+        # A mutant's tests may take three times the unmutated run's (a loaded machine is not a hang).
+        builder.timeout_s = max(builder.timeout_s, 3 * (time.monotonic() - started))
         killed, survived, broken = [], [], []
         for i, mutant in enumerate(chosen, start=1):
             path = builder.clone / mutant.path
