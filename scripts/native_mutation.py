@@ -27,6 +27,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -175,6 +176,10 @@ def main() -> int:
                         help="seconds the tests may run on one mutant; past it, it counts as killed (default: 300)")
     parser.add_argument("--only", default="*", help="mutate only the sources whose file name matches (default: all)")
     args = parser.parse_args()
+    # A job started in the background (``&``) starts with SIGINT ignored, and the tests' processes
+    # would inherit that: the tests that send SIGINT would see nothing. Handled here, it is the
+    # default again in each child.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     every = [m for m in mutants() if m.path.match(args.only)]
     chosen = every if args.sample is None else sorted(
         random.Random(args.seed).sample(every, min(args.sample, len(every))), key=lambda m: (str(m.path), m.line))
