@@ -22,9 +22,10 @@ from kvlife.lifecycle.engine.lifecycle import Lifecycle
 from kvlife.lifecycle.engine.request import Request
 from kvlife.lifecycle.engine.state import CoreState
 from kvlife.lifecycle.traces.trace import render_record
-from kvlife.policies.base import Decision, EngineView, LoadView, PrefetchView, RequestView
+from kvlife.policies.base import Decision, EngineView, LoadView, PolicyError, PrefetchView, RequestView
 from kvlife.policies.registry import BUILTIN
-from kvlife.policies.stack import PolicyStack
+from kvlife.policies.stack import HookTimeout, PolicyStack
+from kvlife.policies.watchdog import OverrunKilled
 from kvlife.specs.names import RequestState, Trigger
 from kvlife.specs.table import IllegalTransition
 
@@ -257,48 +258,66 @@ def _raise(exc: BaseException) -> Any:
     raise exc
 
 
-# (hook, what the hook does): the plain answers the native asker takes itself, and every odd one
-# it hands to the reference's checks (_check_decision, hook_failure).
-ODD_ANSWERS: list[tuple[str, Any]] = [
-    ("admission", lambda: Decision("go", "plain")),
-    ("admission", lambda: Decision(_Str("defer"), "a str subclass among the choices")),
-    ("admission", lambda: _Decision("join", "a Decision subclass")),
-    ("admission", lambda: Decision("maybe", "not a choice")),
-    ("admission", lambda: Decision(_Grumpy(), "its __eq__ raises")),
-    ("admission", lambda: Decision("go", "")),
-    ("admission", lambda: Decision("go", 7)),
-    ("admission", lambda: Decision("go", _Str("a str subclass reason"))),
-    ("admission", lambda: Decision("go", "x" * 4096)),
-    ("admission", lambda: Decision("go", "x" * 4097)),
-    ("admission", lambda: "go"),
-    ("admission", lambda: None),
-    ("store_limit", lambda: Decision(3, "an int")),
-    ("store_limit", lambda: Decision(-3, "a negative int")),
-    ("store_limit", lambda: Decision(True, "a bool is no int here")),
-    ("store_limit", lambda: Decision(3.0, "a float")),
-    ("store_limit", lambda: Decision(2**63 - 1, "the largest int64")),
-    ("hold_at_finish", lambda: Decision(False, "a bool")),
-    ("hold_at_finish", lambda: Decision(1, "an int is no bool here")),
-    ("prefetch_patience", lambda: Decision(0, "an int")),
-    ("prefetch_patience", lambda: Decision(-(2**64), "an int past int64, < 0")),
-    ("prefetch_patience", lambda: Decision(-0.0, "minus zero")),
-    ("prefetch_patience", lambda: Decision(math.inf, "wait")),
-    ("prefetch_patience", lambda: Decision(math.nan, "nan")),
-    ("prefetch_patience", lambda: Decision(-1, "negative")),
-    ("prefetch_patience", lambda: Decision(True, "a bool")),
-    ("prefetch_patience", lambda: None),  # nobody answers: FALLBACKS
-    ("lookup_mode", lambda: _raise(ValueError("broken"))),
-    ("lookup_mode", lambda: _raise(KeyboardInterrupt())),  # no signal came: a PolicyError
-    ("lookup_mode", lambda: _raise(SystemExit(3))),
-    ("lookup_mode", lambda: _raise(_Escape("through"))),
+# (hook, what the hook does, what the ask gives: "answer", or the error's type and its cause's
+# type): the plain answers the native asker takes itself, and every odd one it hands to the
+# reference's checks (_check_decision) and error path (hook_failure).
+ODD_ANSWERS: list[tuple[str, Any, Any]] = [
+    ("admission", lambda: Decision("go", "plain"), "answer"),
+    ("admission", lambda: Decision(_Str("defer"), "a str subclass among the choices"), "answer"),
+    ("admission", lambda: _Decision("join", "a Decision subclass"), "answer"),
+    ("admission", lambda: Decision("maybe", "not a choice"), ("PolicyError", "NoneType")),
+    ("admission", lambda: Decision(_Grumpy(), "its __eq__ raises"), ("PolicyError", "ValueError")),
+    ("admission", lambda: Decision("go", ""), ("PolicyError", "NoneType")),
+    ("admission", lambda: Decision("go", 7), ("PolicyError", "NoneType")),
+    ("admission", lambda: Decision("go", _Str("a str subclass reason")), "answer"),
+    ("admission", lambda: Decision("go", "x" * 4096), "answer"),
+    ("admission", lambda: Decision("go", "x" * 4097), ("PolicyError", "NoneType")),
+    ("admission", lambda: "go", ("PolicyError", "NoneType")),
+    ("admission", lambda: None, "answer"),  # the baseline answers
+    ("store_limit", lambda: Decision(3, "an int"), "answer"),
+    ("store_limit", lambda: Decision(-3, "a negative int"), "answer"),
+    ("store_limit", lambda: Decision(True, "a bool is no int here"), ("PolicyError", "NoneType")),
+    ("store_limit", lambda: Decision(3.0, "a float"), ("PolicyError", "NoneType")),
+    ("store_limit", lambda: Decision(2**63 - 1, "the largest int64"), "answer"),
+    ("hold_at_finish", lambda: Decision(False, "a bool"), "answer"),
+    ("hold_at_finish", lambda: Decision(1, "an int is no bool here"), ("PolicyError", "NoneType")),
+    ("prefetch_patience", lambda: Decision(0, "an int"), "answer"),
+    ("prefetch_patience", lambda: Decision(-(2**64), "an int past int64, < 0"), ("PolicyError", "NoneType")),
+    ("prefetch_patience", lambda: Decision(-0.0, "minus zero"), "answer"),
+    ("prefetch_patience", lambda: Decision(math.inf, "wait"), "answer"),
+    ("prefetch_patience", lambda: Decision(math.nan, "nan"), ("PolicyError", "NoneType")),
+    ("prefetch_patience", lambda: Decision(-1, "negative"), ("PolicyError", "NoneType")),
+    ("prefetch_patience", lambda: Decision(True, "a bool"), ("PolicyError", "NoneType")),
+    ("prefetch_patience", lambda: None, "answer"),  # nobody answers: FALLBACKS
+    ("lookup_mode", lambda: _raise(ValueError("broken")), ("PolicyError", "ValueError")),
+    ("lookup_mode", lambda: _raise(PolicyError("the policy's own")), ("PolicyError", "NoneType")),
+    ("lookup_mode", lambda: _raise(KeyboardInterrupt()), ("PolicyError", "KeyboardInterrupt")),  # no signal came
+    ("lookup_mode", lambda: _raise(_signal_interrupt()), ("KeyboardInterrupt", "NoneType")),
+    ("lookup_mode", lambda: _raise(SystemExit(3)), ("PolicyError", "SystemExit")),
+    ("lookup_mode", lambda: _raise(_Escape("through")), ("_Escape", "NoneType")),
+    ("lookup_mode", lambda: _raise(_Killed("it caught its HookTimeout")), ("HookTimeout", "NoneType")),
 ]
 
 
-@pytest.mark.parametrize(("hook", "answer"), ODD_ANSWERS)
-def test_odd_answers_are_taken_or_refused_as_the_reference_does(hook: str, answer: Any) -> None:
+def _signal_interrupt() -> KeyboardInterrupt:
+    """Ctrl-C as kvlife's handler raises it (kvlife.lifecycle.drivers.interrupts)."""
+    interrupt = KeyboardInterrupt()
+    interrupt.from_signal = True  # type: ignore[attr-defined]
+    return interrupt
+
+
+class _Killed(OverrunKilled):
+    """What the watchdog raises the second time in a hook that caught its HookTimeout."""
+
+    overrun = HookTimeout
+
+
+@pytest.mark.parametrize(("hook", "answer", "expected"), ODD_ANSWERS)
+def test_odd_answers_are_taken_or_refused_as_the_reference_does(hook: str, answer: Any, expected: Any) -> None:
     """The native asker takes a plainly well-formed Decision itself and hands every other one to
-    the reference's checks: each answer gives the same value, decision and trace, or the same
-    error (type, message and cause) on both engines."""
+    the reference's checks and error path: each answer gives the expected outcome, and the same
+    value, decision and trace, or the same error (type, message, cause, whether the context
+    shows), on both engines."""
 
     class Odd:
         name = "odd"
@@ -312,13 +331,18 @@ def test_odd_answers_are_taken_or_refused_as_the_reference_does(hook: str, answe
     twin.nat = core.CoreKernel(bridge.core_config(EngineConfig(block_tokens=BLOCK_TOKENS)), bridge.transition_table(),
                                PolicyStack([Odd()]), twin.nat_pool)
     twin.apply(("arrive", 3, [1, 2], False))
-    outcomes = []
+    outcomes: list[tuple[Any, ...]] = []
     for ask in (lambda: twin.ref.ask(twin.state.requests["r0"], hook, *args.get(hook, ())),
                 lambda: twin.nat.ask("r0", hook, *args.get(hook, ()))):
         try:
             outcomes.append(("answer", repr(ask())))
         except BaseException as exc:  # noqa: BLE001  (a hook's BaseException passes through both)
-            outcomes.append((type(exc).__name__, str(exc), type(exc.__cause__).__name__))
+            outcomes.append((type(exc).__name__, type(exc.__cause__).__name__, str(exc), exc.__suppress_context__))
     assert outcomes[0] == outcomes[1]
-    if outcomes[0][0] == "answer":
+    assert (outcomes[0][0] if expected == "answer" else outcomes[0][:2]) == expected
+    if expected == "answer":
         twin.check()
+    elif expected[0] == "HookTimeout":  # raised as `from None`: the error the hook caught does not show
+        assert outcomes[0][3] is True
+    elif expected[1] != "NoneType":  # a replaced error: it names the policy, the hook and what was raised
+        assert outcomes[0][2].startswith(f"policy odd (module {__name__}): hook {hook} raised {expected[1]}")
