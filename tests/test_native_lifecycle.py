@@ -346,3 +346,54 @@ def test_odd_answers_are_taken_or_refused_as_the_reference_does(hook: str, answe
         assert outcomes[0][3] is True
     elif expected[1] != "NoneType":  # a replaced error: it names the policy, the hook and what was raised
         assert outcomes[0][2].startswith(f"policy odd (module {__name__}): hook {hook} raised {expected[1]}")
+
+
+# Answers the native asker takes without Python (True) and ones it must hand to the reference's
+# _check_decision (False): the same outcome either way, so only the count of checks tells.
+ROUTES: list[tuple[str, Any, bool]] = [
+    ("admission", Decision("go", "plain"), True),
+    ("admission", Decision("go", "x" * 4096), True),  # a reason of REASON_MAX characters
+    ("store_limit", Decision(-3, "a negative int"), True),
+    ("store_limit", Decision(2**63 - 1, "the largest int64"), True),
+    ("hold_at_finish", Decision(False, "a bool"), True),
+    ("prefetch_patience", Decision(0, "an int"), True),
+    ("prefetch_patience", Decision(-0.0, "minus zero"), True),
+    ("prefetch_patience", Decision(math.inf, "wait"), True),
+    ("admission", Decision(_Str("defer"), "a str subclass among the choices"), False),
+    ("admission", _Decision("join", "a Decision subclass"), False),
+    ("admission", Decision("go", _Str("a str subclass reason")), False),
+]
+
+
+@pytest.mark.parametrize(("hook", "decision", "plain"), ROUTES)
+def test_plain_answers_are_taken_without_python(hook: str, decision: Any, plain: bool,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvlife.policies import stack as stack_module
+
+    checks: list[tuple[Any, ...]] = []
+    check = stack_module._check_decision
+
+    def counted(*args: Any) -> None:
+        checks.append(args)
+        check(*args)
+
+    monkeypatch.setattr(stack_module, "_check_decision", counted)  # before the asker takes it
+
+    class Plain:
+        name = "plain"
+
+    setattr(Plain, hook, lambda self, *views: decision)
+    args: dict[str, tuple[Any, ...]] = {"admission": (LoadView(0, 0, (), ()),),
+                                        "prefetch_patience": (PrefetchView(1, 16, ("disk",), 0.0),),
+                                        "hold_at_finish": (1,)}
+    twin = Twin([])
+    twin.ref = Lifecycle(twin.state, PolicyStack([Plain()]), twin.ref_pool)
+    twin.nat = core.CoreKernel(bridge.core_config(EngineConfig(block_tokens=BLOCK_TOKENS)), bridge.transition_table(),
+                               PolicyStack([Plain()]), twin.nat_pool)
+    twin.apply(("arrive", 3, [1, 2], False))
+    expected = twin.ref.ask(twin.state.requests["r0"], hook, *args.get(hook, ()))
+    assert len(checks) == 1  # the reference checks every answer
+    checks.clear()
+    assert repr(twin.nat.ask("r0", hook, *args.get(hook, ()))) == repr(expected)
+    assert len(checks) == (0 if plain else 1)
+    twin.check()
