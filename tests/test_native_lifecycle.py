@@ -312,6 +312,22 @@ class _Killed(OverrunKilled):
     overrun = HookTimeout
 
 
+# The hook's own argument (between the request view and the engine view) for one ask of a hook.
+HOOK_ARGS: dict[str, tuple[Any, ...]] = {"admission": (LoadView(0, 0, (), ()),),
+                                         "prefetch_patience": (PrefetchView(1, 16, ("disk",), 0.0),),
+                                         "hold_at_finish": (1,)}
+
+
+def _twin_asking(policy: type) -> Twin:
+    """A Twin whose two stacks are one ``policy`` each (over the baseline), with request r0."""
+    twin = Twin([])
+    twin.ref = Lifecycle(twin.state, PolicyStack([policy()]), twin.ref_pool)
+    twin.nat = core.CoreKernel(bridge.core_config(EngineConfig(block_tokens=BLOCK_TOKENS)), bridge.transition_table(),
+                               PolicyStack([policy()]), twin.nat_pool)
+    twin.apply(("arrive", 3, [1, 2], False))
+    return twin
+
+
 @pytest.mark.parametrize(("hook", "answer", "expected"), ODD_ANSWERS)
 def test_odd_answers_are_taken_or_refused_as_the_reference_does(hook: str, answer: Any, expected: Any) -> None:
     """The native asker takes a plainly well-formed Decision itself and hands every other one to
@@ -323,17 +339,11 @@ def test_odd_answers_are_taken_or_refused_as_the_reference_does(hook: str, answe
         name = "odd"
 
     setattr(Odd, hook, lambda self, *views: answer())
-    args: dict[str, tuple[Any, ...]] = {"admission": (LoadView(0, 0, (), ()),),
-                                        "prefetch_patience": (PrefetchView(1, 16, ("disk",), 0.0),),
-                                        "hold_at_finish": (1,)}
-    twin = Twin([])
-    twin.ref = Lifecycle(twin.state, PolicyStack([Odd()]), twin.ref_pool)
-    twin.nat = core.CoreKernel(bridge.core_config(EngineConfig(block_tokens=BLOCK_TOKENS)), bridge.transition_table(),
-                               PolicyStack([Odd()]), twin.nat_pool)
-    twin.apply(("arrive", 3, [1, 2], False))
+    twin = _twin_asking(Odd)
+    args = HOOK_ARGS.get(hook, ())
     outcomes: list[tuple[Any, ...]] = []
-    for ask in (lambda: twin.ref.ask(twin.state.requests["r0"], hook, *args.get(hook, ())),
-                lambda: twin.nat.ask("r0", hook, *args.get(hook, ()))):
+    for ask in (lambda: twin.ref.ask(twin.state.requests["r0"], hook, *args),
+                lambda: twin.nat.ask("r0", hook, *args)):
         try:
             outcomes.append(("answer", repr(ask())))
         except BaseException as exc:  # noqa: BLE001  (a hook's BaseException passes through both)
@@ -383,17 +393,11 @@ def test_plain_answers_are_taken_without_python(hook: str, decision: Any, plain:
         name = "plain"
 
     setattr(Plain, hook, lambda self, *views: decision)
-    args: dict[str, tuple[Any, ...]] = {"admission": (LoadView(0, 0, (), ()),),
-                                        "prefetch_patience": (PrefetchView(1, 16, ("disk",), 0.0),),
-                                        "hold_at_finish": (1,)}
-    twin = Twin([])
-    twin.ref = Lifecycle(twin.state, PolicyStack([Plain()]), twin.ref_pool)
-    twin.nat = core.CoreKernel(bridge.core_config(EngineConfig(block_tokens=BLOCK_TOKENS)), bridge.transition_table(),
-                               PolicyStack([Plain()]), twin.nat_pool)
-    twin.apply(("arrive", 3, [1, 2], False))
-    expected = twin.ref.ask(twin.state.requests["r0"], hook, *args.get(hook, ()))
+    twin = _twin_asking(Plain)
+    args = HOOK_ARGS.get(hook, ())
+    expected = twin.ref.ask(twin.state.requests["r0"], hook, *args)
     assert len(checks) == 1  # the reference checks every answer
     checks.clear()
-    assert repr(twin.nat.ask("r0", hook, *args.get(hook, ()))) == repr(expected)
+    assert repr(twin.nat.ask("r0", hook, *args)) == repr(expected)
     assert len(checks) == (0 if plain else 1)
     twin.check()
