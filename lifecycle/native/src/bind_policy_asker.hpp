@@ -123,6 +123,7 @@ class PyPolicyAsker final : public PolicyAsker {
         reason_max_ = stack_module.attr("REASON_MAX").cast<Py_ssize_t>();
         check_decision_ = stack_module.attr("_check_decision");
         hook_failure_ = stack_module.attr("hook_failure");
+        origin_ = stack_module.attr("_origin");
         watch_ = stack_.attr("_watch");
         seq_ = py::str("seq");
         native_asking_ = py::str("native_asking");
@@ -321,7 +322,9 @@ class PyPolicyAsker final : public PolicyAsker {
             PyLong_AsLongLongAndOverflow(value, &overflow);
             if (overflow != 0) {  // a valid answer (store_limit 2**70) the native core cannot hold
                 py::object error = py::module_::import("kvlife.policies.base").attr("PolicyError");
-                PyErr_SetString(error.ptr(), ("policy " + link.policy + ": hook " + h.name.cast<std::string>() +
+                std::string origin = origin_(link.fn).cast<std::string>();  // as every policy error names it
+                PyErr_SetString(error.ptr(), ("policy " + link.policy + " (" + origin + "): hook " +
+                                              h.name.cast<std::string>() +
                                               " answered " + py::repr(value).cast<std::string>() +
                                               ": the native engine takes integers within 64 bits; "
                                               "run it with --engine python")
@@ -436,7 +439,7 @@ class PyPolicyAsker final : public PolicyAsker {
         py::object rid;
     };
 
-    py::object stack_, watch_, decision_, check_decision_, hook_failure_;
+    py::object stack_, watch_, decision_, check_decision_, hook_failure_, origin_;
     py::str seq_, native_asking_;
     SlotClass request_view_, engine_view_, load_view_, prefetch_view_;
     Py_ssize_t value_offset_ = -1, reason_offset_ = -1, reason_max_ = 0;
