@@ -247,6 +247,61 @@ def test_extended_hashes_are_the_references(hashes: list[int], request_id: str, 
     assert got == reference.extend_hashes(hashes, request_id, count)
 
 
+@st.composite
+def _hash_list_ops(draw: st.DrawFn) -> list[tuple[str, int, Any]]:
+    ops: list[tuple[str, int, Any]] = []
+    for _ in range(draw(st.integers(1, 25))):
+        kind = draw(st.sampled_from(["share", "extend", "assign"]))
+        who = draw(st.integers(0, 7))
+        if kind == "share":
+            ops.append((kind, who, draw(st.integers(0, 12))))
+        elif kind == "extend":
+            ops.append((kind, who, draw(st.integers(0, 14))))
+        else:
+            ops.append((kind, who, draw(st.lists(st.integers(0, 2**62), max_size=6))))
+    return ops
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2**62), max_size=8), _hash_list_ops())
+def test_lists_sharing_a_buffer_each_hold_what_a_list_of_their_own_would(
+        given_hashes: list[int], ops: list[tuple[str, int, Any]]) -> None:
+    """Lists that share one buffer (a request's scheduler record and its core record) each hold
+    exactly what their own Python list would after the same shares, extensions and
+    assignments, whoever extended the buffer first and whatever given hashes lie past a
+    shorter list's end."""
+    lists = [_core.HashList(given_hashes)]
+    mirror = [list(given_hashes)]
+    for kind, who, arg in ops:
+        i = who % len(lists)
+        if kind == "share":
+            n = min(arg, len(mirror[i]))
+            lists.append(lists[i].share(n))
+            mirror.append(mirror[i][:n])
+        elif kind == "extend":
+            lists[i].extend("req-7", arg)
+            mirror[i] = list(reference.extend_hashes(mirror[i], "req-7", arg))
+        else:
+            lists[i].assign(arg)
+            mirror[i] = list(arg)
+        assert [h.tolist() for h in lists] == mirror
+
+
+def test_a_shared_list_keeps_one_buffer_until_it_is_given_other_hashes() -> None:
+    prompt = _core.HashList([11, 12, 13])
+    core = prompt.share(3)
+    assert core.same_buffer(prompt)
+    prompt.extend("r", 5)  # the scheduler's record derives two blocks...
+    core.extend("r", 4)  # ...the core's reads the first of them, not a copy
+    assert core.same_buffer(prompt) and core.tolist() == prompt.tolist()[:4]
+    shorter = prompt.share(2)
+    shorter.extend("r", 3)  # past it lies a given hash: it derives its own in a buffer of its own
+    assert not shorter.same_buffer(prompt)
+    assert shorter.tolist() == list(reference.extend_hashes([11, 12], "r", 3))
+    core.assign([1, 2])
+    assert not core.same_buffer(prompt) and prompt.tolist()[:3] == [11, 12, 13]
+
+
 def test_a_request_id_without_utf8_raises_the_references_error() -> None:
     bad = "a\ud800"
     assert _outcome(lambda: _core.derived_block_hash(7, bad, 2)) == _outcome(

@@ -302,3 +302,20 @@ def test_requests_never_admitted_are_stranded_alike(tmp_path: Path) -> None:
                            stack=[f"{path}:Stuck"])
     assert python.summary["stranded"] > 0
     assert native.rows is not None and any(row.phase("queue") > 0 and row.e2e_ms is None for row in native.rows)
+
+
+def test_a_retired_request_is_freed_when_it_retires() -> None:
+    """The core frees a request's record when it retires, not when a later request takes its
+    slot: once every request has finished, the run (still alive) holds none of them, though
+    hundreds were held at once while the queue was long."""
+    from kvlife.lifecycle.native._core import live_requests
+    from kvlife.lifecycle.native.run import simulate
+
+    at_once = [attrs.evolve(r, arrival_ms=0.0) for r in _workload(n=400)]
+    before = live_requests()
+    held: list[int] = []
+    result, _ = simulate(BASE, at_once, load_stack(BASE.policies), None,
+                         lambda done, total: held.append(live_requests() - before))
+    assert result.engine.state_counts["finished"] == 400 and not result.stranded
+    assert max(held) >= 100  # a queue formed: the check below has something to free
+    assert live_requests() - before == 0

@@ -97,6 +97,24 @@ void bind_blocks(py::module_& m) {
         },
         py::arg("hashes"), py::arg("request_id"), py::arg("count"));
 
+    py::class_<HashList>(m, "HashList", "blocks.hpp HashList: a request's hashes, one buffer for its two records")
+        .def(py::init<std::vector<BlockHash>>(), py::arg("hashes"))
+        .def(
+            "share",
+            [](const HashList& self, std::size_t n) {
+                if (n > self.size()) throw py::index_error("share past the list's end");
+                return HashList(self, n);
+            },
+            py::arg("n"))
+        .def("extend", &HashList::extend, py::arg("request_id"), py::arg("count"))
+        .def(
+            "assign", [](HashList& self, const std::vector<BlockHash>& v) { self.assign(v.data(), v.data() + v.size()); },
+            py::arg("hashes"))
+        .def("tolist", [](const HashList& self) { return self.to_vector(); })
+        .def(
+            "same_buffer", [](const HashList& self, const HashList& other) { return self.data() == other.data(); },
+            py::arg("other"));
+
     py::class_<DeviceBlockPool>(m, "DeviceBlockPool")
         .def(py::init<std::int64_t>(), py::arg("capacity"))
         .def_property_readonly("capacity", &DeviceBlockPool::capacity)

@@ -74,7 +74,7 @@ class CoreKernel {
 
     void add_request(const std::string& rid, double arrival_ms, std::int64_t prompt_tokens,
                      std::vector<BlockHash> hashes, bool resumable) {
-        auto req = std::make_shared<Request>(rid, state_.next_seq++, arrival_ms, prompt_tokens, std::move(hashes),
+        auto req = std::make_shared<Request>(rid, state_.next_seq++, arrival_ms, prompt_tokens, HashList(std::move(hashes)),
                                              resumable, state_.config.block_tokens);
         state_.requests.set(rid, std::move(req));
         state_.state_counts[static_cast<std::size_t>(RequestState::WAITING)] += 1;
@@ -290,7 +290,7 @@ void bind_core_lifecycle(py::module_& m) {
                  return py::make_tuple(std::string(state_name(r.state)), r.epoch, r.computed, r.confirmed,
                                        r.stored_blocks, py::tuple(py::cast(r.load_jobs)),
                                        py::tuple(py::cast(r.load_failed)), r.external_hit_limit, r.landed,
-                                       r.store_jobs, lookup, r.lookup_uses, py::tuple(py::cast(r.hashes)));
+                                       r.store_jobs, lookup, r.lookup_uses, py::tuple(py::cast(r.hashes.to_vector())));
              })
         .def("tier_state",
              [](CoreKernel& k) {
@@ -412,9 +412,10 @@ void bind_core_lifecycle(py::module_& m) {
         .def("last_decisions",
              [](CoreKernel& k, const std::string& rid) {
                  py::dict out;
-                 for (const auto& node : k.request(rid).last_decisions) {
-                     out[py::str(std::string(hook_name(node.key)))] =
-                         py::make_tuple(node.value.policy, answer_value_py(node.value.value), node.value.reason);
+                 for (const auto& entry : k.request(rid).last_decisions) {
+                     const Decided& d = *entry.decided;
+                     out[py::str(std::string(hook_name(entry.hook)))] =
+                         py::make_tuple(d.policy, answer_value_py(d.value), d.reason);
                  }
                  return out;
              })

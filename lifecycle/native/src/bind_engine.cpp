@@ -127,7 +127,7 @@ class PyRetirer : public Retirer {
         d["preemptions"] = req.preemptions;
         d["device_hit_blocks"] = req.device_hit_blocks;
         py::dict hits;
-        for (const auto& node : req.tier_hit_blocks) hits[py::str(node.key)] = node.value;
+        for (const auto& [tier, blocks] : req.tier_hit_blocks) hits[py::str(tier)] = blocks;
         d["tier_hit_blocks"] = hits;
         return d;
     }

@@ -71,10 +71,11 @@ RetiredRequest retired_of(const Request& req) {
     out.preemptions = req.preemptions;
     out.device_hit_blocks = req.device_hit_blocks;
     out.async_lookups = req.async_lookups;
-    for (const auto& node : req.tier_hit_blocks) out.tier_hit_blocks[py::str(node.key)] = node.value;
-    for (const auto& node : req.last_decisions) {
-        out.last_decisions[py::str(std::string(hook_name(node.key)))] =
-            py::make_tuple(node.value.policy, answer_value_py(node.value.value), node.value.reason);
+    for (const auto& [tier, blocks] : req.tier_hit_blocks) out.tier_hit_blocks[py::str(tier)] = blocks;
+    for (const auto& entry : req.last_decisions) {
+        const Decided& d = *entry.decided;
+        out.last_decisions[py::str(std::string(hook_name(entry.hook)))] =
+            py::make_tuple(d.policy, answer_value_py(d.value), d.reason);
     }
     return out;
 }
@@ -251,6 +252,9 @@ void bind_native_simulator(py::module_& m) {
         .def_readonly("async_lookups", &RetiredRequest::async_lookups)
         .def_readonly("tier_hit_blocks", &RetiredRequest::tier_hit_blocks)
         .def_readonly("last_decisions", &RetiredRequest::last_decisions);
+
+    m.def("live_requests", [] { return RequestCount::live; },
+          "how many of the connector core's Request records exist in this process (every core's)");
 
     py::class_<NativeRun>(m, "NativeSimulator",
                           "simulator.hpp's loop around engine.hpp's Engine: built by lifecycle/native/run.py")

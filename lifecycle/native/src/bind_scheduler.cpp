@@ -257,7 +257,7 @@ void bind_scheduler(py::module_& m) {
         .def_readonly("num_stale_output_tokens", &SchedRequest::num_stale_output_tokens)
         .def_readonly("num_preemptions", &SchedRequest::num_preemptions)
         .def_property_readonly("blocks", [](const SchedRequest& r) { return r.blocks; })
-        .def_property_readonly("hashes", [](const SchedRequest& r) { return hashes_tuple(r.hashes); })
+        .def_property_readonly("hashes", [](const SchedRequest& r) { return hashes_tuple(r.hashes.to_vector()); })
         .def_readonly("num_cached_blocks", &SchedRequest::num_cached_blocks)
         .def_readonly("last_sched_seq", &SchedRequest::last_sched_seq)
         .def_readonly("is_prefill_chunk", &SchedRequest::is_prefill_chunk)
@@ -267,7 +267,7 @@ void bind_scheduler(py::module_& m) {
         .def_readonly("finish_note", &SchedRequest::finish_note)
         .def_readonly("hash_cap", &SchedRequest::hash_cap)
         .def_property_readonly("num_tokens", &SchedRequest::num_tokens)
-        .def_property_readonly("block_hashes", [](SchedRequest& r) { return hashes_tuple(r.block_hashes()); });
+        .def_property_readonly("block_hashes", [](SchedRequest& r) { return hashes_tuple(r.block_hashes().to_vector()); });
 
     py::class_<BoundScheduler>(m, "Scheduler")
         .def(py::init([](std::int64_t block_tokens, std::int64_t device_blocks, std::int64_t max_batched_tokens,

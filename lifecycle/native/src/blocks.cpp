@@ -72,6 +72,45 @@ void extend_hashes(std::vector<BlockHash>& hashes, std::string_view request_id, 
     }
 }
 
+HashList::HashList(std::vector<BlockHash> hashes) : size_(hashes.size()) {
+    const std::size_t given = hashes.size();
+    buf_ = std::make_shared<Buffer>(Buffer{std::move(hashes), given});
+}
+
+HashList::HashList(const HashList& other, std::size_t n) : buf_(other.buf_), size_(n) {}
+
+BlockHash HashList::at(std::size_t i) const {
+    if (i >= size_) throw std::out_of_range("HashList::at: " + std::to_string(i) + " >= " + std::to_string(size_));
+    return buf_->hashes[i];
+}
+
+void HashList::assign(const BlockHash* first, const BlockHash* last) {
+    *this = HashList(std::vector<BlockHash>(first, last));
+}
+
+void HashList::extend(std::string_view request_id, std::int64_t count) {
+    if (count <= static_cast<std::int64_t>(size_)) {
+        return;
+    }
+    if (!buf_) {
+        buf_ = std::make_shared<Buffer>(Buffer{{}, 0});
+    } else if (size_ < buf_->given) {
+        // Past this list come given hashes that are not its own: a buffer of its own first.
+        std::vector<BlockHash> own(buf_->hashes.begin(), buf_->hashes.begin() + static_cast<std::ptrdiff_t>(size_));
+        buf_ = std::make_shared<Buffer>(Buffer{std::move(own), size_});
+    }
+    std::vector<BlockHash>& hashes = buf_->hashes;
+    const std::size_t want = static_cast<std::size_t>(count);
+    if (hashes.size() > size_) {
+        size_ = std::min(want, hashes.size());  // derived by a list sharing the buffer: the same values
+    }
+    if (size_ < want) {
+        hashes.resize(size_);  // (already its size: only this list reached the buffer's end)
+        extend_hashes(hashes, request_id, count);
+        size_ = want;
+    }
+}
+
 DeviceBlockPool::DeviceBlockPool(std::int64_t capacity) : capacity_(capacity), free_count_(0) {
     if (capacity <= 0) {
         throw std::invalid_argument("device pool capacity must be positive, got " + std::to_string(capacity));

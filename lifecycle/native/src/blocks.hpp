@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -50,6 +51,47 @@ BlockHash derived_block_hash(std::optional<BlockHash> previous, std::string_view
 // extend_hashes(hashes, request_id, count): hashes extended in place with derived hashes up
 // to count blocks (left as they are when they already hold count or more).
 void extend_hashes(std::vector<BlockHash>& hashes, std::string_view request_id, std::int64_t count);
+
+// A request's block hashes: its full prompt blocks', then the derived ones appended as blocks of
+// generated tokens fill (extend, as extend_hashes does). The scheduler's request and the connector
+// core's record of it hold the same list, each with its own length, in one shared buffer: a request
+// waiting in the queue holds its hashes once, not twice. A derived hash is a function of the one
+// before it, the request id and its index, so a list extended past the buffer's given hashes reads
+// what another holder derived instead of deriving it again; a list that would extend inside the
+// given hashes, or is given others (assign), takes a buffer of its own first. The buffer only grows:
+// a pointer from data() is valid until this list or one sharing its buffer extends.
+class HashList {
+  public:
+    HashList() = default;
+    explicit HashList(std::vector<BlockHash> hashes);
+    // other's first n hashes (n <= other.size()), sharing its buffer.
+    HashList(const HashList& other, std::size_t n);
+
+    std::size_t size() const { return size_; }
+    bool empty() const { return size_ == 0; }
+    BlockHash operator[](std::size_t i) const { return buf_->hashes[i]; }
+    BlockHash at(std::size_t i) const;
+    BlockHash back() const { return buf_->hashes[size_ - 1]; }
+    const BlockHash* data() const { return buf_ ? buf_->hashes.data() : nullptr; }
+    const BlockHash* begin() const { return data(); }
+    const BlockHash* end() const { return data() + size_; }
+    std::vector<BlockHash> to_vector(std::size_t n) const { return std::vector<BlockHash>(begin(), begin() + n); }
+    std::vector<BlockHash> to_vector() const { return to_vector(size_); }
+
+    // extend_hashes(self, request_id, count): derived hashes up to count blocks (none when it holds
+    // count or more already).
+    void extend(std::string_view request_id, std::int64_t count);
+    // self[:] = [first, last): a buffer of its own.
+    void assign(const BlockHash* first, const BlockHash* last);
+
+  private:
+    struct Buffer {
+        std::vector<BlockHash> hashes;
+        std::size_t given;  // hashes[:given] were given; each one past them is derived from the one before
+    };
+    std::shared_ptr<Buffer> buf_;
+    std::size_t size_ = 0;
+};
 
 class DeviceBlockPool {
   public:

@@ -111,7 +111,7 @@ void ConnectorCore::tick(double now) {
 
 // ---- vLLM: on_new_request ---------------------------------------------------------------------
 CoreRequestPtr ConnectorCore::on_new_request(const std::string& request_id, std::int64_t prompt_tokens,
-                                         const std::vector<BlockHash>& block_hashes,
+                                         const HashList& block_hashes,
                                          std::optional<std::int64_t> max_tokens, bool resumable, bool early) {
     if (state.requests.contains(request_id) || state.retired.contains(request_id)) {
         lifecycle.warn("duplicate_arrival", {Field("req", request_id)});
@@ -121,7 +121,7 @@ CoreRequestPtr ConnectorCore::on_new_request(const std::string& request_id, std:
     std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(0, prompt_tokens / block_tokens));
     auto req = std::make_shared<Request>(
         request_id, state.next_seq, state.now, prompt_tokens,
-        std::vector<BlockHash>(block_hashes.begin(), block_hashes.begin() + std::min(keep, block_hashes.size())),
+        HashList(block_hashes, std::min(keep, block_hashes.size())),
         resumable, block_tokens, max_tokens);
     state.next_seq += 1;
     state.requests.set(request_id, req);
@@ -149,7 +149,7 @@ std::pair<std::optional<std::int64_t>, bool> ConnectorCore::get_num_new_matched_
     }
     req.local_tokens = num_computed_tokens;
     req.plan.clear();
-    req.joins = OrderedDict<BlockHash, std::int64_t>();
+    req.joins.reset();
     req.landed = false;
     if (req.state == RequestState::LOOKUP_PENDING) {
         return {std::nullopt, false};
@@ -230,7 +230,8 @@ std::pair<std::optional<std::int64_t>, bool> ConnectorCore::get_num_new_matched_
     }
     if (is_str(choice, "join")) {
         for (const auto& item : view.in_flight) {
-            req.joins.set(item.first, state.in_flight_loads.find(item.first)->front().job_id);
+            if (!req.joins) req.joins = std::make_unique<OrderedDict<BlockHash, std::int64_t>>();
+            req.joins->set(item.first, state.in_flight_loads.find(item.first)->front().job_id);
         }
     }
     req.plan.swap(plan_);
@@ -301,15 +302,13 @@ void ConnectorCore::update_state_after_alloc(const std::string& request_id, cons
         req.device_hit_blocks = first;
         std::size_t upto = std::min(req.plan.size(), static_cast<std::size_t>(std::max<std::int64_t>(count, 0)));
         for (std::size_t i = 0; i < upto; ++i) {
-            auto slot = req.tier_hit_blocks.try_emplace(req.plan[i].second);
-            if (slot.second) *slot.first = 0;
-            *slot.first += 1;
+            req.tier_hit_blocks.add(req.plan[i].second, 1);
         }
     }
     if (count <= 0) {
         req.computed = req.confirmed = req.local_tokens;
         req.plan.clear();
-        req.joins = OrderedDict<BlockHash, std::int64_t>();
+        req.joins.reset();
         lifecycle.move(req, Trigger::ADMITTED, "admitted with " + std::to_string(first) + " hit blocks on device");
         return;
     }
@@ -321,7 +320,7 @@ void ConnectorCore::update_state_after_alloc(const std::string& request_id, cons
         BlockHash block_hash = req.plan[i].first;
         const std::string& tier = req.plan[i].second;
         std::int64_t device = block_ids.at(static_cast<std::size_t>(first) + i);
-        const std::int64_t* owner = req.joins.find(block_hash);
+        const std::int64_t* owner = req.joins ? req.joins->find(block_hash) : nullptr;
         const JobPtr* owner_ptr = owner != nullptr ? state.jobs.find(*owner) : nullptr;
         Job* owner_job = owner_ptr != nullptr ? owner_ptr->get() : nullptr;
         if (owner_job != nullptr && !owner_job->timed_out) {
@@ -350,7 +349,7 @@ void ConnectorCore::update_state_after_alloc(const std::string& request_id, cons
     req.computed = req.confirmed = req.local_tokens;
     req.pending_hit_tokens = (first + count) * bt;
     req.plan.clear();
-    req.joins = OrderedDict<BlockHash, std::int64_t>();
+    req.joins.reset();
     std::string reason = "loading " + std::to_string(own.size()) + " blocks";
     if (!joined.empty()) {
         std::size_t copies = 0;
@@ -484,7 +483,7 @@ void ConnectorCore::next_chunk(Request& req, const std::vector<BlockId>& block_i
                        std::to_string(block_ids.size()) + " blocks and " + std::to_string(kept) + " tokens");
     req.prompt_tokens = chunk.prompt_tokens;
     std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(0, floordiv(chunk.prompt_tokens, bt)));
-    req.hashes.assign(chunk.hashes.begin(), chunk.hashes.begin() + std::min(keep, chunk.hashes.size()));
+    req.hashes.assign(chunk.hashes.data(), chunk.hashes.data() + std::min(keep, chunk.hashes.size()));
     req.max_tokens = chunk.max_tokens;
     req.generated = 0;
     req.block_table.assign(block_ids.begin(), block_ids.end());
@@ -492,7 +491,7 @@ void ConnectorCore::next_chunk(Request& req, const std::vector<BlockId>& block_i
     req.lookup.reset();
     req.lookup_uses = 0;
     req.plan.clear();
-    req.joins = OrderedDict<BlockHash, std::int64_t>();
+    req.joins.reset();
     req.landed = false;
     lifecycle.move(req, Trigger::ADMITTED,
                    "its next input chunk: " + std::to_string(chunk.prompt_tokens - kept) +
@@ -811,7 +810,7 @@ void ConnectorAPI::update_state_after_alloc(SchedRequest& request, const std::ve
     pass();
     Request* req = core.find(request.request_id);
     if (req != nullptr && req->state == RequestState::RUNNING && request.resumable) {
-        NextChunk chunk{request.prompt_tokens, request.block_hashes(), request.max_tokens,
+        NextChunk chunk{request.prompt_tokens, request.block_hashes().to_vector(), request.max_tokens,
                         request.num_computed_tokens};
         core.update_state_after_alloc(request.request_id, blocks, external, &chunk);
         return;

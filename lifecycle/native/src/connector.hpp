@@ -91,7 +91,7 @@ class ConnectorCore {
 
     void tick(double now);
     CoreRequestPtr on_new_request(const std::string& request_id, std::int64_t prompt_tokens,
-                              const std::vector<BlockHash>& block_hashes, std::optional<std::int64_t> max_tokens,
+                              const HashList& block_hashes, std::optional<std::int64_t> max_tokens,
                               bool resumable, bool early);
     std::pair<std::optional<std::int64_t>, bool> get_num_new_matched_tokens(const std::string& request_id,
                                                                              std::int64_t num_computed_tokens);

@@ -91,13 +91,15 @@ const AnswerValue& Lifecycle::ask(Request& req, Hook hook, const HookArg& arg) {
     key_.value = answer_value_str(answer_.value);
     auto [count, inserted] = answers.try_emplace(key_);
     *count = inserted ? 1 : *count + 1;
-    auto [last, fresh] = req.last_decisions.try_emplace(hook);
-    const bool changed = fresh || last->policy != answer_.policy || !answer_values_equal(last->value, answer_.value) ||
-                         last->reason != answer_.reason;
+    const Decided* last = req.last_decisions.find(hook);
+    const bool changed = last == nullptr || last->policy != answer_.policy ||
+                         !answer_values_equal(last->value, answer_.value) || last->reason != answer_.reason;
     if (changed) {
-        last->policy = answer_.policy;
-        last->value = answer_.value;
-        last->reason = answer_.reason;
+        DecidedPtr& made = recent_[static_cast<std::size_t>(hook)];
+        if (!made || !made->same_as(answer_.policy, answer_.value, answer_.reason)) {
+            made = std::make_shared<const Decided>(Decided{answer_.policy, answer_.value, answer_.reason});
+        }
+        req.last_decisions.set(hook, made);
         if (hook == Hook::ADMISSION) {
             const std::string* value = std::get_if<std::string>(&answer_.value);
             if (value != nullptr && *value == "defer") {

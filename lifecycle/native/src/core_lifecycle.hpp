@@ -151,6 +151,8 @@ class Lifecycle {
     const TransitionTable& table_;
     Answer answer_;   // the last answer (its buffers reused)
     AnswerKey key_;   // the last answer's key in ``answers``
+    // Per hook, the last Decided made: the next request given the same answer shares it.
+    std::array<DecidedPtr, kNumHooks> recent_;
 };
 
 }  // namespace kvlife

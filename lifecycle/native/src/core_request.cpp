@@ -3,6 +3,7 @@
 #include "core_request.hpp"
 
 #include <cmath>
+#include <cstring>
 
 #include "py_repr.hpp"
 
@@ -78,6 +79,15 @@ bool answer_values_equal(const AnswerValue& a, const AnswerValue& b) {
     const std::string* t = std::get_if<std::string>(&b);
     if (s && t) return *s == *t;
     return a.index() == b.index();  // None == None; a str is not None
+}
+
+bool answer_values_identical(const AnswerValue& a, const AnswerValue& b) {
+    if (a.index() != b.index()) return false;
+    if (const double* x = std::get_if<double>(&a)) {
+        const double y = std::get<double>(b);
+        return std::memcmp(x, &y, sizeof y) == 0;
+    }
+    return a == b;
 }
 
 std::string answer_value_str(const AnswerValue& value) {

@@ -80,16 +80,95 @@ bool answer_values_equal(const AnswerValue& a, const AnswerValue& b);
 // Python's str(value): "True", "12", float repr ("inf", "1e+16", "0.5"), the str itself, "None".
 std::string answer_value_str(const AnswerValue& value);
 
-// One entry of Request.last_decisions: (policy, value, reason).
+// Request.tier_hit_blocks: tier -> blocks, in the order the tiers were first hit (a dict's order).
+// A handful of tiers at most, so a scan finds one.
+class TierCounts {
+  public:
+    void add(const std::string& tier, std::int64_t blocks) {
+        for (auto& item : items_) {
+            if (item.first == tier) {
+                item.second += blocks;
+                return;
+            }
+        }
+        items_.emplace_back(tier, blocks);
+    }
+    bool empty() const { return items_.empty(); }
+    std::vector<std::pair<std::string, std::int64_t>>::const_iterator begin() const { return items_.begin(); }
+    std::vector<std::pair<std::string, std::int64_t>>::const_iterator end() const { return items_.end(); }
+
+  private:
+    std::vector<std::pair<std::string, std::int64_t>> items_;
+};
+
+// The same value, kind and bits: what two Decided must hold to be one object (an int 1 is not True
+// nor 1.0, -0.0 is not 0.0, and a NaN is the same as its own bits).
+bool answer_values_identical(const AnswerValue& a, const AnswerValue& b);
+
+// One entry of Request.last_decisions: (policy, value, reason). Immutable once made, so requests
+// given the same answer share one (Lifecycle::ask keeps the last one made per hook).
 struct Decided {
     std::string policy;
     AnswerValue value;
     std::string reason;
+
+    bool same_as(const std::string& policy_, const AnswerValue& value_, const std::string& reason_) const {
+        return policy == policy_ && answer_values_identical(value, value_) && reason == reason_;
+    }
+};
+using DecidedPtr = std::shared_ptr<const Decided>;
+
+// Request.last_decisions: hook -> (policy, value, reason), in the order the hooks were first
+// answered (a dict's order: a hook answered again keeps its place). At most one entry per hook, so
+// a scan of a few entries finds one; each entry is a handle to a shared Decided (24 bytes), not a
+// copy of the policy's name and reason: a waiting request holds two or three of them.
+class Decisions {
+  public:
+    struct Entry {
+        Hook hook;
+        DecidedPtr decided;
+    };
+
+    const Decided* find(Hook hook) const {
+        for (const Entry& e : entries_) {
+            if (e.hook == hook) return e.decided.get();
+        }
+        return nullptr;
+    }
+    // d[hook] = decided: a new hook goes to the end; one already there keeps its place.
+    void set(Hook hook, DecidedPtr decided) {
+        for (Entry& e : entries_) {
+            if (e.hook == hook) {
+                e.decided = std::move(decided);
+                return;
+            }
+        }
+        if (entries_.size() == entries_.capacity()) {
+            entries_.reserve(entries_.empty() ? 2 : entries_.size() + 2);
+        }
+        entries_.push_back(Entry{hook, std::move(decided)});
+    }
+    std::vector<Entry>::const_iterator begin() const { return entries_.begin(); }
+    std::vector<Entry>::const_iterator end() const { return entries_.end(); }
+    std::size_t size() const { return entries_.size(); }
+
+  private:
+    std::vector<Entry> entries_;
+};
+
+// How many Requests exist in the process (every core's; the cores run under the GIL): what a test
+// reads to see that a retired request is freed, not kept by a container's spare slot.
+struct RequestCount {
+    static inline std::int64_t live = 0;
+    RequestCount() noexcept { ++live; }
+    RequestCount(const RequestCount&) noexcept { ++live; }
+    RequestCount& operator=(const RequestCount&) noexcept = default;
+    ~RequestCount() { --live; }
 };
 
 struct Request {
     Request(std::string request_id_, std::int64_t seq_, double arrival_ms_, std::int64_t prompt_tokens_,
-            std::vector<BlockHash> hashes_, bool resumable_, std::int64_t block_tokens_,
+            HashList hashes_, bool resumable_, std::int64_t block_tokens_,
             std::optional<std::int64_t> max_tokens_ = std::nullopt)
         : request_id(std::move(request_id_)),
           seq(seq_),
@@ -106,7 +185,7 @@ struct Request {
     std::int64_t prompt_tokens;
     // Block hashes: the full prompt blocks' from the arrival, then derived ones appended as
     // blocks of generated tokens fill (blocks.hpp extend_hashes).
-    std::vector<BlockHash> hashes;
+    HashList hashes;
     bool resumable;
     std::int64_t block_tokens;
     std::optional<std::int64_t> max_tokens;
@@ -132,7 +211,8 @@ struct Request {
     // The last match's external hit: (hash, tier) per block past the device hit, and the
     // in-flight loads it joins (hash -> job).
     std::vector<std::pair<BlockHash, std::string>> plan;
-    OrderedDict<BlockHash, std::int64_t> joins;
+    // (None until a policy answers "join": most requests never join a load.)
+    std::unique_ptr<OrderedDict<BlockHash, std::int64_t>> joins;
     std::int64_t stored_blocks = 0;
     std::vector<std::int64_t> load_jobs;   // loads it waits for
     std::vector<BlockHash> load_failed;    // block hashes that failed in those loads
@@ -141,13 +221,14 @@ struct Request {
     std::int64_t pending_hit_tokens = 0;
     std::int64_t store_jobs = 0;
     bool hold = false;
+    RequestCount counted;
     std::optional<std::string> finish_reason;
     std::optional<double> first_token_ms;
     std::optional<double> finish_ms;
     std::int64_t preemptions = 0;
     std::int64_t device_hit_blocks = 0;
-    OrderedDict<std::string, std::int64_t> tier_hit_blocks;  // tier -> blocks, first hit first
-    OrderedDict<Hook, Decided> last_decisions;               // hook -> (policy, value, reason)
+    TierCounts tier_hit_blocks;                              // tier -> blocks, first hit first
+    Decisions last_decisions;                                // hook -> (policy, value, reason)
 
     std::int64_t known_tokens() const { return prompt_tokens + generated + placeholders; }
     // Request.view(): the RequestView a policy sees is built from these fields by the binding

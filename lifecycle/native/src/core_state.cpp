@@ -52,7 +52,7 @@ std::size_t CoreState::hit_candidates(Request& req) {
 }
 
 void CoreState::ensure_hashes(Request& req, std::int64_t blocks) {
-    if (blocks > static_cast<std::int64_t>(req.hashes.size())) extend_hashes(req.hashes, req.request_id, blocks);
+    req.hashes.extend(req.request_id, blocks);
 }
 
 void CoreState::sync_lookup(const BlockHash* hashes, std::size_t n, std::vector<std::string>& found) const {

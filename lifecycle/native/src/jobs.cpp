@@ -58,7 +58,7 @@ std::vector<BlockHash> as_set(const std::vector<BlockHash>& values) {
 
 Positions underivable(const Request& req, std::int64_t start, std::int64_t stop, const std::vector<BlockHash>* among) {
     Positions named;
-    const std::vector<BlockHash>& hashes = req.hashes;
+    const HashList& hashes = req.hashes;
     const std::int64_t first = std::max(start, floor_div(req.prompt_tokens, req.block_tokens));
     const std::int64_t last = std::min(stop, static_cast<std::int64_t>(hashes.size()));
     for (std::int64_t i = first; i < last; ++i) {

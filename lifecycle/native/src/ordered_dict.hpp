@@ -7,8 +7,9 @@
 //
 // An open-addressing hash table (linear probing, backward-shift deletion: no tombstones) maps a key
 // to a node in a slab; the nodes form a doubly-linked list in insertion order. Freed nodes are
-// reused (keeping the value's buffers for its next user) and the table only grows, so a dict at its
-// working size allocates nothing. ``Hash``'s result is mixed with splitmix64's finalizer (block
+// reused and the table only grows, so a dict at its working size allocates little: a removed vector
+// value keeps its buffer for the node's next user, any other value is reset (a removed request or job
+// handle frees what it points at). ``Hash``'s result is mixed with splitmix64's finalizer (block
 // hashes in tests are small consecutive ints). Integer keys sit in the bucket itself, so a probe
 // never leaves the table; other keys are compared in their node once the bucket's full hash matches.
 #pragma once
@@ -23,6 +24,14 @@
 namespace kvlife {
 
 struct NoValue {};  // a dict whose values are all None: an ordered set
+
+// A removed node keeps a vector value (its buffer serves the node's next key); any other value is
+// reset, so a removed handle (a request's, a job's) frees what it points at now, not when the slot
+// is next used.
+template <class V>
+struct KeepsBufferOnRemove : std::false_type {};
+template <class T, class A>
+struct KeepsBufferOnRemove<std::vector<T, A>> : std::true_type {};
 
 template <class K, class V, class Hash = std::hash<K>>
 class OrderedDict {
@@ -230,7 +239,10 @@ class OrderedDict {
     void remove_at(std::size_t pos) {
         Id id = table_[pos].id;
         unlink(id);
-        nodes_[id].next = free_;  // the value stays: its buffers serve the node's next key
+        nodes_[id].next = free_;
+        if constexpr (!KeepsBufferOnRemove<V>::value) {
+            nodes_[id].value = V{};
+        }
         free_ = id;
         --size_;
         // Backward-shift deletion: pull later buckets of the probe run into the hole when their

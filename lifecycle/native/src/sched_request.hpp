@@ -42,7 +42,7 @@ struct SchedRequest {
     std::string request_id;
     std::int64_t prompt_tokens;
     std::optional<std::int64_t> max_tokens;  // none: the driver says when it stops
-    std::vector<BlockHash> hashes;           // full prompt blocks, then derived names as outputs fill blocks
+    HashList hashes;                         // full prompt blocks, then derived names as outputs fill blocks
     std::int64_t block_tokens;
     bool resumable = false;
     Status status = Status::WAITING;
@@ -65,14 +65,12 @@ struct SchedRequest {
     std::int64_t num_tokens() const { return prompt_tokens + output_tokens; }
 
     // block_hashes: the hashes of its full blocks of known tokens (derived past the prompt).
-    const std::vector<BlockHash>& block_hashes() {
+    const HashList& block_hashes() {
         std::int64_t full = (prompt_tokens + output_tokens) / block_tokens;
         if (full > hash_cap) {
             full = hash_cap;
         }
-        if (full > static_cast<std::int64_t>(hashes.size())) {
-            extend_hashes(hashes, request_id, full);
-        }
+        hashes.extend(request_id, full);
         return hashes;
     }
 };

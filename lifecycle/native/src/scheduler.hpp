@@ -535,7 +535,7 @@ class Scheduler {
             std::int64_t computed;
             if (req->num_computed_tokens == 0) {
                 std::int64_t limit = (req->num_tokens() - 1) / bt_;
-                const std::vector<BlockHash>& hashes = req->block_hashes();
+                const HashList& hashes = req->block_hashes();
                 std::size_t upto = limit < 0 ? 0 : std::min<std::size_t>(static_cast<std::size_t>(limit), hashes.size());
                 pool_.cached_prefix(hashes.data(), upto, local);
                 auto answer = connector_.get_num_new_matched_tokens(*req, static_cast<std::int64_t>(local.size()) * bt_);
@@ -639,7 +639,7 @@ class Scheduler {
         if (full <= req.num_cached_blocks) {
             return;
         }
-        const std::vector<BlockHash>& hashes = req.block_hashes();
+        const HashList& hashes = req.block_hashes();
         for (std::int64_t i = req.num_cached_blocks; i < full; ++i) {
             pool_.cache(req.blocks.at(static_cast<std::size_t>(i)), hashes.at(static_cast<std::size_t>(i)));
         }
@@ -768,8 +768,8 @@ class Scheduler {
                 continue;
             }
             std::vector<BlockHash> hashes = static_cast<std::int64_t>(req.hashes.size()) < known / bt_
-                                                ? req.block_hashes()
-                                                : req.hashes;
+                                                ? req.block_hashes().to_vector()
+                                                : req.hashes.to_vector();
             if (static_cast<std::int64_t>(hashes.size()) < end / bt_) {
                 // Blocks completed by output placeholders (async scheduling): named by their
                 // derived hashes too, so a live worker writes their content.
