@@ -123,6 +123,37 @@ def test_a_user_policy_from_a_file(tmp_path: Path) -> None:
     assert "picky" in str(python.summary["decisions"])
 
 
+TWINS_POLICY = '''
+from kvlife.policies.base import Decision
+
+
+class Even:
+    name = "even"
+
+    def lookup_mode(self, req, engine):
+        return Decision("sync", "the same words") if req.prompt_tokens % 2 == 0 else None
+
+
+class Odd:
+    name = "odd"
+
+    def lookup_mode(self, req, engine):
+        return Decision("sync", "the same words")
+'''
+
+
+def test_two_policies_giving_the_same_answer_are_told_apart(tmp_path: Path) -> None:
+    """Two policies answering the same value with the same reason: each request's decision
+    names the policy that gave it (the native core shares one record per identical answer,
+    never across policies)."""
+    path = tmp_path / "twins.py"
+    path.write_text(TWINS_POLICY)
+    stack = [f"{path}:Even", f"{path}:Odd"]
+    python, _ = _both(tmp_path, attrs.evolve(BASE, policies=tuple(stack)), _workload(seed=5), stack=stack)
+    by_policy = python.summary["decisions"]["lookup_mode"]
+    assert set(by_policy) == {"even", "odd"} and all(by_policy[p]["sync"] > 0 for p in by_policy)
+
+
 @pytest.mark.parametrize("name,config", [
     ("async scheduling", _with(BASE, {"async_scheduling": True})),
     ("small device", _with(attrs.evolve(BASE, policies=("shared-loads",)), {"device_blocks": 60})),
