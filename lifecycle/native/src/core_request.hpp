@@ -143,9 +143,6 @@ class Decisions {
                 return;
             }
         }
-        if (entries_.size() == entries_.capacity()) {
-            entries_.reserve(entries_.empty() ? 2 : entries_.size() + 2);
-        }
         entries_.push_back(Entry{hook, std::move(decided)});
     }
     std::vector<Entry>::const_iterator begin() const { return entries_.begin(); }
@@ -230,9 +227,8 @@ struct Request {
     TierCounts tier_hit_blocks;                              // tier -> blocks, first hit first
     Decisions last_decisions;                                // hook -> (policy, value, reason)
 
-    std::int64_t known_tokens() const { return prompt_tokens + generated + placeholders; }
     // Request.view(): the RequestView a policy sees is built from these fields by the binding
-    // that asks the Python policies (bind_core.cpp), field for field as request.py's view().
+    // that asks the Python policies (bind_policy_asker.hpp), field for field as request.py's view().
 };
 
 using CoreRequestPtr = std::shared_ptr<Request>;
