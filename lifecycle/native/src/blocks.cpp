@@ -104,8 +104,7 @@ void HashList::extend(std::string_view request_id, std::int64_t count) {
     if (hashes.size() > size_) {
         size_ = std::min(want, hashes.size());  // derived by a list sharing the buffer: the same values
     }
-    if (size_ < want) {
-        hashes.resize(size_);  // (already its size: only this list reached the buffer's end)
+    if (size_ < want) {  // this list is at the buffer's end: derive the rest
         extend_hashes(hashes, request_id, count);
         size_ = want;
     }
