@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from kvlife.lifecycle.breakdown import (
     SOURCES,
@@ -168,12 +168,17 @@ class RequestTotals:
     @classmethod
     def of(cls, result: SimResult, clock: PhaseClock | None = None) -> RequestTotals:
         """Every request of a run: those that left the engine (``result.retired``) and
-        those still in it (``clock``: rows for those too, their phases cut at the end)."""
+        those still in it (``clock``: rows for those too, their phases cut at the end). For
+        reading only: with nothing left to fold in, it is ``result.retired`` itself (a copy
+        would double the arrays' memory at the run's end for nothing)."""
+        held = list(result.engine.requests.values())
+        if result.retired is not None and clock is None and not held:
+            return result.retired
         totals = result.retired.copy() if result.retired is not None else cls()
         if clock is not None:
             totals.collect(clock)
             clock.end_ms = max(clock.end_ms, result.makespan_ms)
-        totals.add(result.engine.requests.values())
+        totals.add(held)
         return totals
 
     def add(self, requests: Iterable[Request]) -> None:
@@ -189,13 +194,13 @@ class RequestTotals:
         """Hit blocks on the device, then in each of ``tiers`` (0 where none)."""
         return {"device": self.hits["device"], **{name: self.hits.get(name, 0) for name in tiers}}
 
-    def ttfts(self) -> list[float]:
+    def ttfts(self) -> array[float]:
         """TTFT of every request that got a first token (in fold order)."""
-        return [t for t in self.ttft_ms if not math.isnan(t)]
+        return array("d", (t for t in self.ttft_ms if not math.isnan(t)))
 
-    def e2es(self) -> list[float]:
+    def e2es(self) -> array[float]:
         """E2E latency of every request that finished (in fold order)."""
-        return [t for t in self.e2e_ms if not math.isnan(t)]
+        return array("d", (t for t in self.e2e_ms if not math.isnan(t)))
 
     def decisions(self) -> dict[str, dict[str, dict[str, int]]]:
         """hook -> policy -> answer -> requests whose last answer at that hook it was (for
@@ -225,11 +230,53 @@ class RequestTotals:
         return {"slo_ms": dict(slo), "requests": good,
                 "fraction": good / len(self.seq) if len(self.seq) else None}
 
-    def samples(self) -> list[tuple[float, float | None]]:
+    def samples(self) -> Samples:
         """(arrival ms, TTFT ms or None) of every request, in arrival order."""
-        seq, arrival, ttft = self.seq, self.arrival_ms, self.ttft_ms
-        return [(arrival[i], None if math.isnan(ttft[i]) else ttft[i])
-                for i in sorted(range(len(seq)), key=seq.__getitem__)]
+        # Arrival numbers are unique: each one's fold position goes in its slot, and the slots
+        # in order give arrival order (8 bytes a slot; a sort would hold an int object a request).
+        seq = self.seq
+        slots = array("q", [-1]) * (max(seq) + 1 if seq else 0)
+        for position, number in enumerate(seq):
+            slots[number] = position
+        order = array("q", (position for position in slots if position >= 0))
+        return Samples(array("d", (self.arrival_ms[i] for i in order)), array("d", (self.ttft_ms[i] for i in order)))
+
+
+class Samples(Sequence[tuple[float, float | None]]):
+    """(arrival ms, TTFT ms or None) of each request, built as they are read from two arrays
+    (NaN: None): 16 bytes a request, where a list of tuples costs about 100 (a tuple and two
+    floats), which at 100k requests was most of the memory a summary took."""
+
+    __slots__ = ("_arrival", "_ttft")
+
+    def __init__(self, arrival: array[float], ttft: array[float]) -> None:
+        if len(arrival) != len(ttft):
+            raise ValueError(f"Samples: {len(arrival)} arrivals but {len(ttft)} TTFTs")
+        self._arrival = arrival
+        self._ttft = ttft
+
+    def __len__(self) -> int:
+        return len(self._arrival)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[float, float | None]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[float, float | None]]: ...
+
+    def __getitem__(self, index: int | slice) -> tuple[float, float | None] | list[tuple[float, float | None]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        ttft = self._ttft[index]
+        return (self._arrival[index], None if math.isnan(ttft) else ttft)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to any sequence with the same samples in the same order (a list of tuples too)."""
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def distribution(values: Sequence[float]) -> dict[str, float | None]:

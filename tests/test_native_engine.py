@@ -231,6 +231,7 @@ def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
     config = _config(rng, draw)
     names = draw["stack"]
     reference, sink, native, ref_retired, nat_retired = _engines(config, names, draw["retire"], draw.get("trace", True))
+    native.dormant_arrivals = draw.get("dormant", False)
     run = Run()
     bt = config.block_tokens
     shared = [[rng.randrange(1 << 40) for _ in range(8)] for _ in range(3)]
@@ -241,7 +242,12 @@ def _drive(seed: int, draw: dict[str, Any], ops: int) -> set[str]:
         t += rng.choice([0.0, 0.5, 1.0, 2.0, 5.0]) if rng.random() < 0.93 else rng.choice([70.0, 150.0, 400.0])
         event = _event(rng, run, reference, t, arrived, shared, bt, config.ranks)
         commands = reference.handle(event)
+        dormant = native.dormant()
         assert _plain(native.handle(event)) == _plain(commands), event
+        if dormant:
+            run.seen.add("dormant")
+            if isinstance(event, Abort) and native.dormant() < dormant:
+                run.seen.add("dormant aborted")
         assert native.progress() == reference.progress()
         assert native.busy() == reference.busy()
         assert native.next_wakeup() == reference.next_wakeup()
@@ -299,6 +305,7 @@ DRAW = st.fixed_dictionaries({
     "stack": st.sampled_from(STACKS),
     "retire": st.booleans(),
     "trace": st.sampled_from([True, True, False]),  # off: nothing rendered, nothing decided otherwise
+    "dormant": st.booleans(),  # Scheduler::dormant_arrivals: the same inputs give the same outputs
 })
 
 
@@ -328,7 +335,7 @@ def test_reach() -> None:
                 "transfer_deadline": data.choice([None, 100.0]), "lookup_deadline": data.choice([60.0, 5000.0]),
                 "reclaim_deadline": data.choice([300.0, 480_000.0]), "max_async_lookups": data.choice([2, 1024]),
                 "failure_policy": data.choice(["recompute", "fail"]), "stack": STACKS[i % len(STACKS)],
-                "retire": data.random() < 0.5}
+                "retire": data.random() < 0.5, "dormant": i % 2 == 1}
         seen |= _drive(i, draw, 160)
     # Joins want roomy devices and loads that stay in flight (shared-loads).
     joins = {"bt": 4, "device_blocks": 24, "budget": 8192, "ranks": 1, "async_scheduling": False,
@@ -339,7 +346,7 @@ def test_reach() -> None:
         seen |= _drive(i, joins, 300)
     assert {"preemption", "load", "store", "async lookup", "expired lookup", "stale answer", "prefetch",
             "failed load", "reclaim", "timeout", "join", "retired", "SubmitLookup", "DiscardLookup",
-            "StartPrefetch", "FreeBlocks"} <= seen
+            "StartPrefetch", "FreeBlocks", "dormant", "dormant aborted"} <= seen
 
 
 class _Raises:

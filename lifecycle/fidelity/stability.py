@@ -104,7 +104,11 @@ def _mean(values: Sequence[float | None]) -> float:
 def check_stability(samples: Sequence[Sample], p50_limit_ms: float = P50_LIMIT_MS,
                     ratio_limit: float = RATIO_LIMIT, slack_ms: float = SLACK_MS) -> Stability:
     """The stability verdict of one run from its (arrival ms, TTFT ms or None) per request."""
-    ordered = sorted(range(len(samples)), key=lambda i: (samples[i][0], i))
+    # By arrival, ties in sample order (sorted is stable: no (arrival, index) key tuple per
+    # sample); samples already in that order (as a run's are) are taken as they come.
+    n = len(samples)
+    in_order = all(samples[i][0] <= samples[i + 1][0] for i in range(n - 1))
+    ordered: Sequence[int] = range(n) if in_order else sorted(range(n), key=lambda i: samples[i][0])
     ttfts = [samples[i][1] for i in ordered]
     k = max(1, len(ttfts) // 10)
     answered = [t for t in ttfts if t is not None]
@@ -120,7 +124,7 @@ def check_stability(samples: Sequence[Sample], p50_limit_ms: float = P50_LIMIT_M
     )
 
 
-def ttft_samples(outcome: RunOutcome) -> list[Sample]:
+def ttft_samples(outcome: RunOutcome) -> Sequence[Sample]:
     """(arrival ms, TTFT ms or None) of every request of a simulated run, in arrival order:
     from the run's folded totals, so it works whether the requests left the engine or not."""
     return RequestTotals.of(outcome.result).samples()

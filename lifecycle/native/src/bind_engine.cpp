@@ -227,7 +227,13 @@ void bind_engine(py::module_& m) {
         .def("check_invariants", [](NativeEngine& e) { e.get().check_invariants(); })
         .def("finished_count", [](NativeEngine& e) { return e.get().finished_count(); })
         .def("record_stranded", [](NativeEngine& e, double now) { e.get().record_stranded(now); }, py::arg("now"))
-        .def_property_readonly("now", [](NativeEngine& e) { return e.get().now(); });
+        .def_property_readonly("now", [](NativeEngine& e) { return e.get().now(); })
+        .def_property(
+            "dormant_arrivals", [](NativeEngine& e) { return e.get().scheduler().dormant_arrivals; },
+            [](NativeEngine& e, bool on) { e.get().scheduler().dormant_arrivals = on; },
+            "Scheduler::dormant_arrivals (the native simulator's loop turns it on)")
+        .def("dormant", [](NativeEngine& e) { return e.get().scheduler().dormant(); },
+             "how many requests wait dormant now");
 }
 
 }  // namespace kvlife

@@ -111,6 +111,7 @@ class NativeRun {
         engine_ = std::make_unique<Engine>(core, scheduler, &asker_, table_.cast<const TransitionTable&>(),
                                            Trace(out_.get(), clock_.get()), fold_.is_none() ? nullptr : &retirer_);
         engine_->scheduler().plan_tables = false;  // the loop reads no plan's block tables or hashes
+        engine_->scheduler().dormant_arrivals = true;  // (it reads no queue: Scheduler::dormant_arrivals)
         sim_ = std::make_unique<Simulator<Engine>>(*engine_, settings, cost, lookups, rank_links, std::move(tiers));
         sim_->hooks.ctx = this;
         sim_->hooks.between_events = &NativeRun::between_events;
@@ -189,6 +190,7 @@ class NativeRun {
 
     // The requests still in the engine, in arrival order.
     std::vector<RetiredRequest> requests() const {
+        engine_->scheduler().wake_all();  // (each dormant request's record, rebuilt)
         std::vector<RetiredRequest> out;
         for (const auto& node : engine_->state().requests) out.push_back(retired_of(*node.value));
         return out;

@@ -71,6 +71,11 @@ class PyConnector {
     void on_new_request(SchedRequest& req, bool early) {
         connector_.attr("on_new_request")(face(req), py::arg("early") = early);
     }
+    // (its requests never go dormant: the bound scheduler keeps dormant_arrivals off)
+    struct Dormant {};
+    std::optional<Dormant> doze(const SchedRequest&) { return std::nullopt; }
+    void wake(const SchedRequest&, Dormant&&) {}
+    bool is_dormant(const std::string&) const { return false; }
     bool request_finished(SchedRequest& req, const std::vector<BlockId>& blocks) {
         py::tuple answer = connector_.attr("request_finished")(face(req), py::cast(blocks));
         return answer[0].cast<bool>();

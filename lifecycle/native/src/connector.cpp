@@ -117,12 +117,9 @@ CoreRequestPtr ConnectorCore::on_new_request(const std::string& request_id, std:
         lifecycle.warn("duplicate_arrival", {Field("req", request_id)});
         return nullptr;
     }
-    std::int64_t block_tokens = state.config.block_tokens;
-    std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(0, prompt_tokens / block_tokens));
-    auto req = std::make_shared<Request>(
-        request_id, state.next_seq, state.now, prompt_tokens,
-        HashList(block_hashes, std::min(keep, block_hashes.size())),
-        resumable, block_tokens, max_tokens);
+    std::size_t keep = static_cast<std::size_t>(std::max<std::int64_t>(0, prompt_tokens / state.config.block_tokens));
+    CoreRequestPtr req = new_record(request_id, state.next_seq, state.now, prompt_tokens,
+                                    HashList(block_hashes, std::min(keep, block_hashes.size())), max_tokens, resumable);
     state.next_seq += 1;
     state.requests.set(request_id, req);
     state.state_counts[static_cast<std::size_t>(RequestState::WAITING)] += 1;
@@ -138,6 +135,44 @@ CoreRequestPtr ConnectorCore::on_new_request(const std::string& request_id, std:
         }
     }
     return req;
+}
+
+CoreRequestPtr ConnectorCore::new_record(const std::string& request_id, std::int64_t seq, double arrival_ms,
+                                         std::int64_t prompt_tokens, HashList hashes,
+                                         std::optional<std::int64_t> max_tokens, bool resumable) const {
+    return std::make_shared<Request>(request_id, seq, arrival_ms, prompt_tokens, std::move(hashes), resumable,
+                                     state.config.block_tokens, max_tokens);
+}
+
+// ---- dormant requests (kvlife's: the record of a request that only waits) ---------------------
+std::optional<DormantCore> ConnectorCore::doze(const std::string& request_id) {
+    CoreRequestPtr* found = state.requests.find(request_id);
+    if (found == nullptr || !*found) {
+        return std::nullopt;
+    }
+    Request& req = **found;
+    // Only the map holds the record, and no id-keyed state names it.
+    if (found->use_count() != 1 || !req.only_arrived() || state.wants_prefetch.contains(request_id) ||
+        state.prefetch_waits.contains(request_id) || state.sync_lookup_version.contains(request_id) ||
+        state.given_up_loads.contains(request_id)) {
+        return std::nullopt;
+    }
+    DormantCore dormant{req.seq, req.arrival_ms, req.hashes.size(), std::move(req.last_decisions)};
+    found->reset();
+    return dormant;
+}
+
+void ConnectorCore::wake(const std::string& request_id, std::int64_t prompt_tokens, const HashList& block_hashes,
+                         std::optional<std::int64_t> max_tokens, bool resumable, DormantCore&& dormant) {
+    CoreRequestPtr req = new_record(request_id, dormant.seq, dormant.arrival_ms, prompt_tokens,
+                                    HashList(block_hashes, dormant.hashes), max_tokens, resumable);
+    req->last_decisions = std::move(dormant.decisions);
+    state.requests.set(request_id, std::move(req));  // (the key kept its place: arrival order holds)
+}
+
+bool ConnectorCore::is_dormant(const std::string& request_id) const {
+    const CoreRequestPtr* found = state.requests.find(request_id);
+    return found != nullptr && !*found;
 }
 
 // ---- vLLM: get_num_new_matched_tokens -----------------------------------------------------------
@@ -795,6 +830,15 @@ void ConnectorAPI::on_new_request(SchedRequest& request, bool early) {
     core.on_new_request(request.request_id, request.prompt_tokens, request.block_hashes(), request.max_tokens,
                         request.resumable, early);
 }
+
+std::optional<DormantCore> ConnectorAPI::doze(const SchedRequest& request) { return core.doze(request.request_id); }
+
+void ConnectorAPI::wake(const SchedRequest& request, DormantCore&& dormant) {
+    core.wake(request.request_id, request.prompt_tokens, request.hashes, request.max_tokens, request.resumable,
+              std::move(dormant));
+}
+
+bool ConnectorAPI::is_dormant(const std::string& request_id) const { return core.is_dormant(request_id); }
 
 std::pair<std::optional<std::int64_t>, bool> ConnectorAPI::get_num_new_matched_tokens(SchedRequest& request,
                                                                                        std::int64_t computed) {

@@ -93,6 +93,14 @@ class ConnectorCore {
     CoreRequestPtr on_new_request(const std::string& request_id, std::int64_t prompt_tokens,
                               const HashList& block_hashes, std::optional<std::int64_t> max_tokens,
                               bool resumable, bool early);
+    // A request that only arrived (Request::only_arrived) and that nothing else refers to goes
+    // dormant while it waits: its record is dropped, its place in state.requests kept (holding
+    // no record), and what wake needs to rebuild the record is returned. nullopt: it stays.
+    // No call may name a dormant request until wake has given its record back.
+    std::optional<DormantCore> doze(const std::string& request_id);
+    void wake(const std::string& request_id, std::int64_t prompt_tokens, const HashList& block_hashes,
+              std::optional<std::int64_t> max_tokens, bool resumable, DormantCore&& dormant);
+    bool is_dormant(const std::string& request_id) const;  // in state.requests, holding no record
     std::pair<std::optional<std::int64_t>, bool> get_num_new_matched_tokens(const std::string& request_id,
                                                                              std::int64_t num_computed_tokens);
     void update_state_after_alloc(const std::string& request_id, const std::vector<BlockId>& block_ids,
@@ -113,6 +121,9 @@ class ConnectorCore {
     TierIndex* tier_or_null(std::string_view name);      // state.tiers.get(name)
 
   private:
+    CoreRequestPtr new_record(const std::string& request_id, std::int64_t seq, double arrival_ms,
+                              std::int64_t prompt_tokens, HashList hashes, std::optional<std::int64_t> max_tokens,
+                              bool resumable) const;
     // _plan(req, candidates, start) into plan_ (candidates: req.hashes[:n]).
     void plan(Request& req, std::size_t n, std::int64_t start);
     void record_reuse(Request& req, std::size_t n);
@@ -147,6 +158,10 @@ class ConnectorAPI {
     void begin_output() {}
     void take_events() { core.take_events(); }
     void on_new_request(SchedRequest& request, bool early);
+    using Dormant = DormantCore;
+    std::optional<DormantCore> doze(const SchedRequest& request);
+    void wake(const SchedRequest& request, DormantCore&& dormant);
+    bool is_dormant(const std::string& request_id) const;
     bool request_finished(SchedRequest& request, const std::vector<BlockId>& blocks);
     std::pair<std::optional<std::int64_t>, bool> get_num_new_matched_tokens(SchedRequest& request,
                                                                              std::int64_t num_computed_tokens);

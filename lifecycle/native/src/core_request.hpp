@@ -227,10 +227,34 @@ struct Request {
     TierCounts tier_hit_blocks;                              // tier -> blocks, first hit first
     Decisions last_decisions;                                // hook -> (policy, value, reason)
 
+    // Whether nothing but its arrival happened to it: every field the constructor does not set
+    // still holds its default (last_decisions aside: its arrival may have asked a policy). Such
+    // a record can be rebuilt from what the constructor takes, its decisions and nothing else
+    // (ConnectorCore::doze and wake).
+    bool only_arrived() const {
+        return state == RequestState::WAITING && state_is_member && epoch == 0 && generated == 0 &&
+               placeholders == 0 && computed == 0 && confirmed == 0 && block_table.empty() && local_tokens == 0 &&
+               !lookup.has_value() && !lookup_async && lookup_answered_ms == 0.0 && lookup_uses == 0 &&
+               async_lookups == 0 && lookup_submitted_ms == 0.0 && plan.empty() && !joins && stored_blocks == 0 &&
+               load_jobs.empty() && load_failed.empty() && external_hit_limit == (std::int64_t{1} << 30) &&
+               !landed && pending_hit_tokens == 0 && store_jobs == 0 && !hold && !finish_reason.has_value() &&
+               !first_token_ms.has_value() && !finish_ms.has_value() && preemptions == 0 &&
+               device_hit_blocks == 0 && tier_hit_blocks.empty();
+    }
+
     // Request.view(): the RequestView a policy sees is built from these fields by the binding
     // that asks the Python policies (bind_policy_asker.hpp), field for field as request.py's view().
 };
 
 using CoreRequestPtr = std::shared_ptr<Request>;
+
+// What the connector core keeps of a dormant request (ConnectorCore::doze): with what the
+// scheduler keeps of it (its id, prompt, hashes, max tokens, resumable), all its record held.
+struct DormantCore {
+    std::int64_t seq;
+    double arrival_ms;
+    std::size_t hashes;  // how many hashes its record's list held
+    Decisions decisions;
+};
 
 }  // namespace kvlife

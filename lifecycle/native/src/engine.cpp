@@ -275,10 +275,10 @@ std::tuple<std::int64_t, std::int64_t, std::int64_t> Engine::progress() const {
 
 std::vector<std::string> Engine::stranded() const {
     std::vector<std::string> out;
-    for (const auto& node : core_.state.requests) {
-        const Request& req = *node.value;  // (in arrival order: requests is insertion-ordered)
-        if (req.state != RequestState::FINISHED) {
-            out.push_back(req.request_id + ":" + std::string(state_name(req.state)));
+    for (const auto& node : core_.state.requests) {  // (in arrival order: requests is insertion-ordered)
+        RequestState st = node.value ? node.value->state : RequestState::WAITING;  // (no record: dormant)
+        if (st != RequestState::FINISHED) {
+            out.push_back(node.key + ":" + std::string(state_name(st)));
         }
     }
     return out;
@@ -290,11 +290,10 @@ void Engine::record_stranded(double now) {
         return;
     }
     for (const auto& node : core_.state.requests) {
-        const Request& req = *node.value;
-        if (req.state != RequestState::FINISHED) {
+        RequestState st = node.value ? node.value->state : RequestState::WAITING;  // (no record: dormant)
+        if (st != RequestState::FINISHED) {
             recorder.warning(now, "stranded",
-                             {Field("origin", "driver"), Field("req", req.request_id),
-                              Field("state", state_name(req.state))});
+                             {Field("origin", "driver"), Field("req", node.key), Field("state", state_name(st))});
         }
     }
 }

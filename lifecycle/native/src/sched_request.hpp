@@ -61,6 +61,17 @@ struct SchedRequest {
     bool free_on_sending = false;
     std::optional<std::string> finish_note;
     std::int64_t hash_cap = std::int64_t{1} << 62;
+    std::int64_t arrival = 0;  // its place among the scheduler's arrivals (requests() order)
+
+    // Whether nothing but its arrival happened to it: every field the constructor does not set
+    // still holds its default (its hashes aside: they only ever get derived ones appended).
+    bool only_arrived() const {
+        return status == Status::WAITING && output_tokens == 0 && num_computed_tokens == 0 &&
+               num_output_placeholders == 0 && num_in_flight_tokens == 0 && num_stale_output_tokens == 0 &&
+               num_preemptions == 0 && blocks.empty() && num_cached_blocks == 0 && last_sched_seq == 0 &&
+               !is_prefill_chunk && !finished && !free_on_recving && !free_on_sending && !finish_note.has_value() &&
+               hash_cap == (std::int64_t{1} << 62);
+    }
 
     std::int64_t num_tokens() const { return prompt_tokens + output_tokens; }
 

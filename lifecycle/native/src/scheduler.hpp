@@ -12,6 +12,10 @@
 //   bool knows(const std::string& request_id);          // the core has it, or retired it
 //   void warn_duplicate_arrival(const std::string& request_id);
 //   void freed(const std::vector<BlockId>& blocks);     // a "free" record and a FreeBlocks command
+//   using Dormant = ...;                                 // what it keeps of a dormant request
+//   std::optional<Dormant> doze(const SchedRequest&);    // drop its record (nullopt: it keeps it)
+//   void wake(const SchedRequest&, Dormant&&);           // rebuild the record it dropped
+//   bool is_dormant(const std::string& request_id);      // its record dropped by doze, not woken
 #pragma once
 
 #include <algorithm>
@@ -107,6 +111,13 @@ class Scheduler {
     // Whether a plan's entries carry their block tables and hashes: a live worker and the
     // Python bindings read them; the native simulator's loop never does and turns them off.
     bool plan_tables = true;
+    // kvlife's, not vLLM's: whether an arrival that nothing but its arrival happened to waits
+    // dormant. Its record and the connector's are dropped, and what rebuilds them waits in its
+    // place in the queue (tail_), until the scheduler reaches it or an abort names it. Nothing
+    // the scheduler decides changes: a woken request is the record it was. Under a backlog a
+    // waiting request then costs its id, prompt, hashes and decisions, not two whole records.
+    // The native simulator's loop turns it on; the Python bindings, which read the queues, do not.
+    bool dormant_arrivals = false;
     using Meta = decltype(std::declval<Connector&>().build_connector_meta(std::declval<const SchedulerOutput&>()));
 
     Scheduler(const SchedulerConfig& config, Connector& connector)
@@ -135,15 +146,43 @@ class Scheduler {
             finish(*req, "error", Status::FINISHED_IGNORED);
             return;
         }
+        req->arrival = next_arrival_++;
         requests_.emplace(request_id, req);
         order_.push_back(req);
         waiting_.push_back(req);
         connector_.on_new_request(*req, true);
+        if (dormant_arrivals && !waiting_.empty() && waiting_.back() == req) {
+            waiting_.pop_back();
+            to_tail(req);
+        }
+    }
+
+    // The waiting queue is waiting_ followed by tail_ (with dormant_arrivals on; tail_ is empty
+    // otherwise): every dormant request, and each arrival after the first dormant one.
+    std::size_t dormant() const {
+        std::size_t n = 0;
+        for (const Tail& item : tail_) {
+            n += item.live ? 0 : 1;
+        }
+        return n;
+    }
+    // Wake every dormant request (each stays in its place): before the requests are read whole.
+    void wake_all() {
+        for (Tail& item : tail_) {
+            if (!item.live) {
+                item.live = wake(std::move(*item.dormant));
+                item.dormant.reset();
+            }
+        }
     }
 
     // vLLM's finish_requests (an abort): false if it is unknown or finished.
     bool finish_requests(const std::string& request_id, const char* reason = "aborted") {
         auto it = requests_.find(request_id);
+        if (it == requests_.end() && connector_.is_dormant(request_id)) {
+            wake_named(request_id);
+            it = requests_.find(request_id);
+        }
         if (it == requests_.end() || it->second->finished) {
             return false;
         }
@@ -333,6 +372,9 @@ class Scheduler {
                 out.push_back(req);
             }
         }
+        // (a woken request joined order_ at its waking: its arrival puts it back in its place)
+        std::stable_sort(out.begin(), out.end(),
+                         [](const RequestPtr& a, const RequestPtr& b) { return a->arrival < b->arrival; });
         return out;
     }
     RequestPtr request(const std::string& rid) const {
@@ -343,6 +385,9 @@ class Scheduler {
     std::optional<std::int64_t> output_tokens(const std::string& rid) const {
         auto it = requests_.find(rid);
         if (it == requests_.end()) {
+            if (connector_.is_dormant(rid)) {
+                return 0;  // (only arrived: nothing output)
+            }
             return std::nullopt;
         }
         return it->second->output_tokens;
@@ -417,6 +462,13 @@ class Scheduler {
             remove_from(waiting_, req);
         } else if (contains(kv_holding_, req)) {
             remove_from(kv_holding_, req);
+        } else {
+            for (auto it = tail_.begin(); it != tail_.end(); ++it) {
+                if (it->live.get() == req) {
+                    tail_.erase(it);
+                    break;
+                }
+            }
         }
     }
 
@@ -502,6 +554,10 @@ class Scheduler {
             }
         };
         while (budget > 0) {
+            if (waiting_.empty() && kv_holding_.empty() && !tail_.empty() &&
+                static_cast<std::int64_t>(running_.size()) < config_.max_running) {
+                waiting_.push_back(take_tail());  // the queue goes on in its tail
+            }
             std::deque<RequestPtr>& queue = !kv_holding_.empty() ? kv_holding_ : waiting_;
             if (queue.empty() || static_cast<std::int64_t>(running_.size()) >= config_.max_running) {
                 break;
@@ -783,6 +839,71 @@ class Scheduler {
         return std::make_pair(std::move(plan), std::move(meta));
     }
 
+    // ---- dormant arrivals (dormant_arrivals) ---------------------------------------------------
+    // All a dormant request's record held (the rest is the defaults): only_arrived.
+    struct Dormant {
+        std::string request_id;
+        std::int64_t prompt_tokens;
+        std::optional<std::int64_t> max_tokens;
+        HashList hashes;
+        bool resumable;
+        std::int64_t arrival;
+        typename Connector::Dormant core;
+    };
+    struct Tail {
+        RequestPtr live;  // null: dormant
+        std::optional<Dormant> dormant;
+    };
+
+    // An arrival just added, out of waiting_: dormant if it and the connector's record only
+    // arrived, else live; in tail_ unless tail_ is empty and it stays live.
+    void to_tail(const RequestPtr& req) {
+        std::optional<typename Connector::Dormant> core;
+        if (req->only_arrived()) {
+            core = connector_.doze(*req);
+        }
+        if (!core.has_value()) {
+            if (tail_.empty()) {
+                waiting_.push_back(req);
+            } else {
+                tail_.push_back(Tail{req, std::nullopt});
+            }
+            return;
+        }
+        requests_.erase(req->request_id);
+        order_.pop_back();  // (it was added last)
+        tail_.push_back(Tail{nullptr, Dormant{req->request_id, req->prompt_tokens, req->max_tokens, req->hashes,
+                                              req->resumable, req->arrival, std::move(*core)}});
+    }
+
+    RequestPtr wake(Dormant&& dormant) {
+        auto req = std::make_shared<SchedRequest>(std::move(dormant.request_id), dormant.prompt_tokens,
+                                                  dormant.max_tokens, std::vector<BlockHash>(), bt_, dormant.resumable);
+        req->hashes = std::move(dormant.hashes);
+        req->arrival = dormant.arrival;
+        requests_.emplace(req->request_id, req);
+        order_.push_back(req);
+        connector_.wake(*req, std::move(dormant.core));
+        return req;
+    }
+
+    RequestPtr take_tail() {
+        Tail item = std::move(tail_.front());
+        tail_.pop_front();
+        return item.live ? item.live : wake(std::move(*item.dormant));
+    }
+
+    // An abort names a dormant request: woken in its place.
+    void wake_named(const std::string& request_id) {
+        for (Tail& item : tail_) {
+            if (!item.live && item.dormant->request_id == request_id) {
+                item.live = wake(std::move(*item.dormant));
+                item.dormant.reset();
+                return;
+            }
+        }
+    }
+
     // vLLM's _handle_invalid_blocks for async loads; the requests to fail, in queue order.
     std::vector<std::string> invalid_blocks(const std::vector<BlockId>& invalid,
                                             const std::unordered_set<std::string>& given_up) {
@@ -851,6 +972,8 @@ class Scheduler {
     std::vector<RequestPtr> order_;  // requests_ in insertion order (dead entries skipped)
     std::size_t dead_in_order_ = 0;
     std::deque<RequestPtr> waiting_;
+    std::deque<Tail> tail_;  // the waiting queue's rest (dormant_arrivals)
+    std::int64_t next_arrival_ = 0;
     std::deque<RequestPtr> kv_holding_;
     std::vector<RequestPtr> running_;
     std::unordered_set<std::string> finished_recving_;
