@@ -251,11 +251,11 @@ def test_extended_hashes_are_the_references(hashes: list[int], request_id: str, 
 def _hash_list_ops(draw: st.DrawFn) -> list[tuple[str, int, Any]]:
     ops: list[tuple[str, int, Any]] = []
     for _ in range(draw(st.integers(1, 25))):
-        kind = draw(st.sampled_from(["share", "extend", "assign"]))
+        kind = draw(st.sampled_from(["share", "extend", "assign", "apart"]))
         who = draw(st.integers(0, 7))
         if kind == "share":
             ops.append((kind, who, draw(st.integers(0, 12))))
-        elif kind == "extend":
+        elif kind in ("extend", "apart"):
             ops.append((kind, who, draw(st.integers(0, 14))))
         else:
             ops.append((kind, who, draw(st.lists(st.integers(0, 2**62), max_size=6))))
@@ -269,7 +269,8 @@ def test_lists_sharing_a_buffer_each_hold_what_a_list_of_their_own_would(
     """Lists that share one buffer (a request's scheduler record and its core record) each hold
     exactly what their own Python list would after the same shares, extensions and
     assignments, whoever extended the buffer first and whatever given hashes lie past a
-    shorter list's end."""
+    shorter list's end; and so does a list taken apart and put together again (a dormant
+    request's), whether it shared its buffer or not."""
     lists = [_core.HashList(given_hashes)]
     mirror = [list(given_hashes)]
     for kind, who, arg in ops:
@@ -281,6 +282,8 @@ def test_lists_sharing_a_buffer_each_hold_what_a_list_of_their_own_would(
         elif kind == "extend":
             lists[i].extend("req-7", arg)
             mirror[i] = list(reference.extend_hashes(mirror[i], "req-7", arg))
+        elif kind == "apart":
+            lists[i] = _core.HashList.from_parts(*lists[i].take_parts())
         else:
             lists[i].assign(arg)
             mirror[i] = list(arg)

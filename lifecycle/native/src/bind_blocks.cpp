@@ -112,6 +112,20 @@ void bind_blocks(py::module_& m) {
             py::arg("hashes"))
         .def("tolist", [](const HashList& self) { return self.to_vector(); })
         .def(
+            "take_parts",
+            [](HashList& self) {
+                HashList::Parts parts = self.take_parts();
+                return py::make_tuple(py::cast(parts.hashes), parts.given, parts.size);
+            },
+            "take_parts(): (the buffer's hashes, how many were given, the list's length); the list is left empty")
+        .def_static(
+            "from_parts",
+            [](std::vector<BlockHash> hashes, std::uint32_t given, std::uint32_t size) {
+                if (given > hashes.size() || size > hashes.size()) throw py::value_error("parts past the hashes");
+                return HashList(HashList::Parts{std::move(hashes), given, size});
+            },
+            py::arg("hashes"), py::arg("given"), py::arg("size"))
+        .def(
             "same_buffer", [](const HashList& self, const HashList& other) { return self.data() == other.data(); },
             py::arg("other"));
 

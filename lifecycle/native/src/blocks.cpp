@@ -79,6 +79,27 @@ HashList::HashList(std::vector<BlockHash> hashes) : size_(hashes.size()) {
 
 HashList::HashList(const HashList& other, std::size_t n) : buf_(other.buf_), size_(n) {}
 
+HashList::HashList(Parts parts) : size_(parts.size) {
+    buf_ = std::make_shared<Buffer>(Buffer{std::move(parts.hashes), parts.given});
+}
+
+HashList::Parts HashList::take_parts() {
+    Parts parts;
+    parts.size = static_cast<std::uint32_t>(size_);
+    if (buf_) {
+        parts.given = static_cast<std::uint32_t>(buf_->given);
+        if (buf_.use_count() == 1) {
+            parts.hashes = std::move(buf_->hashes);
+            parts.hashes.shrink_to_fit();
+        } else {
+            parts.hashes = buf_->hashes;
+        }
+    }
+    buf_.reset();
+    size_ = 0;
+    return parts;
+}
+
 BlockHash HashList::at(std::size_t i) const {
     if (i >= size_) throw std::out_of_range("HashList::at: " + std::to_string(i) + " >= " + std::to_string(size_));
     return buf_->hashes[i];

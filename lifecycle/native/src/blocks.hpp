@@ -67,6 +67,18 @@ class HashList {
     // other's first n hashes (n <= other.size()), sharing its buffer.
     HashList(const HashList& other, std::size_t n);
 
+    // A list kept apart from any buffer (a dormant request's): its buffer's hashes, how many of
+    // them were given and its own length. HashList(Parts) is the list again, in a buffer of its own.
+    struct Parts {
+        std::vector<BlockHash> hashes;
+        std::uint32_t given = 0;  // (32 bits: a prompt has at most 2^24 tokens, so as many blocks)
+        std::uint32_t size = 0;
+    };
+    explicit HashList(Parts parts);
+    // The parts, this list left empty: the buffer's hashes moved out when no other list shares
+    // it, copied otherwise (trimmed to their length either way).
+    Parts take_parts();
+
     std::size_t size() const { return size_; }
     bool empty() const { return size_ == 0; }
     BlockHash operator[](std::size_t i) const { return buf_->hashes[i]; }

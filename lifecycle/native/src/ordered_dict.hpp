@@ -144,7 +144,9 @@ class OrderedDict {
   private:
     static constexpr bool kKeyInBucket = std::is_integral_v<K>;
     struct Bucket {
-        std::conditional_t<kKeyInBucket, K, std::size_t> tag;  // the key, or its hash
+        // The key, or the low 32 bits of its hash: all a position needs (a table has fewer than
+        // 2^32 slots) and, with the id, 8 bytes a slot rather than 16.
+        std::conditional_t<kKeyInBucket, K, std::uint32_t> tag;
         Id id;                                                  // kNil: empty
     };
     static constexpr std::size_t kNoPosition = ~static_cast<std::size_t>(0);
@@ -163,11 +165,12 @@ class OrderedDict {
         if constexpr (kKeyInBucket) {
             return Bucket{key, id};
         } else {
-            return Bucket{h, id};
+            return Bucket{static_cast<std::uint32_t>(h), id};
         }
     }
 
-    // The bucket's hash: recomputed from an integer key, stored for any other.
+    // The bucket's hash: recomputed from an integer key; for any other, its low 32 bits (the
+    // position, h & mask, needs no more).
     static std::size_t hash_of(const Bucket& b) {
         if constexpr (kKeyInBucket) {
             return hash(b.tag);
@@ -191,7 +194,7 @@ class OrderedDict {
                     return i;
                 }
             } else {
-                if (b.tag == h && nodes_[b.id].key == key) {
+                if (b.tag == static_cast<std::uint32_t>(h) && nodes_[b.id].key == key) {
                     return i;
                 }
             }

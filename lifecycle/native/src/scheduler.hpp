@@ -170,8 +170,8 @@ class Scheduler {
     void wake_all() {
         for (Tail& item : tail_) {
             if (!item.live) {
-                item.live = wake(std::move(*item.dormant));
-                item.dormant.reset();
+                item.live = wake(std::move(item.dormant));
+                item.dormant = Dormant{};
             }
         }
     }
@@ -845,15 +845,18 @@ class Scheduler {
         std::string request_id;
         std::int64_t prompt_tokens;
         std::optional<std::int64_t> max_tokens;
-        HashList hashes;
+        HashList::Parts hashes;  // (no buffer: a dormant request's hashes are its alone)
         bool resumable;
         std::int64_t arrival;
         typename Connector::Dormant core;
     };
     struct Tail {
         RequestPtr live;  // null: dormant
-        std::optional<Dormant> dormant;
+        Dormant dormant;  // (left empty while live)
     };
+    // libstdc++'s deque blocks hold 512 bytes of elements: three tails fill one (a fourth byte
+    // on any of them would leave a third of each block empty).
+    static_assert(sizeof(Tail) * 3 <= 512, "a queue tail grew past a third of a deque block");
 
     // An arrival just added, out of waiting_: dormant if it and the connector's record only
     // arrived, else live; in tail_ unless tail_ is empty and it stays live.
@@ -866,20 +869,21 @@ class Scheduler {
             if (tail_.empty()) {
                 waiting_.push_back(req);
             } else {
-                tail_.push_back(Tail{req, std::nullopt});
+                tail_.push_back(Tail{req, Dormant{}});
             }
             return;
         }
         requests_.erase(req->request_id);
         order_.pop_back();  // (it was added last)
-        tail_.push_back(Tail{nullptr, Dormant{req->request_id, req->prompt_tokens, req->max_tokens, req->hashes,
-                                              req->resumable, req->arrival, std::move(*core)}});
+        tail_.push_back(Tail{nullptr, Dormant{req->request_id, req->prompt_tokens, req->max_tokens,
+                                              req->hashes.take_parts(), req->resumable, req->arrival,
+                                              std::move(*core)}});
     }
 
     RequestPtr wake(Dormant&& dormant) {
         auto req = std::make_shared<SchedRequest>(std::move(dormant.request_id), dormant.prompt_tokens,
                                                   dormant.max_tokens, std::vector<BlockHash>(), bt_, dormant.resumable);
-        req->hashes = std::move(dormant.hashes);
+        req->hashes = HashList(std::move(dormant.hashes));
         req->arrival = dormant.arrival;
         requests_.emplace(req->request_id, req);
         order_.push_back(req);
@@ -890,15 +894,15 @@ class Scheduler {
     RequestPtr take_tail() {
         Tail item = std::move(tail_.front());
         tail_.pop_front();
-        return item.live ? item.live : wake(std::move(*item.dormant));
+        return item.live ? item.live : wake(std::move(item.dormant));
     }
 
     // An abort names a dormant request: woken in its place.
     void wake_named(const std::string& request_id) {
         for (Tail& item : tail_) {
-            if (!item.live && item.dormant->request_id == request_id) {
-                item.live = wake(std::move(*item.dormant));
-                item.dormant.reset();
+            if (!item.live && item.dormant.request_id == request_id) {
+                item.live = wake(std::move(item.dormant));
+                item.dormant = Dormant{};
                 return;
             }
         }
