@@ -72,6 +72,9 @@ Request& ConnectorCore::get(const std::string& request_id) const {
     if (found == nullptr) {
         throw KeyError(str_repr(request_id));
     }
+    if (!*found) {  // (a bug, not an input: doze's callers wake a request before naming it)
+        throw std::logic_error("request " + str_repr(request_id) + " is dormant: no record until it is woken");
+    }
     return **found;
 }
 

@@ -22,19 +22,24 @@ constexpr std::array<std::size_t, PhaseClock::kStates> kSpentOf = {
 
 // _close(rid, state, since, t)
 void PhaseClock::close(Entry& entry, State state, double since, double t) {
+    if (state == State::FINISHED) {
+        return;
+    }
+    if (!entry.spent) {
+        entry.spent = std::make_unique<Spent>();
+    }
     if (state == State::RUNNING) {
-        entry.running.emplace_back(since, t);
-    } else if (state != State::FINISHED) {
-        double& spent = entry.spent[kSpentOf[static_cast<std::size_t>(state)]];
+        entry.spent->running.emplace_back(since, t);
+    } else {
+        double& spent = entry.spent->spent[kSpentOf[static_cast<std::size_t>(state)]];
         spent = spent + (t - since);
     }
 }
 
 void PhaseClock::transition(const std::string& rid, State source, State target, double t) {
     auto [entry, inserted] = entries_.try_emplace(rid);
-    if (inserted) {  // a reused slot: its spans' buffer stays, its figures start afresh
-        entry->spent = {0.0, 0.0, 0.0, 0.0};
-        entry->running.clear();
+    if (inserted) {  // (a reused slot was reset when its request was taken)
+        entry->spent.reset();
         close(*entry, source, t, t);
     } else {
         close(*entry, entry->state, entry->since, t);
@@ -51,8 +56,7 @@ void PhaseClock::arrival(const std::string& rid, double t) {
     if (inserted) {
         entry->state = State::WAITING;
         entry->since = t;
-        entry->spent = {0.0, 0.0, 0.0, 0.0};
-        entry->running.clear();
+        entry->spent.reset();
     }
     if (t > end_ms) {
         end_ms = t;
@@ -71,7 +75,9 @@ PhaseClock::Phases PhaseClock::take(const std::string& rid, std::optional<double
     }
     double prefill = 0.0;
     double decode = 0.0;
-    for (const auto& [start, stop] : entry->running) {
+    const Spent none;
+    const Spent& spent = entry->spent ? *entry->spent : none;
+    for (const auto& [start, stop] : spent.running) {
         if (!first_token_ms.has_value() || stop <= *first_token_ms) {
             prefill += stop - start;
         } else if (start >= *first_token_ms) {
@@ -81,8 +87,8 @@ PhaseClock::Phases PhaseClock::take(const std::string& rid, std::optional<double
             decode += stop - *first_token_ms;
         }
     }
-    Phases phases = {entry->spent[0], entry->spent[1], entry->spent[2], prefill, decode, entry->spent[3]};
-    entries_.erase(rid);  // the slot keeps its spans' buffer for the next request
+    Phases phases = {spent.spent[0], spent.spent[1], spent.spent[2], prefill, decode, spent.spent[3]};
+    entries_.erase(rid);
     return phases;
 }
 

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -63,11 +64,16 @@ class PhaseClock {
     // The phases but prefill/decode, indexed by ``kSpentOf``: queue, lookup, load, hold.
     static constexpr std::size_t kSpent = 4;
 
+    // What a request has spent so far: none until it leaves its first state (a request that
+    // only waits, as most do under a backlog, holds 24 bytes, not 72).
+    struct Spent {
+        std::array<double, kSpent> spent{};              // 0.0 where Python has no key yet
+        std::vector<std::pair<double, double>> running;  // (since, until) in order
+    };
     struct Entry {
         State state;
         double since;
-        std::array<double, kSpent> spent;             // 0.0 where Python has no key yet
-        std::vector<std::pair<double, double>> running;  // (since, until) in order
+        std::unique_ptr<Spent> spent;  // null: nothing spent yet
     };
 
     void close(Entry& entry, State state, double since, double t);
