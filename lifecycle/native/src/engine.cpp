@@ -14,6 +14,10 @@ namespace kvlife {
 
 namespace {
 
+// A request's state as state.requests holds it: a key without a record is a dormant request,
+// which only waits (Scheduler::dormant_arrivals).
+RequestState state_of(const CoreRequestPtr& req) { return req ? req->state : RequestState::WAITING; }
+
 }  // namespace
 
 Engine::Engine(const CoreConfig& config, const SchedulerConfig& scheduler, PolicyAsker* policies,
@@ -276,7 +280,7 @@ std::tuple<std::int64_t, std::int64_t, std::int64_t> Engine::progress() const {
 std::vector<std::string> Engine::stranded() const {
     std::vector<std::string> out;
     for (const auto& node : core_.state.requests) {  // (in arrival order: requests is insertion-ordered)
-        RequestState st = node.value ? node.value->state : RequestState::WAITING;  // (no record: dormant)
+        RequestState st = state_of(node.value);
         if (st != RequestState::FINISHED) {
             out.push_back(node.key + ":" + std::string(state_name(st)));
         }
@@ -290,7 +294,7 @@ void Engine::record_stranded(double now) {
         return;
     }
     for (const auto& node : core_.state.requests) {
-        RequestState st = node.value ? node.value->state : RequestState::WAITING;  // (no record: dormant)
+        RequestState st = state_of(node.value);
         if (st != RequestState::FINISHED) {
             recorder.warning(now, "stranded",
                              {Field("origin", "driver"), Field("req", node.key), Field("state", state_name(st))});

@@ -170,8 +170,7 @@ class Scheduler {
     void wake_all() {
         for (Tail& item : tail_) {
             if (!item.live) {
-                item.live = wake(std::move(item.dormant));
-                item.dormant = Dormant{};
+                wake_in_place(item);
             }
         }
     }
@@ -891,6 +890,11 @@ class Scheduler {
         return req;
     }
 
+    void wake_in_place(Tail& item) {
+        item.live = wake(std::move(item.dormant));
+        item.dormant = Dormant{};
+    }
+
     RequestPtr take_tail() {
         Tail item = std::move(tail_.front());
         tail_.pop_front();
@@ -901,8 +905,7 @@ class Scheduler {
     void wake_named(const std::string& request_id) {
         for (Tail& item : tail_) {
             if (!item.live && item.dormant.request_id == request_id) {
-                item.live = wake(std::move(item.dormant));
-                item.dormant = Dormant{};
+                wake_in_place(item);
                 return;
             }
         }
