@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from kvlife.lifecycle.breakdown import (
@@ -269,6 +269,10 @@ class Samples(Sequence[tuple[float, float | None]]):
             return [self[i] for i in range(*index.indices(len(self)))]
         ttft = self._ttft[index]
         return (self._arrival[index], None if math.isnan(ttft) else ttft)
+
+    def __iter__(self) -> Iterator[tuple[float, float | None]]:
+        """The samples in order, read from the arrays in C (no ``__getitem__`` per sample)."""
+        return zip(self._arrival, [None if t != t else t for t in self._ttft], strict=True)
 
     def __eq__(self, other: object) -> bool:
         """Equal to any sequence with the same samples in the same order (a list of tuples too)."""

@@ -32,23 +32,30 @@ from kvlife.policies.base import (
     RequestView,
 )
 
+# The answers that never change, made once (a Decision is frozen: one object serves every ask).
+_NO_EARLY_LOOKUP: Decision[ArrivalAction] = Decision("none", "lookup waits until the scheduler considers the request")
+_SYNC: Decision[LookupMode] = Decision("sync", "synchronous lookup on the scheduler path")
+_CONSUME: Decision[LookupReuse] = Decision(
+    "consume", "answer used by this admission; a new lookup if it is not admitted (vLLM)")
+_ADMIT: Decision[Admission] = Decision("go", "admit")
+
 
 class Baseline:
     name = "baseline"
 
     def on_arrival(self, req: RequestView, engine: EngineView) -> Decision[ArrivalAction]:
-        return Decision("none", "lookup waits until the scheduler considers the request")
+        return _NO_EARLY_LOOKUP
 
     def lookup_mode(self, req: RequestView, engine: EngineView) -> Decision[LookupMode]:
-        return Decision("sync", "synchronous lookup on the scheduler path")
+        return _SYNC
 
     def lookup_reuse(self, req: RequestView, engine: EngineView) -> Decision[LookupReuse]:
-        return Decision("consume", "answer used by this admission; a new lookup if it is not admitted (vLLM)")
+        return _CONSUME
 
     def admission(self, req: RequestView, load: LoadView, engine: EngineView) -> Decision[Admission]:
         if load.in_flight:
             return Decision("go", f"loading {len(load.in_flight)} blocks that are already in flight (no sharing)")
-        return Decision("go", "admit")
+        return _ADMIT
 
     def store_limit(self, req: RequestView, engine: EngineView) -> Decision[int]:
         return Decision(req.confirmed_tokens, f"store blocks whose tokens a step output confirmed (up to token "

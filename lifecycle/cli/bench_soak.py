@@ -92,7 +92,9 @@ def soak_workload(requests: int, *, source: str = SOURCE, block_tokens: int = 51
     n = 0
     for w in iter_mooncake(source, limit=requests, block_tokens=block_tokens, time_scale=time_scale):
         seen.add(w)
-        yield WorkloadRequest(f"req-{n}", w.arrival_ms, w.input_length, w.output_length, w.hash_ids)
+        # (the reader names the n-th request req-{n} already; a session-tagged one is renamed)
+        yield w if w.request_id == f"req-{n}" and w.session is None else WorkloadRequest(
+            f"req-{n}", w.arrival_ms, w.input_length, w.output_length, w.hash_ids)
         n += 1
     if n == 0 or n == requests:
         return

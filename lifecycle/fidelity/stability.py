@@ -20,7 +20,9 @@ takes them from a simulated run.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,11 +107,12 @@ def check_stability(samples: Sequence[Sample], p50_limit_ms: float = P50_LIMIT_M
                     ratio_limit: float = RATIO_LIMIT, slack_ms: float = SLACK_MS) -> Stability:
     """The stability verdict of one run from its (arrival ms, TTFT ms or None) per request."""
     # By arrival, ties in sample order (sorted is stable: no (arrival, index) key tuple per
-    # sample); samples already in that order (as a run's are) are taken as they come.
-    n = len(samples)
-    in_order = all(samples[i][0] <= samples[i + 1][0] for i in range(n - 1))
-    ordered: Sequence[int] = range(n) if in_order else sorted(range(n), key=lambda i: samples[i][0])
-    ttfts = [samples[i][1] for i in ordered]
+    # sample); samples already in that order (as a run's are) are taken as they come. One
+    # pass over the samples, the order checked in C.
+    arrivals = [arrival for arrival, _ in samples]
+    ttfts = [ttft for _, ttft in samples]
+    if not all(map(operator.le, arrivals, itertools.islice(arrivals, 1, None))):
+        ttfts = [ttfts[i] for i in sorted(range(len(arrivals)), key=arrivals.__getitem__)]
     k = max(1, len(ttfts) // 10)
     answered = [t for t in ttfts if t is not None]
     return Stability(

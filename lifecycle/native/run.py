@@ -6,7 +6,7 @@ The engine and the loop run natively; the trace lines are rendered there and han
 ``TraceWriter`` in chunks (``write_rendered``); the breakdown's ``PhaseClock`` is native and fed
 where the engine writes its transition records and arrival inputs, even with tracing off.
 Each request the engine lets go reaches ``RequestTotals.fold`` (and ``breakdown.row_of``) as a
-``_core.RetiredRequest``: the final fields those read, nothing else. ``--chaos``, ``--check``,
+``RetiredRequest``: the final fields those read, nothing else. ``--chaos``, ``--check``,
 ``keep_requests=True`` and ``engine_factory`` stay on the Python engine
 (``choice.uncovered``).
 """
@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
+
+import attrs
 
 from kvlife.lifecycle.breakdown import PHASES
 from kvlife.lifecycle.drivers.lookup_service import LookupService
@@ -28,6 +30,29 @@ if TYPE_CHECKING:
     from kvlife.lifecycle.traces.trace import TraceWriter
     from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
     from kvlife.policies.stack import PolicyStack
+
+
+@attrs.frozen(slots=True)
+class RetiredRequest:
+    """A request the native engine let go (or still holds at the end), as the summary reads it:
+    the final fields of ``engine/request.py``'s ``Request`` that ``RequestTotals.fold`` and
+    ``breakdown.row_of`` read. The native core fills the slots in this order (``RetiredMaker``)."""
+
+    request_id: str
+    seq: int
+    arrival_ms: float
+    prompt_tokens: int
+    block_tokens: int
+    state: str
+    finish_reason: str | None
+    generated: int
+    first_token_ms: float | None
+    finish_ms: float | None
+    preemptions: int
+    device_hit_blocks: int
+    async_lookups: int
+    tier_hit_blocks: dict[str, int]
+    last_decisions: dict[str, tuple[str, Any, str]]  # hook -> (policy, value, reason)
 
 
 class NativeClock:

@@ -8,7 +8,7 @@
 //   error or an interrupt leaves the loop (so the last record written is the engine's last);
 // - the breakdown: a PhaseClock (phase_clock.hpp) is fed the transition records and arrival
 //   inputs where the engine writes them, even when tracing is off (Trace's clock);
-// - retirement: each request the engine lets go becomes a RetiredRequest (the fields
+// - retirement: each request the engine lets go becomes a run.py RetiredRequest (the fields
 //   metrics.RequestTotals.fold and breakdown.row_of read) handed to a Python ``fold``;
 // - signals and progress as PyEngineSimulator (bind_simulator.cpp) does them.
 #include <pybind11/pybind11.h>
@@ -26,6 +26,7 @@
 
 #include "bind_core_convert.hpp"
 #include "bind_core_shared.hpp"
+#include "bind_policy_asker.hpp"
 #include "engine.hpp"
 #include "phase_clock.hpp"
 #include "bind_sim_shared.hpp"
@@ -37,48 +38,54 @@ namespace kvlife {
 
 namespace {
 
-// engine/request.py's Request, final: the fields RequestTotals.fold and breakdown.row_of read.
-struct RetiredRequest {
-    std::string request_id;
-    std::int64_t seq = 0;
-    double arrival_ms = 0.0;
-    std::int64_t prompt_tokens = 0;
-    std::int64_t block_tokens = 0;
-    std::string state;
-    std::optional<std::string> finish_reason;
-    std::int64_t generated = 0;
-    std::optional<double> first_token_ms;
-    std::optional<double> finish_ms;
-    std::int64_t preemptions = 0;
-    std::int64_t device_hit_blocks = 0;
-    std::int64_t async_lookups = 0;
-    py::dict tier_hit_blocks;
-    py::dict last_decisions;  // hook -> (policy, value, reason)
-};
-
-RetiredRequest retired_of(const Request& req) {
-    RetiredRequest out;
-    out.request_id = req.request_id;
-    out.seq = req.seq;
-    out.arrival_ms = req.arrival_ms;
-    out.prompt_tokens = req.prompt_tokens;
-    out.block_tokens = req.block_tokens;
-    out.state = std::string(state_name(req.state));
-    out.finish_reason = req.finish_reason;
-    out.generated = req.generated;
-    out.first_token_ms = req.first_token_ms;
-    out.finish_ms = req.finish_ms;
-    out.preemptions = req.preemptions;
-    out.device_hit_blocks = req.device_hit_blocks;
-    out.async_lookups = req.async_lookups;
-    for (const auto& [tier, blocks] : req.tier_hit_blocks) out.tier_hit_blocks[py::str(tier)] = blocks;
-    for (const auto& entry : req.last_decisions) {
-        const Decided& d = *entry.decided;
-        out.last_decisions[py::str(std::string(hook_name(entry.hook)))] =
-            py::make_tuple(d.policy, answer_value_py(d.value), d.reason);
+// engine/request.py's Request, final: the fields RequestTotals.fold and breakdown.row_of read,
+// as a lifecycle/native/run.py RetiredRequest (an attrs slots class, filled by its slots as the
+// policy views are: its fields are read in Python, once per retired request, at slot speed).
+class RetiredMaker {
+  public:
+    RetiredMaker()
+        : class_(py::module_::import("kvlife.lifecycle.native.run").attr("RetiredRequest"),
+                 {"request_id", "seq", "arrival_ms", "prompt_tokens", "block_tokens", "state", "finish_reason",
+                  "generated", "first_token_ms", "finish_ms", "preemptions", "device_hit_blocks", "async_lookups",
+                  "tier_hit_blocks", "last_decisions"}) {
+        for (std::size_t i = 0; i < kNumStates; ++i) {
+            states_[i] = py::str(std::string(state_name(static_cast<RequestState>(i))));
+        }
+        for (std::size_t i = 0; i < kNumHooks; ++i) {
+            hooks_[i] = py::str(std::string(hook_name(static_cast<Hook>(i))));
+        }
     }
-    return out;
-}
+
+    py::object make(const Request& req) const {
+        py::dict tiers;
+        for (const auto& [tier, blocks] : req.tier_hit_blocks) tiers[py::str(tier)] = blocks;
+        py::dict decisions;  // hook -> (policy, value, reason)
+        for (const auto& entry : req.last_decisions) {
+            const Decided& d = *entry.decided;
+            decisions[hooks_[static_cast<std::size_t>(entry.hook)]] =
+                py::make_tuple(d.policy, answer_value_py(d.value), d.reason);
+        }
+        return class_.make(std::array<PyObject*, 15>{
+            py::str(req.request_id).release().ptr(), PyLong_FromLongLong(req.seq), PyFloat_FromDouble(req.arrival_ms),
+            PyLong_FromLongLong(req.prompt_tokens), PyLong_FromLongLong(req.block_tokens),
+            states_[static_cast<std::size_t>(req.state)].inc_ref().ptr(), optional_str(req.finish_reason),
+            PyLong_FromLongLong(req.generated), optional_float(req.first_token_ms), optional_float(req.finish_ms),
+            PyLong_FromLongLong(req.preemptions), PyLong_FromLongLong(req.device_hit_blocks),
+            PyLong_FromLongLong(req.async_lookups), tiers.release().ptr(), decisions.release().ptr()});
+    }
+
+  private:
+    static PyObject* optional_str(const std::optional<std::string>& text) {
+        return text.has_value() ? py::str(*text).release().ptr() : py::none().release().ptr();
+    }
+    static PyObject* optional_float(const std::optional<double>& ms) {
+        return ms.has_value() ? PyFloat_FromDouble(*ms) : py::none().release().ptr();
+    }
+
+    SlotClass class_;
+    std::array<py::str, kNumStates> states_;
+    std::array<py::str, kNumHooks> hooks_;
+};
 
 class NativeRun;
 
@@ -122,7 +129,7 @@ class NativeRun {
     PhaseClock* clock() { return clock_.get(); }
 
     void retire(const Request& req) {
-        py::object view = py::cast(retired_of(req));
+        py::object view = retired_.make(req);
         sim_->retired(req.request_id);
         asker_.forget(req.request_id);
         fold_(view);
@@ -189,10 +196,10 @@ class NativeRun {
     }
 
     // The requests still in the engine, in arrival order.
-    std::vector<RetiredRequest> requests() const {
+    py::list requests() const {
         engine_->scheduler().wake_all();  // (each dormant request's record, rebuilt)
-        std::vector<RetiredRequest> out;
-        for (const auto& node : engine_->state().requests) out.push_back(retired_of(*node.value));
+        py::list out;
+        for (const auto& node : engine_->state().requests) out.append(retired_.make(*node.value));
         return out;
     }
 
@@ -217,6 +224,7 @@ class NativeRun {
     }
 
     PyPolicyAsker asker_;
+    RetiredMaker retired_;
     py::object table_;
     py::object writer_;
     py::object write_rendered_ = py::none();
@@ -237,24 +245,6 @@ void RunRetirer::retire(const Request& req) { run_.retire(req); }
 }  // namespace
 
 void bind_native_simulator(py::module_& m) {
-    py::class_<RetiredRequest>(m, "RetiredRequest",
-                               "A request's final figures (engine/request.py Request's fields the summary reads)")
-        .def_readonly("request_id", &RetiredRequest::request_id)
-        .def_readonly("seq", &RetiredRequest::seq)
-        .def_readonly("arrival_ms", &RetiredRequest::arrival_ms)
-        .def_readonly("prompt_tokens", &RetiredRequest::prompt_tokens)
-        .def_readonly("block_tokens", &RetiredRequest::block_tokens)
-        .def_readonly("state", &RetiredRequest::state)
-        .def_readonly("finish_reason", &RetiredRequest::finish_reason)
-        .def_readonly("generated", &RetiredRequest::generated)
-        .def_readonly("first_token_ms", &RetiredRequest::first_token_ms)
-        .def_readonly("finish_ms", &RetiredRequest::finish_ms)
-        .def_readonly("preemptions", &RetiredRequest::preemptions)
-        .def_readonly("device_hit_blocks", &RetiredRequest::device_hit_blocks)
-        .def_readonly("async_lookups", &RetiredRequest::async_lookups)
-        .def_readonly("tier_hit_blocks", &RetiredRequest::tier_hit_blocks)
-        .def_readonly("last_decisions", &RetiredRequest::last_decisions);
-
     m.def("live_requests", [] { return RequestCount::live; },
           "how many of the connector core's Request records exist in this process (every core's)");
 

@@ -410,9 +410,9 @@ class PyPolicyAsker final : public PolicyAsker {
         return last_engine_;
     }
 
-    py::object load_view(const LoadView& load) const {
+    py::object load_view(const LoadView& load) {
         py::tuple tiers(load.tiers.size());
-        for (std::size_t i = 0; i < load.tiers.size(); ++i) tiers[i] = py::str(load.tiers[i]);
+        for (std::size_t i = 0; i < load.tiers.size(); ++i) tiers[i] = tier_name(load.tiers[i]);
         py::tuple in_flight(load.in_flight.size());
         for (std::size_t i = 0; i < load.in_flight.size(); ++i) {
             in_flight[i] = py::make_tuple(load.in_flight[i].first, py::str(load.in_flight[i].second));
@@ -422,12 +422,22 @@ class PyPolicyAsker final : public PolicyAsker {
                                                         tiers.release().ptr(), in_flight.release().ptr()});
     }
 
-    py::object prefetch_view(const PrefetchView& pull) const {
+    py::object prefetch_view(const PrefetchView& pull) {
         py::tuple tiers(pull.source_tiers.size());
-        for (std::size_t i = 0; i < pull.source_tiers.size(); ++i) tiers[i] = py::str(pull.source_tiers[i]);
+        for (std::size_t i = 0; i < pull.source_tiers.size(); ++i) tiers[i] = tier_name(pull.source_tiers[i]);
         return prefetch_view_.make(std::array<PyObject*, 4>{PyLong_FromLongLong(pull.blocks),
                                                             PyLong_FromLongLong(pull.tokens), tiers.release().ptr(),
                                                             PyFloat_FromDouble(pull.started_ms)});
+    }
+
+    // A tier's name as one str object per name (a view names a tier once per block; a run has
+    // a handful of tiers, so a short list searched in order).
+    py::str tier_name(const std::string& name) {
+        for (const auto& [text, object] : tier_names_) {
+            if (text == name) return object;
+        }
+        tier_names_.emplace_back(name, py::str(name));
+        return tier_names_.back().second;
     }
 
     // Requests whose view parts are kept: past this many, the cache starts over (it only saves
@@ -447,6 +457,7 @@ class PyPolicyAsker final : public PolicyAsker {
     std::array<py::str, kNumStates> states_;
     std::array<py::object, kNumStates> members_;  // RequestState members
     std::unordered_map<std::string, Cached> cache_;
+    std::vector<std::pair<std::string, py::str>> tier_names_;
     py::object last_engine_;
     EngineView last_{};
 };

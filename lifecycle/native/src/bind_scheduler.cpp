@@ -94,7 +94,7 @@ class PyConnector {
     PyMeta build_connector_meta(const SchedulerOutput& output) {
         py::list news;
         for (const NewRequestData& n : output.scheduled_new_reqs) {
-            news.append(shapes_.attr("NewRequestData")(n.req_id, n.num_computed_tokens,
+            news.append(shapes_.attr("NewRequestData")(*n.req_id, n.num_computed_tokens,
                                                       py::make_tuple(py::cast(n.block_ids))));
         }
         const CachedRequestData& c = output.scheduled_cached_reqs;
@@ -106,11 +106,15 @@ class PyConnector {
                 new_block_ids.append(py::none());
             }
         }
-        py::object cached = shapes_.attr("CachedRequestData")(py::cast(c.req_ids), py::cast(c.num_computed_tokens),
-                                                              new_block_ids, as_set(c.resumed_req_ids));
+        py::list req_ids;
+        for (const std::string* rid : c.req_ids) req_ids.append(py::str(*rid));
+        py::set resumed;
+        for (const std::string* rid : c.resumed_req_ids) resumed.add(py::str(*rid));
+        py::object cached = shapes_.attr("CachedRequestData")(req_ids, py::cast(c.num_computed_tokens),
+                                                              new_block_ids, resumed);
         py::dict tokens;
         for (const auto& item : output.num_scheduled_tokens) {
-            tokens[py::str(item.first)] = item.second;
+            tokens[py::str(*item.first)] = item.second;
         }
         py::object py_output = shapes_.attr("SchedulerOutput")(news, cached, tokens, as_set(output.preempted_req_ids),
                                                                as_set(output.finished_req_ids));

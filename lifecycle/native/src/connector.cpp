@@ -125,6 +125,7 @@ CoreRequestPtr ConnectorCore::on_new_request(const std::string& request_id, std:
                                     HashList(block_hashes, std::min(keep, block_hashes.size())), max_tokens, resumable);
     state.next_seq += 1;
     state.requests.set(request_id, req);
+    req->listed = true;
     state.state_counts[static_cast<std::size_t>(RequestState::WAITING)] += 1;
     if (early && !state.tiers.empty() && state.hit_candidates(*req) > 0) {
         const AnswerValue& action = lifecycle.ask(*req, Hook::ON_ARRIVAL);
@@ -165,12 +166,15 @@ std::optional<DormantCore> ConnectorCore::doze(const std::string& request_id) {
     return dormant;
 }
 
-void ConnectorCore::wake(const std::string& request_id, std::int64_t prompt_tokens, const HashList& block_hashes,
-                         std::optional<std::int64_t> max_tokens, bool resumable, DormantCore&& dormant) {
+CoreRequestPtr ConnectorCore::wake(const std::string& request_id, std::int64_t prompt_tokens,
+                                   const HashList& block_hashes, std::optional<std::int64_t> max_tokens,
+                                   bool resumable, DormantCore&& dormant) {
     CoreRequestPtr req = new_record(request_id, dormant.seq, dormant.arrival_ms, prompt_tokens,
                                     HashList(block_hashes, dormant.hashes), max_tokens, resumable);
     req->last_decisions = std::move(dormant.decisions);
-    state.requests.set(request_id, std::move(req));  // (the key kept its place: arrival order holds)
+    req->listed = true;
+    state.requests.set(request_id, req);  // (the key kept its place: arrival order holds)
+    return req;
 }
 
 bool ConnectorCore::is_dormant(const std::string& request_id) const {
@@ -440,11 +444,14 @@ ConnectorMeta ConnectorCore::build_connector_meta(const StepInfo& step) {
     std::int64_t prefill = 0;
     bool recording = state.recorder.enabled();
     for (const StepInfo::Entry& item : step.scheduled) {
-        const CoreRequestPtr* found = state.requests.find(*item.request_id);
-        if (found == nullptr) {
-            continue;
+        CoreRequestPtr req = item.record != nullptr ? item.record->lock() : CoreRequestPtr();
+        if (!req || !req->listed) {
+            const CoreRequestPtr* found = state.requests.find(*item.request_id);
+            if (found == nullptr || !*found) {
+                continue;
+            }
+            req = *found;
         }
-        const CoreRequestPtr& req = *found;
         std::int64_t before = item.before;
         std::int64_t n = item.tokens;
         std::int64_t end = before + n;
@@ -453,12 +460,14 @@ ConnectorMeta ConnectorCore::build_connector_meta(const StepInfo& step) {
         if (samples) {
             req->placeholders += 1;
         }
-        entries.push_back(StepEntry{req, req->epoch, before, n, samples});
+        std::int64_t epoch = req->epoch;
+        bool in_prompt = before < req->prompt_tokens;
+        entries.push_back(StepEntry{std::move(req), epoch, before, n, samples});
         if (n > 1) {
             prefill += n;
         }
         if (recording) {
-            if (before < req->prompt_tokens) {
+            if (in_prompt) {
                 prompt_chunks.push_back(StepChunk{*item.request_id, before, n});
             } else if (end % bt < n) {
                 fills.push_back(StepChunk{*item.request_id, before, n});
@@ -811,6 +820,7 @@ void ConnectorCore::retire_finished() {
             continue;
         }
         state.retiring.erase(rid);
+        item.second->listed = false;
         state.requests.erase(rid);
         state.retired.set(rid, req.epoch);
         state.sync_lookup_version.erase(rid);
@@ -830,15 +840,18 @@ void ConnectorAPI::pass() {
 
 void ConnectorAPI::on_new_request(SchedRequest& request, bool early) {
     // (core.state.now = max(now, clock()): the clock is core.state.now itself.)
-    core.on_new_request(request.request_id, request.prompt_tokens, request.block_hashes(), request.max_tokens,
-                        request.resumable, early);
+    CoreRequestPtr record = core.on_new_request(request.request_id, request.prompt_tokens, request.block_hashes(),
+                                                request.max_tokens, request.resumable, early);
+    if (record) {
+        request.core_record = record;
+    }
 }
 
 std::optional<DormantCore> ConnectorAPI::doze(const SchedRequest& request) { return core.doze(request.request_id); }
 
-void ConnectorAPI::wake(const SchedRequest& request, DormantCore&& dormant) {
-    core.wake(request.request_id, request.prompt_tokens, request.hashes, request.max_tokens, request.resumable,
-              std::move(dormant));
+void ConnectorAPI::wake(SchedRequest& request, DormantCore&& dormant) {
+    request.core_record = core.wake(request.request_id, request.prompt_tokens, request.hashes, request.max_tokens,
+                                    request.resumable, std::move(dormant));
 }
 
 bool ConnectorAPI::is_dormant(const std::string& request_id) const { return core.is_dormant(request_id); }
@@ -875,32 +888,36 @@ ConnectorMeta ConnectorAPI::build_connector_meta(const SchedulerOutput& output) 
     // cached requests each keep that order, so one cursor per list finds each in turn.
     std::size_t cursor_new = 0;
     std::size_t cursor_cached = 0;
-    auto tokens_of = [&](const std::string& rid, std::size_t& cursor) -> std::int64_t {
+    // (The lists name each request by the same pointer: SchedulerOutput.)
+    // (num_scheduled_tokens[i] and records[i] name the same request.)
+    auto entry_of = [&](const std::string* rid, std::int64_t before, std::size_t& cursor) -> StepInfo::Entry {
         const auto& tokens = output.num_scheduled_tokens;
         for (std::size_t i = cursor; i < tokens.size(); ++i) {
             if (tokens[i].first == rid) {
                 cursor = i + 1;
-                return tokens[i].second;
+                const std::weak_ptr<Request>* record =
+                    i < output.records.size() ? &output.records[i]->core_record : nullptr;
+                return StepInfo::Entry{rid, before, tokens[i].second, record};
             }
         }
-        throw KeyError(str_repr(rid));
+        throw KeyError(str_repr(*rid));
     };
     // (A request is scheduled once per step: each is new or cached, so new_blocks, a dict in
     // Python, gets each request once, in this order.)
     for (const NewRequestData& n : output.scheduled_new_reqs) {
-        step.scheduled.push_back(StepInfo::Entry{&n.req_id, n.num_computed_tokens, tokens_of(n.req_id, cursor_new)});
-        step.new_blocks.push_back(StepInfo::NewBlocks{&n.req_id, &n.block_ids, true});
+        step.scheduled.push_back(entry_of(n.req_id, n.num_computed_tokens, cursor_new));
+        step.new_blocks.push_back(StepInfo::NewBlocks{n.req_id, &n.block_ids, true});
     }
     static const std::vector<BlockId> none;
     const CachedRequestData& cached = output.scheduled_cached_reqs;
     for (std::size_t i = 0; i < cached.req_ids.size(); ++i) {
-        const std::string& rid = cached.req_ids[i];
-        step.scheduled.push_back(StepInfo::Entry{&rid, cached.num_computed_tokens[i], tokens_of(rid, cursor_cached)});
+        const std::string* rid = cached.req_ids[i];
+        step.scheduled.push_back(entry_of(rid, cached.num_computed_tokens[i], cursor_cached));
         bool resumed = std::find(cached.resumed_req_ids.begin(), cached.resumed_req_ids.end(), rid) !=
                        cached.resumed_req_ids.end();
         const auto& ids = cached.new_block_ids[i];
         if (ids.has_value() || resumed) {
-            step.new_blocks.push_back(StepInfo::NewBlocks{&rid, ids.has_value() ? &*ids : &none, resumed});
+            step.new_blocks.push_back(StepInfo::NewBlocks{rid, ids.has_value() ? &*ids : &none, resumed});
         }
     }
     for (const std::string& rid : output.preempted_req_ids) {

@@ -31,6 +31,9 @@ struct StepInfo {
         const std::string* request_id;
         std::int64_t before;
         std::int64_t tokens;
+        // The scheduler's handle to the request's core record (null: none given); a live,
+        // listed record is the one a lookup by id finds, else the lookup is made.
+        const std::weak_ptr<Request>* record = nullptr;
     };
     std::vector<Entry> scheduled;  // in scheduler order
     struct NewBlocks {
@@ -98,8 +101,8 @@ class ConnectorCore {
     // no record), and what wake needs to rebuild the record is returned. nullopt: it stays.
     // No call may name a dormant request until wake has given its record back.
     std::optional<DormantCore> doze(const std::string& request_id);
-    void wake(const std::string& request_id, std::int64_t prompt_tokens, const HashList& block_hashes,
-              std::optional<std::int64_t> max_tokens, bool resumable, DormantCore&& dormant);
+    CoreRequestPtr wake(const std::string& request_id, std::int64_t prompt_tokens, const HashList& block_hashes,
+                        std::optional<std::int64_t> max_tokens, bool resumable, DormantCore&& dormant);
     bool is_dormant(const std::string& request_id) const;  // in state.requests, holding no record
     std::pair<std::optional<std::int64_t>, bool> get_num_new_matched_tokens(const std::string& request_id,
                                                                              std::int64_t num_computed_tokens);
@@ -160,7 +163,7 @@ class ConnectorAPI {
     void on_new_request(SchedRequest& request, bool early);
     using Dormant = DormantCore;
     std::optional<DormantCore> doze(const SchedRequest& request);
-    void wake(const SchedRequest& request, DormantCore&& dormant);
+    void wake(SchedRequest& request, DormantCore&& dormant);
     bool is_dormant(const std::string& request_id) const;
     bool request_finished(SchedRequest& request, const std::vector<BlockId>& blocks);
     std::pair<std::optional<std::int64_t>, bool> get_num_new_matched_tokens(SchedRequest& request,

@@ -179,6 +179,9 @@ struct Request {
     std::string request_id;
     std::int64_t seq;  // arrival order
     double arrival_ms;
+    // state.requests maps request_id to this record (set where it is put there, cleared where
+    // it is taken out): a handle to it read elsewhere is the record a lookup by id finds.
+    bool listed = false;
     std::int64_t prompt_tokens;
     // Block hashes: the full prompt blocks' from the arrival, then derived ones appended as
     // blocks of generated tokens fill (blocks.hpp extend_hashes).

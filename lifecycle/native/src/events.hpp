@@ -120,6 +120,8 @@ struct FreeBlocks {
     std::vector<std::int64_t> device_blocks;
 };
 
+struct SchedRequest;
+
 // One request's share of a step (events.Scheduled).
 struct Scheduled {
     std::string request_id;
@@ -128,6 +130,13 @@ struct Scheduled {
     bool samples;
     std::vector<BlockId> block_table;
     std::vector<BlockHash> block_hashes;
+    // The native scheduler's record of the request, which the scheduler's own step holds until
+    // the step's output is taken (so a driver may read it at the step's end instead of looking
+    // the id up); null in a plan that came from the Python engine.
+    SchedRequest* owner = nullptr;
+
+    // The request's id: the owner's where there is one (request_id may then be left empty).
+    const std::string& id() const;
 };
 
 // One scheduler pass's step (events.StepPlan).

@@ -3,14 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "blocks.hpp"
+#include "events.hpp"
 
 namespace kvlife {
+
+struct Request;
 
 // vLLM's RequestStatus, as far as kvlife's scheduler models it (request.Status).
 enum class Status : std::uint8_t {
@@ -62,6 +66,16 @@ struct SchedRequest {
     std::optional<std::string> finish_note;
     std::int64_t hash_cap = std::int64_t{1} << 62;
     std::int64_t arrival = 0;  // its place among the scheduler's arrivals (requests() order)
+    bool listed = false;       // the scheduler's map of requests by id names this record
+    bool prefill_in_flight = false;  // in the scheduler's inflight_prefills_
+    // The connector core's record of it, as the native connector made it (connector.hpp
+    // ConnectorAPI: at its arrival or its wake); weak, so it never keeps a record alive.
+    std::weak_ptr<Request> core_record;
+    // The simulator's stop rule for it (simulator.hpp StopRule), kept here once looked up so a
+    // step's end reads it without a lookup by id (stop_known: it has been).
+    std::int64_t stop_limit = 0;
+    bool stop_length = false;
+    bool stop_known = false;
 
     // Whether nothing but its arrival happened to it: every field the constructor does not set
     // still holds its default (its hashes aside: they only ever get derived ones appended).
@@ -85,5 +99,7 @@ struct SchedRequest {
         return hashes;
     }
 };
+
+inline const std::string& Scheduled::id() const { return owner != nullptr ? owner->request_id : request_id; }
 
 }  // namespace kvlife

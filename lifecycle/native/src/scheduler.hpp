@@ -58,23 +58,28 @@ struct SchedulerConfig {
 };
 
 // vllm_shapes: what the scheduler hands the connector.
+// The ids of the scheduled requests point at their records' request_id (each record is held
+// by the pass's step until its output is taken), not copies: one pointer per request per list.
 struct NewRequestData {
-    std::string req_id;
+    const std::string* req_id;
     std::int64_t num_computed_tokens;
     std::vector<BlockId> block_ids;  // the one KV cache group's
 };
 
 struct CachedRequestData {
-    std::vector<std::string> req_ids;
+    std::vector<const std::string*> req_ids;
     std::vector<std::int64_t> num_computed_tokens;
     std::vector<std::optional<std::vector<BlockId>>> new_block_ids;
-    std::vector<std::string> resumed_req_ids;  // a set in Python: order carries no meaning
+    std::vector<const std::string*> resumed_req_ids;  // a set in Python: order carries no meaning
 };
 
 struct SchedulerOutput {
     std::vector<NewRequestData> scheduled_new_reqs;
     CachedRequestData scheduled_cached_reqs;
-    std::vector<std::pair<std::string, std::int64_t>> num_scheduled_tokens;  // in scheduling order
+    // In scheduling order; each id the same pointer as in the new or cached list.
+    std::vector<std::pair<const std::string*, std::int64_t>> num_scheduled_tokens;
+    // kvlife's: each scheduled request's record, in num_scheduled_tokens' order.
+    std::vector<const SchedRequest*> records;
     std::vector<std::string> preempted_req_ids;  // sets in Python, kept here in the order added
     std::vector<std::string> finished_req_ids;
 };
@@ -108,8 +113,9 @@ class Scheduler {
         // cdiv(computed_before + num_tokens, bt)) as planned): all a failed step needs.
         std::vector<BlockId> written;
     };
-    // Whether a plan's entries carry their block tables and hashes: a live worker and the
-    // Python bindings read them; the native simulator's loop never does and turns them off.
+    // Whether a plan's entries carry their block tables, hashes and ids: a live worker and the
+    // Python bindings read them; the native simulator's loop never reads the first two and
+    // reads each id through the entry's owner (Scheduled::id), so it turns them off.
     bool plan_tables = true;
     // kvlife's, not vLLM's: whether an arrival that nothing but its arrival happened to waits
     // dormant. Its record and the connector's are dropped, and what rebuilds them waits in its
@@ -148,6 +154,7 @@ class Scheduler {
         }
         req->arrival = next_arrival_++;
         requests_.emplace(request_id, req);
+        req->listed = true;
         order_.push_back(req);
         waiting_.push_back(req);
         connector_.on_new_request(*req, true);
@@ -473,7 +480,7 @@ class Scheduler {
 
     void free_request(const RequestPtr& req, const char* reason, bool delay = false,
                       std::optional<std::string> why = std::nullopt, std::optional<Status> status = std::nullopt) {
-        inflight_prefills_.erase(req.get());
+        prefill_landed(*req);
         req->finish_note = std::move(why);
         bool hold = finish(*req, reason, status);
         if (delay) {
@@ -490,6 +497,7 @@ class Scheduler {
         auto it = requests_.find(req->request_id);
         if (it != requests_.end() && it->second == req) {
             requests_.erase(it);
+            req->listed = false;
             dead_in_order_ += 1;
             if (dead_in_order_ * 2 > order_.size() && order_.size() > 64) {
                 compact_order();
@@ -613,7 +621,7 @@ class Scheduler {
             if (load_async) {
                 req->status = Status::WAITING_FOR_REMOTE_KVS;
                 req->num_computed_tokens = computed;
-                inflight_prefills_.insert(req.get());
+                prefill_in_flight(*req);
                 skip(queue);
                 continue;
             }
@@ -628,7 +636,7 @@ class Scheduler {
             scheduled.push_back(Entry{req, n, computed + n >= req->num_tokens()});
             budget -= n;
             if (computed + n < req->num_tokens()) {
-                inflight_prefills_.insert(req.get());
+                prefill_in_flight(*req);
             }
         }
         // deque.extendleft: each at the front in turn (the first skipped ends up first).
@@ -679,6 +687,19 @@ class Scheduler {
         return true;
     }
 
+    // inflight_prefills_, with each member's flag saying so (most passes ask of every running
+    // request, and the flag answers without hashing).
+    void prefill_in_flight(SchedRequest& req) {
+        inflight_prefills_.insert(&req);
+        req.prefill_in_flight = true;
+    }
+    void prefill_landed(SchedRequest& req) {
+        if (req.prefill_in_flight) {
+            inflight_prefills_.erase(&req);
+            req.prefill_in_flight = false;
+        }
+    }
+
     // Blocks the prefills in flight still need for their whole known sequence.
     std::int64_t reserved_blocks() const {
         std::int64_t sum = 0;
@@ -710,7 +731,7 @@ class Scheduler {
                 cache_blocks(*req, req->num_computed_tokens);
             } else {
                 free_request_blocks(*req);
-                inflight_prefills_.erase(req.get());
+                prefill_landed(*req);
             }
         } else {
             cache_blocks(*req, req->num_computed_tokens);
@@ -724,7 +745,7 @@ class Scheduler {
     // vLLM's _preempt_request.
     void preempt(const RequestPtr& req) {
         free_request_blocks(*req);
-        inflight_prefills_.erase(req.get());
+        prefill_landed(*req);
         req->status = Status::PREEMPTED;
         req->num_computed_tokens = 0;
         req->num_stale_output_tokens = req->num_in_flight_tokens;
@@ -741,6 +762,7 @@ class Scheduler {
         SchedulerOutput& output = output_scratch_;  // (its lists emptied, their room kept)
         output.scheduled_new_reqs.clear();
         output.num_scheduled_tokens.clear();
+        output.records.clear();
         output.preempted_req_ids.clear();
         output.finished_req_ids.clear();
         CachedRequestData& cached = output.scheduled_cached_reqs;
@@ -754,8 +776,9 @@ class Scheduler {
         cached.new_block_ids.reserve(scheduled.size());
         std::size_t cursor = 0;
         for (const Entry& entry : scheduled) {
-            const std::string& rid = entry.req->request_id;
+            const std::string* rid = &entry.req->request_id;
             output.num_scheduled_tokens.emplace_back(rid, entry.n);
+            output.records.push_back(entry.req.get());
             total += entry.n;
             typename NewBlocks::Item* added = nullptr;
             if (cursor < new_blocks.items.size() && new_blocks.items[cursor].req == entry.req.get()) {
@@ -769,11 +792,14 @@ class Scheduler {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
                 cached.new_block_ids.emplace_back(std::move(added->blocks));
-            } else if (resumed_.count(rid)) {
+            } else if (resumed_.count(*rid)) {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
                 cached.new_block_ids.emplace_back(std::move(added->blocks));
-                add_unique(cached.resumed_req_ids, rid);
+                if (std::find(cached.resumed_req_ids.begin(), cached.resumed_req_ids.end(), rid) ==
+                    cached.resumed_req_ids.end()) {
+                    cached.resumed_req_ids.push_back(rid);
+                }
             } else {
                 output.scheduled_new_reqs.push_back(
                     NewRequestData{rid, entry.req->num_computed_tokens, std::move(added->blocks)});
@@ -805,7 +831,7 @@ class Scheduler {
             std::int64_t known = req.prompt_tokens + req.output_tokens;
             bool prefill = req.is_prefill_chunk = end < known + req.num_output_placeholders;
             if (!prefill) {
-                inflight_prefills_.erase(&req);
+                prefill_landed(req);
                 if (async_scheduling_) {
                     req.num_output_placeholders += 1;
                 }
@@ -819,7 +845,7 @@ class Scheduler {
                 if (static_cast<std::int64_t>(req.hashes.size()) < known / bt_) {
                     req.block_hashes();  // (the request's own hashes grow as they do with tables)
                 }
-                entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, {}, {}});
+                entries.push_back(Scheduled{std::string(), entry.n, before, entry.samples, {}, {}, &req});
                 continue;
             }
             std::vector<BlockHash> hashes = static_cast<std::int64_t>(req.hashes.size()) < known / bt_
@@ -830,7 +856,8 @@ class Scheduler {
                 // derived hashes too, so a live worker writes their content.
                 extend_hashes(hashes, req.request_id, end / bt_);
             }
-            entries.push_back(Scheduled{req.request_id, entry.n, before, entry.samples, req.blocks, std::move(hashes)});
+            entries.push_back(
+                Scheduled{req.request_id, entry.n, before, entry.samples, req.blocks, std::move(hashes), &req});
         }
         StepPlan plan{step_id, std::move(entries), static_cast<std::int64_t>(meta.sync_lookup_keys.size()),
                       meta.sync_lookup_keys, meta.flush};
@@ -873,6 +900,7 @@ class Scheduler {
             return;
         }
         requests_.erase(req->request_id);
+        req->listed = false;
         order_.pop_back();  // (it was added last)
         tail_.push_back(Tail{nullptr, Dormant{req->request_id, req->prompt_tokens, req->max_tokens,
                                               req->hashes.take_parts(), req->resumable, req->arrival,
@@ -885,6 +913,7 @@ class Scheduler {
         req->hashes = HashList(std::move(dormant.hashes));
         req->arrival = dormant.arrival;
         requests_.emplace(req->request_id, req);
+        req->listed = true;
         order_.push_back(req);
         connector_.wake(*req, std::move(dormant.core));
         return req;

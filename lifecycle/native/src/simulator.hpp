@@ -49,6 +49,7 @@
 #include "lookup_service.hpp"
 #include "py_random.hpp"
 #include "py_repr.hpp"
+#include "sched_request.hpp"
 #include "step_cost.hpp"
 
 namespace kvlife {
@@ -418,18 +419,39 @@ class Simulator {
             if (!entry.samples) {
                 continue;
             }
-            std::optional<std::int64_t> produced = engine_.output_tokens(entry.request_id);
+            // (A listed owner is the record the lookup by id would find.)
+            SchedRequest* owner = entry.owner;
+            std::optional<std::int64_t> produced = owner != nullptr && owner->listed
+                                                       ? std::optional<std::int64_t>(owner->output_tokens)
+                                                       : engine_.output_tokens(entry.id());
             if (!produced.has_value()) {
                 continue;  // it finished (or left) meanwhile
             }
-            auto stop = stops_.find(entry.request_id);
-            if (stop == stops_.end()) {
-                throw KeyError(entry.request_id);  // Python's KeyError(rid)
-            }
-            if (*produced + 1 >= stop->second.limit) {
-                finished.emplace_back(entry.request_id, stop->second.reason());
+            StopRule stop = stop_of(entry);
+            if (*produced + 1 >= stop.limit) {
+                finished.emplace_back(entry.id(), stop.reason());
             }
         }
+    }
+
+    // A scheduled request's stop rule: kept on its scheduler record after the first lookup. (An
+    // id's rule is set at its arrival and dropped when the engine lets the request go, after
+    // the scheduler has: while the record is listed, the lookup finds the same rule.)
+    StopRule stop_of(const Scheduled& entry) {
+        SchedRequest* owner = entry.owner != nullptr && entry.owner->listed ? entry.owner : nullptr;
+        if (owner != nullptr && owner->stop_known) {
+            return StopRule{owner->stop_limit, owner->stop_length};
+        }
+        auto stop = stops_.find(entry.id());
+        if (stop == stops_.end()) {
+            throw KeyError(entry.id());  // Python's KeyError(rid)
+        }
+        if (owner != nullptr) {
+            owner->stop_limit = stop->second.limit;
+            owner->stop_length = stop->second.length;
+            owner->stop_known = true;
+        }
+        return stop->second;
     }
 
     // Nothing is queued: if the engine has a deadline ahead, wake for it.
