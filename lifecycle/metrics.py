@@ -242,6 +242,10 @@ class RequestTotals:
         return Samples(array("d", (self.arrival_ms[i] for i in order)), array("d", (self.ttft_ms[i] for i in order)))
 
 
+def _none_if_nan(value: float) -> float | None:
+    return None if value != value else value
+
+
 class Samples(Sequence[tuple[float, float | None]]):
     """(arrival ms, TTFT ms or None) of each request, built as they are read from two arrays
     (NaN: None): 16 bytes a request, where a list of tuples costs about 100 (a tuple and two
@@ -271,8 +275,8 @@ class Samples(Sequence[tuple[float, float | None]]):
         return (self._arrival[index], None if math.isnan(ttft) else ttft)
 
     def __iter__(self) -> Iterator[tuple[float, float | None]]:
-        """The samples in order, read from the arrays in C (no ``__getitem__`` per sample)."""
-        return zip(self._arrival, [None if t != t else t for t in self._ttft], strict=True)
+        """The samples in order, read from the arrays as they go (no ``__getitem__`` per sample)."""
+        return zip(self._arrival, map(_none_if_nan, self._ttft), strict=True)
 
     def __eq__(self, other: object) -> bool:
         """Equal to any sequence with the same samples in the same order (a list of tuples too)."""

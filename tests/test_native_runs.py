@@ -257,6 +257,31 @@ def test_a_workload_error_mid_stream_ends_both_traces_alike(tmp_path: Path) -> N
     assert b'"kind":"interrupted"' in (tmp_path / "native.jsonl").read_bytes().splitlines()[-1]
 
 
+def test_a_hash_past_the_native_range_stops_the_native_run_with_one_line(tmp_path: Path) -> None:
+    """A workload may name block hashes up to 2**64 - 1; the native core's are signed 64-bit.
+    The native run takes the requests before such a request, then stops with a one-line
+    WorkloadError naming the request and --engine python (its trace ends with the
+    ``interrupted`` record); the Python engine runs the same workload to its end."""
+    from kvlife.lifecycle.workloads.mooncake import WorkloadError
+
+    workload = _workload(seed=5, n=40)
+    big = attrs.evolve(workload[30], hash_ids=(*workload[30].hash_ids[:-1], 2**63))
+    workload[30] = big
+    python = run_workload(BASE, list(workload), trace_path=tmp_path / "python.jsonl", engine="python")
+    assert python.summary["requests"] == 40
+    with pytest.raises(WorkloadError) as raised:
+        run_workload(BASE, list(workload), trace_path=tmp_path / "native.jsonl", engine="native")
+    message = str(raised.value)
+    assert "\n" not in message and big.request_id in message and "--engine python" in message
+    assert f"element {len(big.hash_ids) - 1}: {2**63}" in message
+    lines = (tmp_path / "native.jsonl").read_bytes().splitlines()
+    assert b'"kind":"interrupted"' in lines[-1]
+    arrived = {line for line in lines if b'"kind":"input"' in line and b'"arrival"' in line}
+    # (the loop asks for the next arrival as it takes one: the one just before is not fed either)
+    assert any(b'"' + workload[28].request_id.encode() + b'"' in line for line in arrived)
+    assert not any(b'"' + big.request_id.encode() + b'"' in line for line in arrived)
+
+
 def test_an_interrupt_ends_both_traces_alike(tmp_path: Path) -> None:
     """Ctrl-C (here raised by the progress callback at 200 finished requests): the same
     ``interrupted`` record, after the same records."""

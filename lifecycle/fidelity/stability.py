@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -107,10 +108,10 @@ def check_stability(samples: Sequence[Sample], p50_limit_ms: float = P50_LIMIT_M
                     ratio_limit: float = RATIO_LIMIT, slack_ms: float = SLACK_MS) -> Stability:
     """The stability verdict of one run from its (arrival ms, TTFT ms or None) per request."""
     # By arrival, ties in sample order (sorted is stable: no (arrival, index) key tuple per
-    # sample); samples already in that order (as a run's are) are taken as they come. One
-    # pass over the samples, the order checked in C.
-    arrivals = [arrival for arrival, _ in samples]
-    ttfts = [ttft for _, ttft in samples]
+    # sample); samples already in that order (as a run's are) are taken as they come. The
+    # columns are read and the order checked in C (the arrivals as 8-byte doubles).
+    arrivals = array("d", map(operator.itemgetter(0), samples))
+    ttfts = list(map(operator.itemgetter(1), samples))
     if not all(map(operator.le, arrivals, itertools.islice(arrivals, 1, None))):
         ttfts = [ttfts[i] for i in sorted(range(len(arrivals)), key=arrivals.__getitem__)]
     k = max(1, len(ttfts) // 10)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kvlife.lifecycle.drivers.simulator import SimResult
     from kvlife.lifecycle.engine.request import Request
     from kvlife.lifecycle.engine.state import Recorder
-    from kvlife.lifecycle.workloads.mooncake import WorkloadRequest
+    from kvlife.lifecycle.workloads.mooncake import WorkloadError, WorkloadRequest
     from kvlife.policies.stack import PolicyStack
 
 
@@ -130,10 +130,27 @@ def sim_links(physics: Physics, tiers: Sequence[TierConfig]
     return [link(x) for x in links], spec
 
 
+INT64_MAX = 2**63 - 1  # the native core's block hashes are signed 64-bit (blocks.hpp BlockHash)
+
+
+def past_native_hashes(w: WorkloadRequest) -> WorkloadError | None:
+    """The error for a request whose block hash the native loop cannot hold (a workload may
+    name hashes up to 2**64 - 1; the native core's are signed 64-bit), else None."""
+    from kvlife.lifecycle.workloads.mooncake import WorkloadError
+
+    if not w.hash_ids or max(w.hash_ids) <= INT64_MAX:
+        return None
+    index, value = next((i, h) for i, h in enumerate(w.hash_ids) if h > INT64_MAX)
+    return WorkloadError(f"request {w.request_id}", None, "hash_ids",
+                         f"element {index}: {value} is past 2**63 - 1, the largest block hash the native "
+                         "engine holds; run it with --engine python")
+
+
 def feed(native: Any, arrivals: Iterator[WorkloadRequest], chunk: int) -> Callable[[], bool]:
     """The native loop's refill hook: the next ``chunk`` requests handed over as arrays
-    (False once the workload has ended); a reader's error is raised once the requests
-    before it are taken, when the loop asks for the one it failed at."""
+    (False once the workload has ended); a reader's error, or a request the native loop
+    cannot hold (``past_native_hashes``), is raised once the requests before it are taken,
+    when the loop asks for the one it failed at."""
     failure: list[BaseException] = []
 
     def refill() -> bool:
@@ -142,6 +159,12 @@ def feed(native: Any, arrivals: Iterator[WorkloadRequest], chunk: int) -> Callab
         batch: list[WorkloadRequest] = []
         try:
             for w in arrivals:
+                problem = past_native_hashes(w)
+                if problem is not None:
+                    if not batch:
+                        raise problem
+                    failure.append(problem)
+                    break
                 batch.append(w)
                 if len(batch) >= chunk:
                     break

@@ -146,7 +146,16 @@ class NativeRun {
         std::vector<BlockHash> hashes;
         for (std::size_t i = 0; i < n; ++i) {
             hashes.clear();
-            for (py::handle h : hash_ids[i]) hashes.push_back(h.cast<BlockHash>());
+            // (each hash read as a C long long: OverflowError past 64 bits, TypeError if no int)
+            py::object items = py::reinterpret_steal<py::object>(
+                PySequence_Fast(py::object(hash_ids[i]).ptr(), "add_arrivals: each request's hashes are a sequence"));
+            if (!items) throw py::error_already_set();
+            PyObject** item = PySequence_Fast_ITEMS(items.ptr());
+            for (Py_ssize_t k = 0, m = PySequence_Fast_GET_SIZE(items.ptr()); k < m; ++k) {
+                const long long h = PyLong_AsLongLong(item[k]);
+                if (h == -1 && PyErr_Occurred() != nullptr) throw py::error_already_set();
+                hashes.push_back(h);
+            }
             sim_->add_arrival(ids[i], arrival_ms[i], input_length[i], output_length[i], hashes.data(), hashes.size());
         }
     }

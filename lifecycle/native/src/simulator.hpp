@@ -436,9 +436,9 @@ class Simulator {
 
     // A scheduled request's stop rule: kept on its scheduler record after the first lookup. (An
     // id's rule is set at its arrival and dropped when the engine lets the request go, after
-    // the scheduler has: while the record is listed, the lookup finds the same rule.)
+    // the scheduler has; step_finishes asks only of a request the scheduler still lists.)
     StopRule stop_of(const Scheduled& entry) {
-        SchedRequest* owner = entry.owner != nullptr && entry.owner->listed ? entry.owner : nullptr;
+        SchedRequest* owner = entry.owner;
         if (owner != nullptr && owner->stop_known) {
             return StopRule{owner->stop_limit, owner->stop_length};
         }
