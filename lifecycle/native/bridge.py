@@ -133,13 +133,12 @@ def sim_links(physics: Physics, tiers: Sequence[TierConfig]
 INT64_MAX = 2**63 - 1  # the native core's block hashes are signed 64-bit (blocks.hpp BlockHash)
 
 
-def past_native_hashes(w: WorkloadRequest) -> WorkloadError | None:
-    """The error for a request whose block hash the native loop cannot hold (a workload may
-    name hashes up to 2**64 - 1; the native core's are signed 64-bit), else None."""
+def past_native_hashes(w: WorkloadRequest) -> WorkloadError:
+    """The error for a request with a block hash past ``INT64_MAX``, which the native loop
+    cannot hold (a workload may name hashes up to 2**64 - 1; the native core's are signed
+    64-bit)."""
     from kvlife.lifecycle.workloads.mooncake import WorkloadError
 
-    if not w.hash_ids or max(w.hash_ids) <= INT64_MAX:
-        return None
     index, value = next((i, h) for i, h in enumerate(w.hash_ids) if h > INT64_MAX)
     return WorkloadError(f"request {w.request_id}", None, "hash_ids",
                          f"element {index}: {value} is past 2**63 - 1, the largest block hash the native "
@@ -159,11 +158,10 @@ def feed(native: Any, arrivals: Iterator[WorkloadRequest], chunk: int) -> Callab
         batch: list[WorkloadRequest] = []
         try:
             for w in arrivals:
-                problem = past_native_hashes(w)
-                if problem is not None:
+                if w.hash_ids and max(w.hash_ids) > INT64_MAX:
                     if not batch:
-                        raise problem
-                    failure.append(problem)
+                        raise past_native_hashes(w)
+                    failure.append(past_native_hashes(w))
                     break
                 batch.append(w)
                 if len(batch) >= chunk:
