@@ -159,9 +159,10 @@ def feed(native: Any, arrivals: Iterator[WorkloadRequest], chunk: int) -> Callab
         try:
             for w in arrivals:
                 if w.hash_ids and max(w.hash_ids) > INT64_MAX:
+                    problem = past_native_hashes(w)
                     if not batch:
-                        raise past_native_hashes(w)
-                    failure.append(past_native_hashes(w))
+                        raise problem
+                    failure.append(problem)
                     break
                 batch.append(w)
                 if len(batch) >= chunk:

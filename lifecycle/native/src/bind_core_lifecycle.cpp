@@ -76,8 +76,7 @@ class CoreKernel {
                      std::vector<BlockHash> hashes, bool resumable) {
         auto req = std::make_shared<Request>(rid, state_.next_seq++, arrival_ms, prompt_tokens, HashList(std::move(hashes)),
                                              resumable, state_.config.block_tokens);
-        req->listed = true;
-        state_.requests.set(rid, std::move(req));
+        state_.list_request(rid, std::move(req));
         state_.state_counts[static_cast<std::size_t>(RequestState::WAITING)] += 1;
     }
 

@@ -124,8 +124,7 @@ CoreRequestPtr ConnectorCore::on_new_request(const std::string& request_id, std:
     CoreRequestPtr req = new_record(request_id, state.next_seq, state.now, prompt_tokens,
                                     HashList(block_hashes, std::min(keep, block_hashes.size())), max_tokens, resumable);
     state.next_seq += 1;
-    state.requests.set(request_id, req);
-    req->listed = true;
+    state.list_request(request_id, req);
     state.state_counts[static_cast<std::size_t>(RequestState::WAITING)] += 1;
     if (early && !state.tiers.empty() && state.hit_candidates(*req) > 0) {
         const AnswerValue& action = lifecycle.ask(*req, Hook::ON_ARRIVAL);
@@ -172,8 +171,7 @@ CoreRequestPtr ConnectorCore::wake(const std::string& request_id, std::int64_t p
     CoreRequestPtr req = new_record(request_id, dormant.seq, dormant.arrival_ms, prompt_tokens,
                                     HashList(block_hashes, dormant.hashes), max_tokens, resumable);
     req->last_decisions = std::move(dormant.decisions);
-    req->listed = true;
-    state.requests.set(request_id, req);  // (the key kept its place: arrival order holds)
+    state.list_request(request_id, req);  // (the key kept its place: arrival order holds)
     return req;
 }
 
@@ -820,8 +818,7 @@ void ConnectorCore::retire_finished() {
             continue;
         }
         state.retiring.erase(rid);
-        item.second->listed = false;
-        state.requests.erase(rid);
+        state.unlist_request(rid, *item.second);
         state.retired.set(rid, req.epoch);
         state.sync_lookup_version.erase(rid);
         state.retire->retire(req);
@@ -888,8 +885,8 @@ ConnectorMeta ConnectorAPI::build_connector_meta(const SchedulerOutput& output) 
     // cached requests each keep that order, so one cursor per list finds each in turn.
     std::size_t cursor_new = 0;
     std::size_t cursor_cached = 0;
-    // (The lists name each request by the same pointer: SchedulerOutput.)
-    // (num_scheduled_tokens[i] and records[i] name the same request.)
+    // (The lists name each request by the same pointer, and num_scheduled_tokens[i] and
+    // records[i] name the same request: SchedulerOutput.)
     auto entry_of = [&](const std::string* rid, std::int64_t before, std::size_t& cursor) -> StepInfo::Entry {
         const auto& tokens = output.num_scheduled_tokens;
         for (std::size_t i = cursor; i < tokens.size(); ++i) {

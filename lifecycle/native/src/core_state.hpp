@@ -156,6 +156,15 @@ class CoreState {
     double now = 0.0;
 
     OrderedDict<std::string, CoreRequestPtr> requests;
+    // Into requests and out of it, each record's listed flag kept (Request::listed).
+    void list_request(const std::string& request_id, CoreRequestPtr req) {
+        req->listed = true;
+        requests.set(request_id, std::move(req));
+    }
+    void unlist_request(const std::string& request_id, Request& req) {
+        req.listed = false;
+        requests.erase(request_id);
+    }
     std::array<std::int64_t, kNumStates> state_counts{};  // by RequestState (TABLE.states order)
     OrderedDict<std::int64_t, JobPtr> jobs;                // device loads and stores, in start order
     OrderedDict<BlockHash, std::vector<Bringing>> in_flight_loads;

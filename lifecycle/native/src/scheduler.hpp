@@ -153,8 +153,7 @@ class Scheduler {
             return;
         }
         req->arrival = next_arrival_++;
-        requests_.emplace(request_id, req);
-        req->listed = true;
+        list(req);
         order_.push_back(req);
         waiting_.push_back(req);
         connector_.on_new_request(*req, true);
@@ -457,7 +456,8 @@ class Scheduler {
         return connector_.request_finished(req, req.blocks);
     }
 
-    static void add_unique(std::vector<std::string>& ids, const std::string& rid) {
+    template <class Id>
+    static void add_unique(std::vector<Id>& ids, const Id& rid) {
         if (std::find(ids.begin(), ids.end(), rid) == ids.end()) {
             ids.push_back(rid);
         }
@@ -494,10 +494,8 @@ class Scheduler {
 
     void free_blocks(const RequestPtr& req) {
         free_request_blocks(*req);
-        auto it = requests_.find(req->request_id);
-        if (it != requests_.end() && it->second == req) {
-            requests_.erase(it);
-            req->listed = false;
+        if (req->listed) {
+            unlist(*req);
             dead_in_order_ += 1;
             if (dead_in_order_ * 2 > order_.size() && order_.size() > 64) {
                 compact_order();
@@ -687,6 +685,17 @@ class Scheduler {
         return true;
     }
 
+    // requests_, with each record's flag saying whether the map names it (the only ways in and
+    // out; ids are unique, so a listed record is the one a lookup by its id finds).
+    void list(const RequestPtr& req) {
+        requests_.emplace(req->request_id, req);
+        req->listed = true;
+    }
+    void unlist(SchedRequest& req) {
+        requests_.erase(req.request_id);
+        req.listed = false;
+    }
+
     // inflight_prefills_, with each member's flag saying so (most passes ask of every running
     // request, and the flag answers without hashing).
     void prefill_in_flight(SchedRequest& req) {
@@ -796,10 +805,7 @@ class Scheduler {
                 cached.req_ids.push_back(rid);
                 cached.num_computed_tokens.push_back(entry.req->num_computed_tokens);
                 cached.new_block_ids.emplace_back(std::move(added->blocks));
-                if (std::find(cached.resumed_req_ids.begin(), cached.resumed_req_ids.end(), rid) ==
-                    cached.resumed_req_ids.end()) {
-                    cached.resumed_req_ids.push_back(rid);
-                }
+                add_unique(cached.resumed_req_ids, rid);
             } else {
                 output.scheduled_new_reqs.push_back(
                     NewRequestData{rid, entry.req->num_computed_tokens, std::move(added->blocks)});
@@ -899,8 +905,7 @@ class Scheduler {
             }
             return;
         }
-        requests_.erase(req->request_id);
-        req->listed = false;
+        unlist(*req);
         order_.pop_back();  // (it was added last)
         tail_.push_back(Tail{nullptr, Dormant{req->request_id, req->prompt_tokens, req->max_tokens,
                                               req->hashes.take_parts(), req->resumable, req->arrival,
@@ -912,8 +917,7 @@ class Scheduler {
                                                   dormant.max_tokens, std::vector<BlockHash>(), bt_, dormant.resumable);
         req->hashes = HashList(std::move(dormant.hashes));
         req->arrival = dormant.arrival;
-        requests_.emplace(req->request_id, req);
-        req->listed = true;
+        list(req);
         order_.push_back(req);
         connector_.wake(*req, std::move(dormant.core));
         return req;
