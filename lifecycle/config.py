@@ -314,6 +314,24 @@ class Rule:
             return f"must be at most {maximum.text()} ({maximum.why}), got {describe(value)}"
         return None
 
+    def plain_range(self) -> tuple[tuple[type, ...], int | float, int | float] | None:
+        """Where ``problem`` is None without asking it: (exact types, low, high) such that
+        every value whose type is one of the types and which lies in [low, high] is valid;
+        None for a rule with no such range (not a number, or an open lower bound). A reader
+        of a large file checks its common case with it and asks ``problem`` only outside it,
+        so every refusal is still worded by ``problem``."""
+        if self.kind not in ("int", "number"):
+            return None
+        minimum, maximum = _resolve(self.minimum), _resolve(self.maximum)
+        if self.low_open and (minimum is None or self.low is None or minimum.value <= self.low):
+            return None  # (an open end, unless a minimum above it closes the range)
+        lows = [b for b in (self.low, None if minimum is None else minimum.value) if b is not None]
+        highs = [b for b in (self.high, None if maximum is None else maximum.value) if b is not None]
+        if self.kind == "int":
+            return (int,), max(lows, default=-math.inf), min(highs, default=math.inf)
+        # A number: also within a float's range (an int past it is refused; inf and NaN compare out).
+        return (int, float), max([*lows, -FLOAT_MAX_INT]), min([*highs, FLOAT_MAX_INT])
+
     def __call__(self, instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
         """The attrs validator: a ConfigError naming the attribute."""
         message = self.problem(value)

@@ -3,16 +3,21 @@ a table repeats) and the dotted field; keys mirror the long flags of ``kvlife ru
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlife.lifecycle.cli.main import main
 from kvlife.lifecycle.config import (
     SIM_DEVICE_BLOCK_BYTES,
+    SYNTHETIC_RULES,
+    WORKLOAD_RULES,
     ConfigError,
     EngineConfig,
     Limit,
@@ -416,3 +421,43 @@ def test_a_digit_that_is_no_decimal_digit_is_no_integer_as_a_flag_either(capsys:
         main(["run", "--seed", word])
     assert exited.value.code == 2
     assert capsys.readouterr().err == f"kvlife run: error: argument --seed: must be an integer, got {word!r}\n"
+
+
+# ---- Rule.plain_range: the readers' fast path never accepts what the rule refuses ------------
+_RANGED = [rule for rule in (*WORKLOAD_RULES.values(), *SYNTHETIC_RULES.values(), Rule("int"), Rule("number"),
+                             Rule("number", low=0.5, high=2.0), Rule("int", low=3, maximum=Limit(7, "seven")))
+           if rule.plain_range() is not None]
+
+
+@settings(max_examples=300, deadline=None)
+@given(rule=st.sampled_from(_RANGED),
+       value=st.one_of(st.integers(), st.integers(min_value=-(2**66), max_value=2**66),
+                       st.floats(), st.booleans(), st.none(), st.text(max_size=3)))
+def test_every_value_in_a_plain_range_is_one_the_rule_accepts(rule: Rule, value: object) -> None:
+    plain = rule.plain_range()
+    assert plain is not None
+    types, low, high = plain
+    if type(value) in types and low <= value <= high:  # type: ignore[operator]
+        assert rule.problem(value) is None
+
+
+@pytest.mark.parametrize("rule", _RANGED)
+def test_a_plain_range_reaches_the_rules_own_bounds(rule: Rule) -> None:
+    """Tight, not only safe: each finite end is a value the rule accepts, and one past it
+    (for an integer rule) is refused."""
+    types, low, high = rule.plain_range()  # type: ignore[misc]
+    for end, past in ((low, low - 1), (high, high + 1)):
+        if not math.isfinite(end):
+            continue
+        value = int(end) if types == (int,) else end
+        assert rule.problem(value) is None
+        if types == (int,):
+            assert rule.problem(int(past)) is not None
+
+
+def test_a_rule_with_no_closed_range_has_no_plain_range() -> None:
+    assert all(rule.plain_range() is not None for rule in WORKLOAD_RULES.values())  # (the reader needs them)
+    assert SYNTHETIC_RULES["arrival_rate_per_s"].plain_range() == ((int, float), 1e-6, 1e9)  # (closed by its minimum)
+    assert Rule("number", low=0.0, low_open=True).plain_range() is None
+    assert Rule("text").plain_range() is None
+    assert Rule("bool").plain_range() is None

@@ -20,7 +20,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterable, Iterator
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import attrs
 import orjson
@@ -28,9 +28,6 @@ import orjson
 from kvlife.lifecycle.config import TOKENS, WORKLOAD_RULES
 from kvlife.lifecycle.input_files import READ_ERRORS, Lines, error_line, read_error_message
 from kvlife.lifecycle.workloads.bundled import BUNDLED, resolve_workload
-
-UINT64_MAX = 2**64 - 1  # the largest hash id (kvlife.lifecycle.config.WORKLOAD_RULES)
-_INT_ONLY = frozenset({int})  # the one element type of a valid hash_ids list (bool is not int here)
 
 __all__ = [
     "WorkloadError",
@@ -86,6 +83,22 @@ def _describe_value(value: object) -> str:
     return type(value).__name__
 
 
+def _plain(field: str) -> tuple[tuple[type, ...], int | float, int | float]:
+    found = WORKLOAD_RULES[field].plain_range()
+    if found is None:  # (a rule changed kind: the reader's fast path needs a range)
+        raise AssertionError(f"WORKLOAD_RULES[{field!r}] has no plain range")
+    return found
+
+
+# The common case of each field, checked without a call per value (every refusal is still
+# worded by the rule: the slow path below asks it).
+_TIMESTAMP_TYPES, _TIMESTAMP_LOW, _TIMESTAMP_HIGH = _plain("timestamp")
+_INPUT_TYPES, _INPUT_LOW, _INPUT_HIGH = _plain("input_length")
+_OUTPUT_TYPES, _OUTPUT_LOW, _OUTPUT_HIGH = _plain("output_length")
+_HASH_TYPES, _HASH_LOW, _HASH_HIGH = _plain("hash_ids")
+_HASH_TYPE_SET = frozenset(_HASH_TYPES)
+
+
 def _parse_record(
     record: object, block_tokens: int, path: str, line: int
 ) -> tuple[float, int, int, tuple[int, ...]]:
@@ -94,32 +107,36 @@ def _parse_record(
         raise WorkloadError(
             path, line, None, f"expected a JSON object, got {type(record).__name__}"
         )
-    for field in ("timestamp", "input_length", "output_length", "hash_ids"):
-        if field not in record:
-            raise WorkloadError(path, line, field, "missing")
-
-    # The rules of kvlife.lifecycle.config (the same layer as config files and flags); orjson
-    # already refuses NaN and infinities, the rules refuse the rest.
-    for field in ("timestamp", "input_length", "output_length"):
-        problem = WORKLOAD_RULES[field].problem(record[field])
-        if problem is not None:
-            raise WorkloadError(path, line, field, problem)
-    timestamp = record["timestamp"]
-    input_length = record["input_length"]
-    output_length = record["output_length"]
-
-    hash_ids = record["hash_ids"]
-    if type(hash_ids) is not list:
-        raise WorkloadError(
-            path,
-            line,
-            "hash_ids",
-            f"expected a list of integers, got {_describe_value(hash_ids)}",
-        )
+    timestamp: Any = record.get("timestamp")
+    input_length: Any = record.get("input_length")
+    output_length: Any = record.get("output_length")
+    hash_ids: Any = record.get("hash_ids")
+    if not (
+        type(timestamp) in _TIMESTAMP_TYPES and _TIMESTAMP_LOW <= timestamp <= _TIMESTAMP_HIGH
+        and type(input_length) in _INPUT_TYPES and _INPUT_LOW <= input_length <= _INPUT_HIGH
+        and type(output_length) in _OUTPUT_TYPES and _OUTPUT_LOW <= output_length <= _OUTPUT_HIGH
+        and type(hash_ids) is list
+    ):
+        for field in ("timestamp", "input_length", "output_length", "hash_ids"):
+            if field not in record:
+                raise WorkloadError(path, line, field, "missing")
+        # The rules of kvlife.lifecycle.config (the same layer as config files and flags);
+        # orjson already refuses NaN and infinities, the rules refuse the rest.
+        for field in ("timestamp", "input_length", "output_length"):
+            problem = WORKLOAD_RULES[field].problem(record[field])
+            if problem is not None:
+                raise WorkloadError(path, line, field, problem)
+        if type(hash_ids) is not list:
+            raise WorkloadError(
+                path,
+                line,
+                "hash_ids",
+                f"expected a list of integers, got {_describe_value(hash_ids)}",
+            )
     # Whole-list checks first: the all-valid case is the common one and must be fast (the
     # element types gathered in C: no Python frame per hash id).
-    if not set(map(type, hash_ids)) <= _INT_ONLY or (
-        hash_ids and (min(hash_ids) < 0 or max(hash_ids) > UINT64_MAX)
+    if not set(map(type, hash_ids)) <= _HASH_TYPE_SET or (
+        hash_ids and (min(hash_ids) < _HASH_LOW or max(hash_ids) > _HASH_HIGH)
     ):
         rule = WORKLOAD_RULES["hash_ids"]
         for index, h in enumerate(hash_ids):

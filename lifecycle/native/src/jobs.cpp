@@ -132,13 +132,16 @@ void Transfers::maybe_store(Request& req) {
         }
         if (plan.accepted.empty()) continue;
         if (!mapped) {  // dict(zip(hashes, blocks)): the last block of a repeated hash
-            index_.clear();
-            for (std::size_t i = 0; i < n; ++i) index_[hashes[i]] = blocks[i];
+            positions_.index(hashes, n);
             mapped = true;
         }
         std::vector<BlockMove> moves;
         moves.reserve(plan.accepted.size());
-        for (const auto& [h, slot] : plan.accepted) moves.push_back(BlockMove{h, index_.at(h), tier.name, slot});
+        for (const auto& [h, slot] : plan.accepted) {
+            const std::int64_t at = positions_.last(h);
+            if (at < 0) throw std::logic_error("a tier accepted block " + std::to_string(h) + " it was not offered");
+            moves.push_back(BlockMove{h, blocks[at], tier.name, slot});
+        }
         const std::int64_t job_id = state.new_job_id();
         auto job = std::make_shared<Job>(Job{job_id, JobKind::STORE, req.request_id, req.epoch, std::move(moves),
                                              state.now, std::nullopt});
@@ -376,12 +379,11 @@ void Transfers::load_finished(Request& req, const std::optional<std::string>& ca
                                             Field("value", action), Field("carried_out", configured),
                                             Field("note", note)});
     }
-    index_.clear();  // {h: i for i, h in enumerate(req.hashes)}: the last position of a repeated hash
-    for (std::size_t i = 0; i < req.hashes.size(); ++i) index_[req.hashes[i]] = static_cast<std::int64_t>(i);
+    positions_.index(req.hashes.data(), req.hashes.size());
     std::optional<std::int64_t> first_bad;
     for (BlockHash h : req.load_failed) {
-        auto it = index_.find(h);
-        if (it != index_.end() && (!first_bad || it->second < *first_bad)) first_bad = it->second;
+        const std::int64_t at = positions_.last(h);
+        if (at >= 0 && (!first_bad || at < *first_bad)) first_bad = at;
     }
     const std::int64_t first = first_bad.value_or(0);
     req.external_hit_limit = std::min(req.external_hit_limit, first);

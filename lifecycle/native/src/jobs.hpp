@@ -9,11 +9,14 @@
 // Python's ``kinds`` tuple of expire_jobs is two flags (loads, stores).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core_lifecycle.hpp"
@@ -75,8 +78,28 @@ class Transfers {
     void reclaim(std::int64_t job_id, std::string_view op, std::string_view rid, const std::vector<std::int64_t>& missing,
                  std::int64_t blocks, const std::string& silent, double deadline);  // _reclaim
 
-    std::vector<BlockHash> failed_;                         // report()'s result
-    std::unordered_map<BlockHash, std::int64_t> index_;     // scratch: hash -> last position / device block
+    // {h: i for i, h in enumerate(hashes)}: the last position of each hash, as sorted (hash,
+    // position) pairs whose room is reused (a hash map would allocate a node per hash).
+    class LastPositions {
+      public:
+        void index(const BlockHash* hashes, std::size_t n) {
+            pairs_.clear();
+            for (std::size_t i = 0; i < n; ++i) pairs_.emplace_back(hashes[i], static_cast<std::int64_t>(i));
+            std::sort(pairs_.begin(), pairs_.end());
+        }
+        // The last position of ``h``; -1 if it is not there.
+        std::int64_t last(BlockHash h) const {
+            auto after = std::upper_bound(pairs_.begin(), pairs_.end(),
+                                          std::pair<BlockHash, std::int64_t>{h, std::numeric_limits<std::int64_t>::max()});
+            return after == pairs_.begin() || std::prev(after)->first != h ? -1 : std::prev(after)->second;
+        }
+
+      private:
+        std::vector<std::pair<BlockHash, std::int64_t>> pairs_;
+    };
+
+    std::vector<BlockHash> failed_;  // report()'s result
+    LastPositions positions_;        // scratch
 };
 
 }  // namespace kvlife

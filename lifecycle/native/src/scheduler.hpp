@@ -547,8 +547,10 @@ class Scheduler {
 
     // The waiting half of the pass (vLLM's second loop); returns the budget left.
     std::int64_t admit(std::int64_t budget, std::vector<Entry>& scheduled, NewBlocks& new_blocks) {
-        std::deque<RequestPtr> skipped_waiting;
-        std::deque<RequestPtr> skipped_holding;
+        std::deque<RequestPtr>& skipped_waiting = skipped_waiting_;  // (members: a deque allocates as it is made)
+        std::deque<RequestPtr>& skipped_holding = skipped_holding_;
+        skipped_waiting.clear();
+        skipped_holding.clear();
         auto skip = [&](std::deque<RequestPtr>& queue) {
             RequestPtr req = queue.front();
             queue.pop_front();
@@ -590,7 +592,8 @@ class Scheduler {
                              Status::FINISHED_IGNORED);
                 continue;
             }
-            std::vector<BlockId> local;
+            std::vector<BlockId>& local = local_scratch_;  // (a member: emptied here, its room kept)
+            local.clear();
             std::int64_t external = 0;
             bool load_async = false;
             std::int64_t computed;
@@ -644,6 +647,8 @@ class Scheduler {
         for (const RequestPtr& req : skipped_waiting) {
             waiting_.push_front(req);
         }
+        skipped_waiting.clear();
+        skipped_holding.clear();
         return budget;
     }
 
@@ -1031,6 +1036,8 @@ class Scheduler {
     std::vector<BlockId> freed_scratch_;
     std::vector<Entry> spare_scheduled_;
     std::vector<BlockId> spare_written_;
+    std::deque<RequestPtr> skipped_waiting_, skipped_holding_;  // admit's, empty between passes
+    std::vector<BlockId> local_scratch_;  // admit's device hits of one request
     SchedulerOutput output_scratch_;
 };
 
