@@ -121,7 +121,12 @@ class RequestTotals:
             sources[name] += n
         answers = self.answers
         for hook, (policy, value) in answers_of(req).items():
-            by_value = answers.setdefault(hook, {}).setdefault(policy, {})
+            by_policy = answers.get(hook)
+            if by_policy is None:
+                by_policy = answers[hook] = {}
+            by_value = by_policy.get(policy)
+            if by_value is None:  # (not setdefault: it would build two dicts per answer to drop them)
+                by_value = by_policy[policy] = {}
             key = str(value) if hook in _CHOICE_HOOKS else "answered"
             by_value[key] = by_value.get(key, 0) + 1
         self.output_tokens += req.generated

@@ -34,6 +34,16 @@ namespace kvlife {
 
 namespace py = pybind11;
 
+// Where ``type`` itself declares ``name`` as a plain writable object slot (an attrs slots field,
+// a __slots__ name): its offset in an instance; -1 for anything else (a property, an inherited
+// or a dict attribute), which is then got and set by name.
+inline Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
+    PyObject* d = PyDict_GetItemString(type->tp_dict, name);
+    if (d == nullptr || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
+    const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+    return m->type == T_OBJECT_EX && (m->flags & READONLY) == 0 ? m->offset : -1;
+}
+
 // An attrs slots class whose instances are made by writing their slots (``make``), in the
 // order of ``fields``; a class with a field that is not a plain object slot is called.
 class SlotClass {
@@ -49,20 +59,14 @@ class SlotClass {
                                    ": its fields are not the ones the native core fills, in that order");
         }
         type_ = reinterpret_cast<PyTypeObject*>(cls_.ptr());
-        py::dict members = cls_.attr("__dict__");
         direct_ = type_->tp_alloc != nullptr;
         for (const std::string& name : wanted) {
-            PyObject* d = PyDict_GetItemString(members.ptr(), name.c_str());
-            if (d == nullptr || Py_TYPE(d) != &PyMemberDescr_Type) {
+            const Py_ssize_t offset = slot_offset(type_, name.c_str());
+            if (offset < 0) {
                 direct_ = false;
                 break;
             }
-            const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
-            if (m->type != T_OBJECT_EX || (m->flags & READONLY) != 0) {
-                direct_ = false;
-                break;
-            }
-            offsets_.push_back(m->offset);
+            offsets_.push_back(offset);
         }
     }
 
@@ -112,20 +116,15 @@ class PyPolicyAsker final : public PolicyAsker {
                                                        "in_flight"});
         prefetch_view_ = SlotClass(base.attr("PrefetchView"), {"blocks", "tokens", "source_tiers", "started_ms"});
         decision_ = base.attr("Decision");
-        py::dict decision_members = decision_.attr("__dict__");
-        for (auto [field, offset] : {std::pair{"value", &value_offset_}, std::pair{"reason", &reason_offset_}}) {
-            PyObject* d = PyDict_GetItemString(decision_members.ptr(), field);
-            if (d != nullptr && Py_TYPE(d) == &PyMemberDescr_Type &&
-                reinterpret_cast<PyMemberDescrObject*>(d)->d_member->type == T_OBJECT_EX) {
-                *offset = reinterpret_cast<PyMemberDescrObject*>(d)->d_member->offset;
-            }
-        }
+        value_offset_ = slot_offset(reinterpret_cast<PyTypeObject*>(decision_.ptr()), "value");
+        reason_offset_ = slot_offset(reinterpret_cast<PyTypeObject*>(decision_.ptr()), "reason");
         reason_max_ = stack_module.attr("REASON_MAX").cast<Py_ssize_t>();
         check_decision_ = stack_module.attr("_check_decision");
         hook_failure_ = stack_module.attr("hook_failure");
         origin_ = stack_module.attr("_origin");
         watch_ = stack_.attr("_watch");
         seq_ = py::str("seq");
+        seq_offset_ = slot_offset(Py_TYPE(watch_.ptr()), "seq");
         native_asking_ = py::str("native_asking");
         py::dict chains = stack_.attr("_chains");
         py::dict values = base.attr("HOOK_VALUES");
@@ -189,7 +188,7 @@ class PyPolicyAsker final : public PolicyAsker {
         if (middle) args[nargs++] = middle.ptr();
         args[nargs++] = ev.ptr();
 
-        Seq running(watch_, seq_);  // PolicyStack.ask's watch.seq += 1, before and after
+        Seq running(watch_, seq_, seq_offset_);  // PolicyStack.ask's watch.seq += 1, before and after
         for (const Link& link : h.chain) {
             py::tuple asking = py::make_tuple(PyThread_get_thread_ident(), link.name, h.name, view);
             if (PyObject_SetAttr(stack_.ptr(), native_asking_.ptr(), asking.ptr()) != 0) throw py::error_already_set();
@@ -245,9 +244,11 @@ class PyPolicyAsker final : public PolicyAsker {
 
     // watch.seq += 1 now and again when it goes out of scope (as PolicyStack.ask's finally:
     // also when the hook raised; by then the error is held by the C++ exception).
+    // (``offset``: the watch's seq slot, written in place; -1: got and set by name.)
     class Seq {
       public:
-        Seq(const py::object& watch, const py::str& name) : watch_(watch), name_(name) {
+        Seq(const py::object& watch, const py::str& name, Py_ssize_t offset)
+            : watch_(watch), name_(name), offset_(offset) {
             if (!bump()) throw py::error_already_set();
         }
         ~Seq() {
@@ -258,6 +259,19 @@ class PyPolicyAsker final : public PolicyAsker {
 
       private:
         bool bump() {
+            if (offset_ >= 0) {
+                PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(watch_.ptr()) + offset_);
+                if (*slot == nullptr) {
+                    PyErr_SetObject(PyExc_AttributeError, name_.ptr());  // (an unset slot, as getattr says)
+                    return false;
+                }
+                PyObject* next = PyNumber_Add(*slot, one());
+                if (next == nullptr) return false;
+                PyObject* seq = *slot;
+                *slot = next;
+                Py_DECREF(seq);
+                return true;
+            }
             PyObject* seq = PyObject_GetAttr(watch_.ptr(), name_.ptr());
             if (seq == nullptr) return false;
             PyObject* next = PyNumber_Add(seq, one());
@@ -273,6 +287,7 @@ class PyPolicyAsker final : public PolicyAsker {
         }
         const py::object& watch_;
         const py::str& name_;
+        Py_ssize_t offset_;
     };
 
     // _decision_problem's plain cases, answered here: an exact Decision whose reason is a
@@ -452,7 +467,7 @@ class PyPolicyAsker final : public PolicyAsker {
     py::object stack_, watch_, decision_, check_decision_, hook_failure_, origin_;
     py::str seq_, native_asking_;
     SlotClass request_view_, engine_view_, load_view_, prefetch_view_;
-    Py_ssize_t value_offset_ = -1, reason_offset_ = -1, reason_max_ = 0;
+    Py_ssize_t value_offset_ = -1, reason_offset_ = -1, seq_offset_ = -1, reason_max_ = 0;
     std::array<HookAsk, kNumHooks> hooks_;
     std::array<py::str, kNumStates> states_;
     std::array<py::object, kNumStates> members_;  // RequestState members

@@ -298,6 +298,7 @@ void Transfers::release_job(Job& job, const std::vector<BlockHash>& failed_block
             if (it == by_tier.end()) {
                 by_tier.emplace_back(move.tier, std::vector<BlockHash>{});
                 it = by_tier.end() - 1;
+                it->second.reserve(job.moves.size());  // (a store job's moves are one tier's: one allocation)
             }
             it->second.push_back(move.block_hash);
         }

@@ -56,6 +56,7 @@ void WorkerBook::add(int64_t job_id, const std::string& kind, const std::string&
     entry.request_id = request_id;
     entry.moves.clear();
     std::size_t n = std::min(n_hashes, n_device_blocks);  // zip(strict=False)
+    entry.moves.reserve(n);
     for (std::size_t i = 0; i != n; ++i) {
         entry.moves.emplace_back(hashes[i], device_blocks[i]);
     }
