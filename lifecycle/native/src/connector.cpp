@@ -256,7 +256,7 @@ std::pair<std::optional<std::int64_t>, bool> ConnectorCore::get_num_new_matched_
     view.tiers.clear();
     view.in_flight.clear();
     for (const auto& item : plan_) {
-        view.tiers.push_back(item.second);
+        view.tiers.push_back(state.tiers[item.second].name);
     }
     for (const auto& item : plan_) {
         const std::vector<Bringing>* bringing = state.in_flight_loads.find(item.first);
@@ -294,7 +294,7 @@ void ConnectorCore::plan(Request& req, std::size_t n, std::int64_t start) {
         if (tier == nullptr || !tier->contains(block)) {
             break;
         }
-        plan_.emplace_back(block, name);
+        plan_.emplace_back(block, static_cast<std::size_t>(tier - state.tiers.data()));
     }
 }
 
@@ -342,7 +342,7 @@ void ConnectorCore::update_state_after_alloc(const std::string& request_id, cons
         req.device_hit_blocks = first;
         std::size_t upto = std::min(req.plan.size(), static_cast<std::size_t>(std::max<std::int64_t>(count, 0)));
         for (std::size_t i = 0; i < upto; ++i) {
-            req.tier_hit_blocks.add(req.plan[i].second, 1);
+            req.tier_hit_blocks.add(state.tiers[req.plan[i].second].name, 1);
         }
     }
     if (count <= 0) {
@@ -358,7 +358,7 @@ void ConnectorCore::update_state_after_alloc(const std::string& request_id, cons
     std::size_t upto = std::min(req.plan.size(), static_cast<std::size_t>(count));
     for (std::size_t i = 0; i < upto; ++i) {
         BlockHash block_hash = req.plan[i].first;
-        const std::string& tier = req.plan[i].second;
+        const std::string& tier = state.tiers[req.plan[i].second].name;
         std::int64_t device = block_ids.at(static_cast<std::size_t>(first) + i);
         const std::int64_t* owner = req.joins ? req.joins->find(block_hash) : nullptr;
         const JobPtr* owner_ptr = owner != nullptr ? state.jobs.find(*owner) : nullptr;

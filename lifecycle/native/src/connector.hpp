@@ -140,7 +140,7 @@ class ConnectorCore {
     void submit_lookup(Request& req, std::string_view reason);
     void expire_lookups();
 
-    std::vector<std::pair<BlockHash, std::string>> plan_;  // scratch
+    std::vector<std::pair<BlockHash, std::size_t>> plan_;  // scratch (Request::plan's form)
     LoadView view_;                                       // scratch
     std::vector<StepChunk> prompt_chunks_;                // scratch: a step record's "prompt"
     std::vector<StepChunk> fills_;                        // scratch: its "fills"

@@ -208,9 +208,10 @@ struct Request {
     std::int64_t lookup_uses = 0;
     std::int64_t async_lookups = 0;
     double lookup_submitted_ms = 0.0;
-    // The last match's external hit: (hash, tier) per block past the device hit, and the
-    // in-flight loads it joins (hash -> job).
-    std::vector<std::pair<BlockHash, std::string>> plan;
+    // The last match's external hit: (hash, tier) per block past the device hit, the tier as
+    // its position in CoreState::tiers (fixed once the core is made: no name copied per block);
+    // and the in-flight loads it joins (hash -> job).
+    std::vector<std::pair<BlockHash, std::size_t>> plan;
     // (None until a policy answers "join": most requests never join a load.)
     std::unique_ptr<OrderedDict<BlockHash, std::int64_t>> joins;
     std::int64_t stored_blocks = 0;
