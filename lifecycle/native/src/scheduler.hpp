@@ -816,11 +816,9 @@ class Scheduler {
                     NewRequestData{rid, entry.req->num_computed_tokens, std::move(added->blocks)});
             }
         }
-        output.preempted_req_ids = preempted_ids_;
-        output.finished_req_ids = finished_ids_;
+        output.preempted_req_ids.swap(preempted_ids_);  // (both emptied above: the lists trade places)
+        output.finished_req_ids.swap(finished_ids_);
         Meta meta = connector_.build_connector_meta(output);
-        preempted_ids_.clear();
-        finished_ids_.clear();
         resumed_.clear();
         if (defer_block_free_ && total > 0) {
             sched_step_seq_ += 1;
@@ -856,7 +854,11 @@ class Scheduler {
                 if (static_cast<std::int64_t>(req.hashes.size()) < known / bt_) {
                     req.block_hashes();  // (the request's own hashes grow as they do with tables)
                 }
-                entries.push_back(Scheduled{std::string(), entry.n, before, entry.samples, {}, {}, &req});
+                Scheduled& made = entries.emplace_back();  // (made in place: no temporary to move)
+                made.num_tokens = entry.n;
+                made.computed_before = before;
+                made.samples = entry.samples;
+                made.owner = &req;
                 continue;
             }
             std::vector<BlockHash> hashes = static_cast<std::int64_t>(req.hashes.size()) < known / bt_
