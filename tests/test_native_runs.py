@@ -6,7 +6,8 @@ byte-identical, the summaries equal but ``wall_s`` and (with ``breakdown``) the 
 rows equal. Cases: every built-in policy alone and stacks of them, a user policy from a file,
 async scheduling, a small device (preemptions), 2-4 ranks, failing tiers, short deadlines,
 exact completions, rank jitter, an output limit, the bundled mooncake-conversation's first
-300 requests at two time scales with spread arrivals, and random small workloads and configs.
+300 requests at two time scales with spread arrivals, prompts that repeat a hash, and random
+small workloads and configs (some with repeated hashes).
 """
 
 from __future__ import annotations
@@ -222,10 +223,13 @@ def cases(draw: st.DrawFn) -> tuple[RunConfig, list[WorkloadRequest]]:
     workload = synthetic_workload(seed=draw(st.integers(0, 100)), num_requests=draw(st.integers(1, 30)),
                                   block_tokens=BT, arrival_rate_per_s=draw(st.sampled_from([5.0, 50.0])),
                                   user_tokens=(50, 800), output_tokens=(1, 60), think_time_s=(0.1, 1.0))
+    fold = draw(st.sampled_from([None, None, None, 5]))  # (5: prompts that repeat a hash)
+    if fold is not None:
+        workload = [attrs.evolve(w, hash_ids=tuple(h % fold for h in w.hash_ids)) for w in workload]
     return RunConfig(engine=engine, sim=sim, policies=stack), workload
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(case=cases())
 def test_random_small_runs(tmp_path: Path, case: tuple[RunConfig, list[WorkloadRequest]]) -> None:
@@ -397,3 +401,13 @@ def test_requests_that_only_wait_hold_no_record(tmp_path: Path, stack: tuple[str
     if stack is None:
         assert max(held) <= 2 * BASE.engine.max_running
     _both(tmp_path, config, at_once, stack=config.policies)
+
+
+@pytest.mark.parametrize("fold", [3, 7])
+def test_hashes_repeated_within_a_request(tmp_path: Path, fold: int) -> None:
+    """A prompt that names one block hash more than once (a trace may: hash ids are data).
+    A store of such a prompt moves the device block of the hash's last position (the
+    reference's ``dict(zip(hashes, blocks))``), and a tier holds each hash once."""
+    workload = [attrs.evolve(w, hash_ids=tuple(h % fold for h in w.hash_ids)) for w in _workload(seed=3, n=40)]
+    assert any(len(set(w.hash_ids)) < len(w.hash_ids) for w in workload)
+    _both(tmp_path, BASE, workload)
