@@ -57,48 +57,34 @@ class TraceShape:
         return span + (span / (self.requests - 1) if self.requests > 1 else 0.0)
 
 
-class _ShapeOf:
-    """A trace's shape, taken request by request as the trace is read."""
-
-    def __init__(self) -> None:
-        self.requests, self.first, self.last, self.top = 0, 0.0, 0.0, -1
-
-    def add(self, w: WorkloadRequest) -> None:
-        if self.requests == 0:
-            self.first = w.arrival_ms
-        self.last = w.arrival_ms
-        if w.hash_ids:
-            self.top = max(self.top, max(w.hash_ids))
-        self.requests += 1
-
-    def shape(self) -> TraceShape:
-        return TraceShape(self.requests, self.first, self.last, self.top + 1)
-
-
 def trace_shape(source: str, block_tokens: int, time_scale: float) -> TraceShape:
     """One streaming pass over ``source``."""
-    seen = _ShapeOf()
+    requests, first, last, top = 0, 0.0, 0.0, -1
     for w in iter_mooncake(source, block_tokens=block_tokens, time_scale=time_scale):
-        seen.add(w)
-    return seen.shape()
+        if requests == 0:
+            first = w.arrival_ms
+        last = w.arrival_ms
+        if w.hash_ids:
+            top = max(top, max(w.hash_ids))
+        requests += 1
+    return TraceShape(requests, first, last, top + 1)
 
 
 def soak_workload(requests: int, *, source: str = SOURCE, block_tokens: int = 512,
                   time_scale: float = DEFAULT_TIME_SCALE) -> Iterator[WorkloadRequest]:
     """``requests`` requests: ``source`` and then shifted copies of it (see the module
-    docstring), read from the file as they are taken. The first pass over the file gives
-    the trace and its shape; the copies read it again."""
-    seen = _ShapeOf()
+    docstring), read from the file as they are taken. The copies need the trace's shape:
+    a pass of its own (``trace_shape``), made only when the trace runs out before
+    ``requests``, so a run of at most the trace's length reads it once."""
     n = 0
     for w in iter_mooncake(source, limit=requests, block_tokens=block_tokens, time_scale=time_scale):
-        seen.add(w)
         # (the reader names the n-th request req-{n} already; a session-tagged one is renamed)
         yield w if w.request_id == f"req-{n}" and w.session is None else WorkloadRequest(
             f"req-{n}", w.arrival_ms, w.input_length, w.output_length, w.hash_ids)
         n += 1
     if n == 0 or n == requests:
         return
-    shape = seen.shape()
+    shape = trace_shape(source, block_tokens, time_scale)
     period = shape.period_ms
     copy = 1
     while n < requests:
