@@ -84,6 +84,9 @@ _Handler = Callable[[int, FrameType | None], Any] | int | None
 class StopGate:
     """Signals held until ``check()``; see the module docstring."""
 
+    # (slots: the native loop reads ``pending`` between every two events, in place)
+    __slots__ = ("_previous", "clean", "pending")
+
     def __init__(self) -> None:
         self.pending: KeyboardInterrupt | None = None
         # True once check() raised: the run stopped between engine calls, not inside one.

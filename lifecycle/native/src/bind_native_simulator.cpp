@@ -174,6 +174,7 @@ class NativeRun {
     py::tuple run(py::object gate) {
         gate_ = std::move(gate);
         pending_ = py::str("pending");
+        pending_offset_ = gate_.is_none() ? -1 : slot_offset(Py_TYPE(gate_.ptr()), "pending");
         SimOutcome out;
         try {
             out = sim_->run();
@@ -223,7 +224,7 @@ class NativeRun {
     static void between_events(void* ctx) {
         auto* self = static_cast<NativeRun*>(ctx);
         if (self->out_ && self->out_->size() >= kChunkBytes) self->flush();
-        check_between_events(self->gate_, self->pending_);
+        check_between_events(self->gate_, self->pending_, self->pending_offset_);
     }
 
     static bool refill(void* ctx) { return static_cast<NativeRun*>(ctx)->refill_().cast<bool>(); }
@@ -247,6 +248,7 @@ class NativeRun {
     py::object progress_ = py::none();
     py::object gate_ = py::none();
     py::object pending_ = py::none();
+    Py_ssize_t pending_offset_ = -1;  // the gate's pending slot (bind_slots.hpp)
 };
 
 void RunRetirer::retire(const Request& req) { run_.retire(req); }

@@ -27,22 +27,13 @@
 #include <vector>
 
 #include "bind_core_convert.hpp"
+#include "bind_slots.hpp"
 #include "core_lifecycle.hpp"
 #include "core_request.hpp"
 
 namespace kvlife {
 
 namespace py = pybind11;
-
-// Where ``type`` itself declares ``name`` as a plain writable object slot (an attrs slots field,
-// a __slots__ name): its offset in an instance; -1 for anything else (a property, an inherited
-// or a dict attribute), which is then got and set by name.
-inline Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
-    PyObject* d = PyDict_GetItemString(type->tp_dict, name);
-    if (d == nullptr || Py_TYPE(d) != &PyMemberDescr_Type) return -1;
-    const PyMemberDef* m = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
-    return m->type == T_OBJECT_EX && (m->flags & READONLY) == 0 ? m->offset : -1;
-}
 
 // An attrs slots class whose instances are made by writing their slots (``make``), in the
 // order of ``fields``; a class with a field that is not a plain object slot is called.
@@ -260,16 +251,16 @@ class PyPolicyAsker final : public PolicyAsker {
       private:
         bool bump() {
             if (offset_ >= 0) {
-                PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(watch_.ptr()) + offset_);
-                if (*slot == nullptr) {
-                    PyErr_SetObject(PyExc_AttributeError, name_.ptr());  // (an unset slot, as getattr says)
-                    return false;
-                }
-                PyObject* next = PyNumber_Add(*slot, one());
-                if (next == nullptr) return false;
-                PyObject* seq = *slot;
-                *slot = next;
+                PyObject* seq = slot_get(watch_.ptr(), offset_, name_.ptr());
+                if (seq == nullptr) return false;
+                Py_INCREF(seq);  // (held across the add, whatever it runs)
+                PyObject* next = PyNumber_Add(seq, one());
                 Py_DECREF(seq);
+                if (next == nullptr) return false;
+                PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(watch_.ptr()) + offset_);
+                PyObject* old = *slot;
+                *slot = next;
+                Py_XDECREF(old);
                 return true;
             }
             PyObject* seq = PyObject_GetAttr(watch_.ptr(), name_.ptr());

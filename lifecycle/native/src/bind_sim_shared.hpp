@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bind_slots.hpp"
 #include "simulator.hpp"
 
 namespace kvlife {
@@ -40,20 +41,30 @@ inline std::vector<SimTier> sim_tiers(const TierTuples& tiers, std::size_t links
 
 // Between two events (where the Python loop calls gate.check()): run the Python signal
 // handlers (a handler that raises, a second signal or no gate, stops the loop here), then
-// cut the run if the interrupts gate holds a signal. ``pending``: the attribute's name.
-inline void check_between_events(const py::object& gate, const py::object& pending) {
+// cut the run if the interrupts gate holds a signal. ``pending``: the attribute's name;
+// ``offset``: its slot in the gate (StopGate's __slots__), read in place; -1: got by name.
+inline void check_between_events(const py::object& gate, const py::object& pending, Py_ssize_t offset) {
     if (PyErr_CheckSignals() != 0) {
         throw py::error_already_set();
     }
     if (gate.is_none()) {
         return;
     }
-    PyObject* value = PyObject_GetAttr(gate.ptr(), pending.ptr());
-    if (value == nullptr) {
-        throw py::error_already_set();
+    bool held;
+    if (offset >= 0) {
+        PyObject* value = slot_get(gate.ptr(), offset, pending.ptr());
+        if (value == nullptr) {
+            throw py::error_already_set();
+        }
+        held = value != Py_None;
+    } else {
+        PyObject* value = PyObject_GetAttr(gate.ptr(), pending.ptr());
+        if (value == nullptr) {
+            throw py::error_already_set();
+        }
+        held = value != Py_None;
+        Py_DECREF(value);
     }
-    bool held = value != Py_None;
-    Py_DECREF(value);
     if (held) {
         gate.attr("check")();
     }

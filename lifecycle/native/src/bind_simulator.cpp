@@ -293,6 +293,7 @@ class PySimulator {
     py::tuple run(py::object gate) {
         gate_ = std::move(gate);
         pending_ = py::str("pending");
+        pending_offset_ = gate_.is_none() ? -1 : slot_offset(Py_TYPE(gate_.ptr()), "pending");
         SimOutcome out = sim_.run();
         return py::make_tuple(out.makespan_ms, out.events, out.stranded, out.critical_path_lookup_ms);
     }
@@ -300,7 +301,7 @@ class PySimulator {
   private:
     static void between_events(void* ctx) {
         auto* self = static_cast<PySimulator*>(ctx);
-        check_between_events(self->gate_, self->pending_);
+        check_between_events(self->gate_, self->pending_, self->pending_offset_);
     }
 
     static bool refill(void* ctx) { return static_cast<PySimulator*>(ctx)->refill_().cast<bool>(); }
@@ -315,6 +316,7 @@ class PySimulator {
     py::object progress_ = py::none();
     py::object gate_ = py::none();
     py::object pending_ = py::none();
+    Py_ssize_t pending_offset_ = -1;  // the gate's pending slot (bind_slots.hpp)
 };
 
 }  // namespace
