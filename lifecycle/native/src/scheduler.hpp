@@ -819,6 +819,8 @@ class Scheduler {
         output.preempted_req_ids.swap(preempted_ids_);  // (both emptied above: the lists trade places)
         output.finished_req_ids.swap(finished_ids_);
         Meta meta = connector_.build_connector_meta(output);
+        preempted_ids_.clear();  // (as before the swap: whatever the build added is not carried over)
+        finished_ids_.clear();
         resumed_.clear();
         if (defer_block_free_ && total > 0) {
             sched_step_seq_ += 1;
