@@ -29,6 +29,21 @@ class HookTimeout(PolicyError, Overrun):
     message = "a policy hook ran past its time budget"
 
 
+class NativeAsking:
+    """Which hook of which request the native core asks (the last one asked; ``hook`` None:
+    none yet): the asking thread, the policy, the hook and the request view. The native
+    asker writes the four slots in place before each hook, with no attribute lookup and no
+    tuple per ask; the watchdog reads them when that hook runs past its budget."""
+
+    __slots__ = ("ident", "policy", "hook", "request")
+
+    def __init__(self) -> None:
+        self.ident: int = 0
+        self.policy: str = ""
+        self.hook: str | None = None
+        self.request: object = None
+
+
 class PolicyStack:
     """Ask policies top-down; the first ``Decision`` wins. Each hook runs under a time
     budget of ``budget_s`` seconds (``policies.watchdog``): past it, a ``HookTimeout``
@@ -39,9 +54,9 @@ class PolicyStack:
         self.budget_s = budget_s
         self._watch = Watch(budget_s, HookTimeout, self._locate_ask)
         # The native core asks the chains itself (lifecycle/native/src/bind_policy_asker.hpp):
-        # before each hook it sets (thread ident, policy, hook, request view), which the
-        # watchdog reads when that hook runs past the budget (no ask frame to read it from).
-        self.native_asking: tuple[int, str, str, object] | None = None
+        # before each hook it writes which one into ``native_asking``, which the watchdog
+        # reads when that hook runs past the budget (no ask frame to read it from).
+        self.native_asking = NativeAsking()
         self._chains: dict[str, tuple[tuple[str, Callable[..., Any]], ...]] = {}
         for hook in HOOKS:
             chain = []
@@ -92,9 +107,9 @@ class PolicyStack:
             args = local.get("args") or ()
             return ident, self._overrun_message(local.get("name", "?"), local.get("hook", "?"),
                                                 args[0] if args else None)
-        if self.native_asking is not None:
-            ident, name, hook, req = self.native_asking
-            return ident, self._overrun_message(name, hook, req)
+        asking = self.native_asking
+        if asking.hook is not None:
+            return asking.ident, self._overrun_message(asking.policy, asking.hook, asking.request)
         return None
 
     def _overrun_message(self, name: str, hook: str, req: object) -> str:

@@ -1,6 +1,6 @@
 // PyPolicyAsker: the native core's PolicyAsker, a mirror of policies/stack.py PolicyStack.ask
 // over the stack's own chains (``_chains``: per hook, (policy name, hook function) top-down),
-// the same watchdog (``_watch.seq`` odd while a hook runs; ``native_asking`` says which one),
+// the same watchdog (``_watch.seq`` odd while a hook runs; ``native_asking``'s slots say which one),
 // and the reference's view classes, filled without running Python:
 //
 // * views: policies/base.py's RequestView, EngineView, LoadView and PrefetchView are attrs
@@ -116,7 +116,11 @@ class PyPolicyAsker final : public PolicyAsker {
         watch_ = stack_.attr("_watch");
         seq_ = py::str("seq");
         seq_offset_ = slot_offset(Py_TYPE(watch_.ptr()), "seq");
-        native_asking_ = py::str("native_asking");
+        asking_ = stack_.attr("native_asking");
+        for (std::size_t i = 0; i < kAskingFields.size(); ++i) {
+            asking_names_[i] = py::str(kAskingFields[i]);
+            asking_offsets_[i] = slot_offset(Py_TYPE(asking_.ptr()), kAskingFields[i]);
+        }
         py::dict chains = stack_.attr("_chains");
         py::dict values = base.attr("HOOK_VALUES");
         py::dict fallbacks = base.attr("FALLBACKS");
@@ -181,8 +185,7 @@ class PyPolicyAsker final : public PolicyAsker {
 
         Seq running(watch_, seq_, seq_offset_);  // PolicyStack.ask's watch.seq += 1, before and after
         for (const Link& link : h.chain) {
-            py::tuple asking = py::make_tuple(PyThread_get_thread_ident(), link.name, h.name, view);
-            if (PyObject_SetAttr(stack_.ptr(), native_asking_.ptr(), asking.ptr()) != 0) throw py::error_already_set();
+            mark_asking(link, h, view.ptr());
             PyObject* decision = PyObject_Vectorcall(link.fn.ptr(), args.data(), nargs, nullptr);
             if (decision == nullptr) fail(link, h);
             py::object held = py::reinterpret_steal<py::object>(decision);
@@ -233,6 +236,27 @@ class PyPolicyAsker final : public PolicyAsker {
         Answer fallback;
     };
 
+    // The stack's native_asking (policies/stack.py NativeAsking) says this hook of this request
+    // is asked: its four slots written in place (by name where one is not a plain slot).
+    static constexpr std::array<const char*, 4> kAskingFields{"ident", "policy", "hook", "request"};
+    void mark_asking(const Link& link, const HookAsk& h, PyObject* view) {
+        const unsigned long ident = PyThread_get_thread_ident();
+        if (!ident_ || ident != ident_value_) {
+            ident_ = py::reinterpret_steal<py::object>(PyLong_FromUnsignedLong(ident));
+            if (!ident_) throw py::error_already_set();
+            ident_value_ = ident;
+        }
+        const std::array<PyObject*, 4> values{ident_.ptr(), link.name.ptr(), h.name.ptr(), view};
+        for (std::size_t i = 0; i < values.size(); ++i) {
+            if (asking_offsets_[i] >= 0) {
+                Py_INCREF(values[i]);
+                slot_set(asking_.ptr(), asking_offsets_[i], values[i]);
+            } else if (PyObject_SetAttr(asking_.ptr(), asking_names_[i].ptr(), values[i]) != 0) {
+                throw py::error_already_set();
+            }
+        }
+    }
+
     // watch.seq += 1 now and again when it goes out of scope (as PolicyStack.ask's finally:
     // also when the hook raised; by then the error is held by the C++ exception).
     // (``offset``: the watch's seq slot, written in place; -1: got and set by name.)
@@ -250,24 +274,18 @@ class PyPolicyAsker final : public PolicyAsker {
 
       private:
         bool bump() {
-            if (offset_ >= 0) {
-                PyObject* seq = slot_get(watch_.ptr(), offset_, name_.ptr());
-                if (seq == nullptr) return false;
-                Py_INCREF(seq);  // (held across the add, whatever it runs)
-                PyObject* next = PyNumber_Add(seq, one());
-                Py_DECREF(seq);
-                if (next == nullptr) return false;
-                PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(watch_.ptr()) + offset_);
-                PyObject* old = *slot;
-                *slot = next;
-                Py_XDECREF(old);
-                return true;
-            }
-            PyObject* seq = PyObject_GetAttr(watch_.ptr(), name_.ptr());
+            const bool in_slot = offset_ >= 0;
+            PyObject* seq = in_slot ? slot_get(watch_.ptr(), offset_, name_.ptr())
+                                    : PyObject_GetAttr(watch_.ptr(), name_.ptr());
             if (seq == nullptr) return false;
+            if (in_slot) Py_INCREF(seq);  // (a borrowed slot value, held across the add, whatever it runs)
             PyObject* next = PyNumber_Add(seq, one());
             Py_DECREF(seq);
             if (next == nullptr) return false;
+            if (in_slot) {
+                slot_set(watch_.ptr(), offset_, next);
+                return true;
+            }
             const int failed = PyObject_SetAttr(watch_.ptr(), name_.ptr(), next);
             Py_DECREF(next);
             return failed == 0;
@@ -417,8 +435,7 @@ class PyPolicyAsker final : public PolicyAsker {
     }
 
     py::object load_view(const LoadView& load) {
-        py::tuple tiers(load.tiers.size());
-        for (std::size_t i = 0; i < load.tiers.size(); ++i) tiers[i] = tier_name(load.tiers[i]);
+        py::tuple tiers = tier_names(load.tiers);
         py::tuple in_flight(load.in_flight.size());
         for (std::size_t i = 0; i < load.in_flight.size(); ++i) {
             in_flight[i] = py::make_tuple(load.in_flight[i].first, py::str(load.in_flight[i].second));
@@ -429,21 +446,38 @@ class PyPolicyAsker final : public PolicyAsker {
     }
 
     py::object prefetch_view(const PrefetchView& pull) {
-        py::tuple tiers(pull.source_tiers.size());
-        for (std::size_t i = 0; i < pull.source_tiers.size(); ++i) tiers[i] = tier_name(pull.source_tiers[i]);
+        py::tuple tiers = tier_names(pull.source_tiers);
         return prefetch_view_.make(std::array<PyObject*, 4>{PyLong_FromLongLong(pull.blocks),
                                                             PyLong_FromLongLong(pull.tokens), tiers.release().ptr(),
                                                             PyFloat_FromDouble(pull.started_ms)});
     }
 
-    // A tier's name as one str object per name (a view names a tier once per block; a run has
-    // a handful of tiers, so a short list searched in order).
-    py::str tier_name(const std::string& name) {
+    // A tuple of tier names, one str object per name (a view names a tier once per block; a run
+    // has a handful of tiers, so a short list searched in order, and a run of blocks on one
+    // tier, the common case, searches it once).
+    py::tuple tier_names(const std::vector<std::string>& names) {
+        PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(names.size()));
+        if (tuple == nullptr) throw py::error_already_set();
+        py::tuple out = py::reinterpret_steal<py::tuple>(tuple);
+        const std::string* last = nullptr;
+        PyObject* name = nullptr;
+        for (std::size_t i = 0; i < names.size(); ++i) {
+            if (last == nullptr || *last != names[i]) {
+                name = tier_name(names[i]);
+                last = &names[i];
+            }
+            Py_INCREF(name);
+            PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), name);
+        }
+        return out;
+    }
+    // (borrowed: tier_names_ holds it)
+    PyObject* tier_name(const std::string& name) {
         for (const auto& [text, object] : tier_names_) {
-            if (text == name) return object;
+            if (text == name) return object.ptr();
         }
         tier_names_.emplace_back(name, py::str(name));
-        return tier_names_.back().second;
+        return tier_names_.back().second.ptr();
     }
 
     // Requests whose view parts are kept: past this many, the cache starts over (it only saves
@@ -456,7 +490,11 @@ class PyPolicyAsker final : public PolicyAsker {
     };
 
     py::object stack_, watch_, decision_, check_decision_, hook_failure_, origin_;
-    py::str seq_, native_asking_;
+    py::str seq_;
+    py::object asking_, ident_;  // the stack's NativeAsking; the asking thread's ident, as an int
+    unsigned long ident_value_ = 0;
+    std::array<py::str, 4> asking_names_;
+    std::array<Py_ssize_t, 4> asking_offsets_{};
     SlotClass request_view_, engine_view_, load_view_, prefetch_view_;
     Py_ssize_t value_offset_ = -1, reason_offset_ = -1, seq_offset_ = -1, reason_max_ = 0;
     std::array<HookAsk, kNumHooks> hooks_;

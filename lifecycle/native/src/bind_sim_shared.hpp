@@ -50,19 +50,13 @@ inline void check_between_events(const py::object& gate, const py::object& pendi
     if (gate.is_none()) {
         return;
     }
-    bool held;
-    if (offset >= 0) {
-        PyObject* value = slot_get(gate.ptr(), offset, pending.ptr());
-        if (value == nullptr) {
-            throw py::error_already_set();
-        }
-        held = value != Py_None;
-    } else {
-        PyObject* value = PyObject_GetAttr(gate.ptr(), pending.ptr());
-        if (value == nullptr) {
-            throw py::error_already_set();
-        }
-        held = value != Py_None;
+    PyObject* value = offset >= 0 ? slot_get(gate.ptr(), offset, pending.ptr())  // (borrowed)
+                                  : PyObject_GetAttr(gate.ptr(), pending.ptr());  // (a new reference)
+    if (value == nullptr) {
+        throw py::error_already_set();
+    }
+    const bool held = value != Py_None;
+    if (offset < 0) {
         Py_DECREF(value);
     }
     if (held) {

@@ -1,5 +1,6 @@
 // Plain object slots of Python classes, read and written in place by the bindings (a view's
-// fields, a Decision's value and reason, the watchdog's seq, the interrupts gate's pending).
+// fields, a Decision's value and reason, the watchdog's seq, the interrupts gate's pending,
+// which hook the native core asks).
 // Binding-only (the Python C API).
 #pragma once
 
@@ -24,6 +25,15 @@ inline PyObject* slot_get(PyObject* obj, Py_ssize_t offset, PyObject* name) {
     PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
     if (value == nullptr) PyErr_SetObject(PyExc_AttributeError, name);
     return value;
+}
+
+// ``value`` (a new reference, stolen) into the slot at ``offset`` of ``obj``; what the slot held
+// is released after (its deallocation may run Python, by then the slot is whole again).
+inline void slot_set(PyObject* obj, Py_ssize_t offset, PyObject* value) {
+    PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+    PyObject* old = *slot;
+    *slot = value;
+    Py_XDECREF(old);
 }
 
 }  // namespace kvlife
