@@ -216,6 +216,9 @@ def _event(rng: random.Random, run: Run, reference: Engine, t: float, arrived: l
             else:
                 tiers = reference.sync_lookup(hashes)
                 tiers = tiers[: rng.randint(0, len(tiers))] if rng.random() < 0.2 else tiers
+                if rng.random() < 0.2:  # a name no tier of the engine has: dropped as it lands
+                    at = rng.randint(0, len(tiers))
+                    tiers = (*tiers[:at], "remote", *tiers[at:])
             return LookupAnswer(t, key[0], key[1], tiers)
         if run.answered:  # a stale answer: answered, discarded or expired since
             rid, epoch = rng.choice(run.answered)

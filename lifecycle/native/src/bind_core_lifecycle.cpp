@@ -114,6 +114,25 @@ py::tuple prefetch_tuple(const PrefetchJob& j) {
                           j.patience_policy, j.deferred, j.abandoned);
 }
 
+// A lookup's tiers as the core holds them (positions in ``state.tiers``) and as Python names
+// them; a name that is no tier of the core is refused (a core's lookup never holds one).
+std::vector<std::size_t> tier_positions(const CoreState& state, const std::vector<std::string>& names) {
+    std::vector<std::size_t> positions;
+    for (const std::string& name : names) {
+        std::size_t at = 0;
+        while (at < state.tiers.size() && state.tiers[at].name != name) ++at;
+        if (at == state.tiers.size()) throw py::value_error("a lookup names " + name + ": no tier of this core");
+        positions.push_back(at);
+    }
+    return positions;
+}
+
+std::vector<std::string> tier_names(const CoreState& state, const std::vector<std::size_t>& positions) {
+    std::vector<std::string> names;
+    for (std::size_t at : positions) names.push_back(state.tiers.at(at).name);
+    return names;
+}
+
 py::dict ordered_counts(const OrderedDict<std::string, std::int64_t>& d) {
     py::dict out;
     for (const auto& node : d) out[py::str(node.key)] = node.value;
@@ -189,7 +208,9 @@ void bind_core_lifecycle(py::module_& m) {
              [](CoreKernel& k, const std::string& rid, std::vector<BlockId> table) { k.request(rid).block_table = std::move(table); })
         .def("set_lookup",
              [](CoreKernel& k, const std::string& rid, std::optional<std::vector<std::string>> lookup) {
-                 k.request(rid).lookup = std::move(lookup);
+                 std::optional<std::vector<std::size_t>> positions;
+                 if (lookup) positions = tier_positions(k.state(), *lookup);
+                 k.request(rid).lookup = std::move(positions);
              })
         .def("set_observing", [](CoreKernel& k, bool observing) { k.state().observing = observing; })
         .def("set_holds", &CoreKernel::set_holds, py::arg("hold"), py::arg("unhold"))
@@ -286,7 +307,7 @@ void bind_core_lifecycle(py::module_& m) {
              [](CoreKernel& k, const std::string& rid) {
                  const Request& r = k.request(rid);
                  py::object lookup = py::none();
-                 if (r.lookup) lookup = py::tuple(py::cast(*r.lookup));
+                 if (r.lookup) lookup = py::tuple(py::cast(tier_names(k.state(), *r.lookup)));
                  return py::make_tuple(std::string(state_name(r.state)), r.epoch, r.computed, r.confirmed,
                                        r.stored_blocks, py::tuple(py::cast(r.load_jobs)),
                                        py::tuple(py::cast(r.load_failed)), r.external_hit_limit, r.landed,
@@ -317,9 +338,9 @@ void bind_core_lifecycle(py::module_& m) {
              })
         .def("sync_lookup",
              [](CoreKernel& k, const std::vector<BlockHash>& hashes) {
-                 std::vector<std::string> found;
+                 std::vector<std::size_t> found;
                  k.state().sync_lookup(hashes.data(), hashes.size(), found);
-                 return py::tuple(py::cast(found));
+                 return py::tuple(py::cast(tier_names(k.state(), found)));
              })
         .def_property("now", [](CoreKernel& k) { return k.state().now; },
                       [](CoreKernel& k, double now) { k.state().now = now; })

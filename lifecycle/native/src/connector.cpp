@@ -230,7 +230,7 @@ std::pair<std::optional<std::int64_t>, bool> ConnectorCore::get_num_new_matched_
             }
             return {std::nullopt, false};
         }
-        std::vector<std::string> found;
+        std::vector<std::size_t> found;
         state.sync_lookup(req.hashes.data(), n, found);
         req.lookup = std::move(found);
         req.lookup_async = false;
@@ -283,18 +283,17 @@ void ConnectorCore::plan(Request& req, std::size_t n, std::int64_t start) {
     if (!req.lookup.has_value()) {
         return;
     }
-    const std::vector<std::string>& lookup = *req.lookup;
+    const std::vector<std::size_t>& lookup = *req.lookup;
     std::int64_t end = std::min<std::int64_t>(
         std::min<std::int64_t>(static_cast<std::int64_t>(lookup.size()), static_cast<std::int64_t>(n)),
         req.external_hit_limit);
     for (std::int64_t i = start; i < end; ++i) {
         BlockHash block = req.hashes[static_cast<std::size_t>(i)];
-        const std::string& name = lookup[static_cast<std::size_t>(i)];
-        TierIndex* tier = tier_or_null(name);
-        if (tier == nullptr || !tier->contains(block)) {
+        const std::size_t tier = lookup[static_cast<std::size_t>(i)];
+        if (!state.tiers[tier].contains(block)) {
             break;
         }
-        plan_.emplace_back(block, static_cast<std::size_t>(tier - state.tiers.data()));
+        plan_.emplace_back(block, tier);
     }
 }
 
@@ -306,8 +305,7 @@ void ConnectorCore::record_reuse(Request& req, std::size_t n) {
     std::int64_t gone = 0;
     std::size_t upto = std::min(n, blocks);
     for (std::size_t i = 0; i < upto; ++i) {
-        TierIndex* tier = tier_or_null((*req.lookup)[i]);
-        if (tier != nullptr && !tier->contains(req.hashes[i])) {
+        if (!state.tiers[(*req.lookup)[i]].contains(req.hashes[i])) {
             gone += 1;
         }
     }
@@ -736,13 +734,13 @@ void ConnectorCore::on_lookup_answer(const std::string& request_id, std::int64_t
     std::string reason;
     if (!tiers.has_value()) {
         state.stats.failed_lookups += 1;
-        req.lookup = std::vector<std::string>();
+        req.lookup = std::vector<std::size_t>();
         reason = "lookup failed: treated as a miss";
     } else {
-        std::vector<std::string> kept;
+        std::vector<std::size_t> kept;  // (a name no tier of this core has is dropped)
         for (const std::string& t : *tiers) {
-            if (tier_or_null(t) != nullptr) {
-                kept.push_back(t);
+            if (const TierIndex* tier = tier_or_null(t)) {
+                kept.push_back(static_cast<std::size_t>(tier - state.tiers.data()));
             }
         }
         reason = "lookup answered: " + std::to_string(kept.size()) + " blocks in tiers";
@@ -778,7 +776,7 @@ void ConnectorCore::expire_lookups() {
         state.commands.emplace_back(DiscardLookup{rid, req.epoch});
         state.wants_prefetch.erase(rid);
         req.epoch += 1;
-        req.lookup = std::vector<std::string>();
+        req.lookup = std::vector<std::size_t>();
         req.lookup_async = true;
         req.lookup_answered_ms = now;
         req.lookup_uses = 0;

@@ -202,7 +202,9 @@ struct Request {
     std::int64_t confirmed = 0;     // tokens whose step output arrived (or that a hit made valid)
     std::vector<BlockId> block_table;  // the scheduler's blocks for it, as it was told
     std::int64_t local_tokens = 0;     // the device prefix hit the scheduler found at the last match
-    std::optional<std::vector<std::string>> lookup;  // tier of each leading hit block, this epoch
+    // The tier of each leading hit block, this epoch, as its position in CoreState::tiers (a
+    // lookup names only the core's own tiers: an answer's unknown names are dropped).
+    std::optional<std::vector<std::size_t>> lookup;
     bool lookup_async = false;
     double lookup_answered_ms = 0.0;
     std::int64_t lookup_uses = 0;

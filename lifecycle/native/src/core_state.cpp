@@ -55,18 +55,13 @@ void CoreState::ensure_hashes(Request& req, std::int64_t blocks) {
     req.hashes.extend(req.request_id, blocks);
 }
 
-void CoreState::sync_lookup(const BlockHash* hashes, std::size_t n, std::vector<std::string>& found) const {
+void CoreState::sync_lookup(const BlockHash* hashes, std::size_t n, std::vector<std::size_t>& found) const {
     found.clear();
     for (std::size_t i = 0; i < n; ++i) {
-        const TierIndex* holder = nullptr;
-        for (const TierIndex& t : tiers) {
-            if (t.contains(hashes[i])) {
-                holder = &t;
-                break;
-            }
-        }
-        if (holder == nullptr) break;
-        found.push_back(holder->name);
+        std::size_t holder = 0;
+        while (holder < tiers.size() && !tiers[holder].contains(hashes[i])) ++holder;
+        if (holder == tiers.size()) break;
+        found.push_back(holder);
     }
 }
 

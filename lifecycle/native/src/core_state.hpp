@@ -204,9 +204,10 @@ class CoreState {
     // hit_candidates(req) is req.hashes[:n]: returns n (ensuring the hashes first).
     std::size_t hit_candidates(Request& req);
     void ensure_hashes(Request& req, std::int64_t blocks);
-    // sync_lookup(hashes): the tier of each leading block some tier holds, into ``found``
+    // sync_lookup(hashes): the tier of each leading block some tier holds (the first that holds
+    // it, as its position in ``tiers``), into ``found``
     // (cleared first; its buffers are reused).
-    void sync_lookup(const BlockHash* hashes, std::size_t n, std::vector<std::string>& found) const;
+    void sync_lookup(const BlockHash* hashes, std::size_t n, std::vector<std::size_t>& found) const;
     std::int64_t arrived() const;
     bool busy() const;
     // next_wakeup(): none for Python's None. Drops dead lookup timers from the front (as Python does).

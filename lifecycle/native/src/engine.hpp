@@ -69,10 +69,12 @@ class Engine {
     void record_stranded(double now);
     // Invariant 8 on the device and every tier; AssertionError when broken.
     void check_invariants();
-    // Engine.sync_lookup: the tier of each leading block some tier holds; the engine's own
-    // buffer, valid until the next call.
+    // Engine.sync_lookup: the tier of each leading block some tier holds, by name (what a
+    // LookupAnswer carries); the engine's own buffer, valid until the next call.
     const std::vector<std::string>& sync_lookup(const std::vector<BlockHash>& hashes) {
-        core_.state.sync_lookup(hashes.data(), hashes.size(), lookup_scratch_);
+        core_.state.sync_lookup(hashes.data(), hashes.size(), lookup_tiers_);
+        lookup_scratch_.clear();
+        for (std::size_t at : lookup_tiers_) lookup_scratch_.push_back(core_.state.tiers[at].name);
         return lookup_scratch_;
     }
     std::vector<WorkerBook>& workers() { return workers_; }
@@ -108,6 +110,7 @@ class Engine {
     std::deque<WorkerStep> worker_steps_;
     // Scratch reused across inputs.
     std::vector<Command> commands_;
+    std::vector<std::size_t> lookup_tiers_;
     std::vector<std::string> lookup_scratch_;
     KVConnectorOutput report_output_;  // a TransferReport's connector output (one report)
     std::vector<KVOutput> taken_;

@@ -506,13 +506,14 @@ void Transfers::start_prefetch(Request& req) {
     }
     if (host == nullptr || !req.lookup || req.lookup->empty()) return;
     const std::size_t n = state.hit_candidates(req);
-    const std::vector<std::string>& lookup = *req.lookup;
+    const std::vector<std::size_t>& lookup = *req.lookup;
     std::vector<BlockHash> lower;
     std::vector<std::string_view> lower_tiers;
     for (std::size_t i = 0; i < lookup.size() && i < n; ++i) {
-        if (lookup[i] != "host" && state.tier(lookup[i]).contains(req.hashes[i])) {
+        const TierIndex& tier = state.tiers[lookup[i]];
+        if (&tier != host && tier.contains(req.hashes[i])) {
             lower.push_back(req.hashes[i]);
-            lower_tiers.push_back(lookup[i]);
+            lower_tiers.push_back(tier.name);
         }
     }
     if (lower.empty()) return;
@@ -587,11 +588,12 @@ void Transfers::on_prefetch_report(const TransferReport& event) {
     const std::vector<BlockHash> landed_set = as_set(landed);
     const std::vector<BlockHash> lost_set = as_set(lost);
     const std::size_t n = state.hit_candidates(req);
-    std::vector<std::string> tiers;
-    const std::vector<std::string>& lookup = *req.lookup;
+    const std::size_t host_tier = static_cast<std::size_t>(&host - state.tiers.data());
+    std::vector<std::size_t> tiers;
+    const std::vector<std::size_t>& lookup = *req.lookup;
     for (std::size_t i = 0; i < lookup.size() && i < n; ++i) {
         if (in_sorted(lost_set, req.hashes[i])) break;
-        tiers.push_back(in_sorted(landed_set, req.hashes[i]) ? host.name : lookup[i]);
+        tiers.push_back(in_sorted(landed_set, req.hashes[i]) ? host_tier : lookup[i]);
     }
     req.lookup = std::move(tiers);
 }
@@ -618,7 +620,7 @@ bool Transfers::prefetch_gate(Request& req) {
     in_flight.reserve(job->moves.size());
     for (const TierMove& m : job->moves) in_flight.push_back(m.block_hash);
     in_flight = as_set(in_flight);
-    std::vector<std::string> lookup;
+    std::vector<std::size_t> lookup;
     if (req.lookup) lookup = *req.lookup;
     const std::size_t n = state.hit_candidates(req);
     const std::size_t bound = std::min(lookup.size(), n);
