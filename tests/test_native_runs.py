@@ -124,6 +124,48 @@ def test_a_user_policy_from_a_file(tmp_path: Path) -> None:
     assert "picky" in str(python.summary["decisions"])
 
 
+WITNESS_POLICY = '''
+from kvlife.policies.base import Decision
+
+
+def seen(req):
+    """Every field of the request view, in the reason: a decision changed by any of them is
+    traced, so a stale or wrong view shows as a trace difference."""
+    return (f"{req.request_id} {req.state} {req.arrival_ms!r} {req.prompt_tokens} {req.generated_tokens} "
+            f"{req.computed_tokens} {req.confirmed_tokens} {req.placeholder_tokens} {req.block_tokens} "
+            f"{len(req.block_hashes)} {sum(req.block_hashes) % 9973} {req.stored_blocks} {req.resumable} "
+            f"{req.preemptions}")
+
+
+class Witness:
+    name = "witness"
+
+    def on_arrival(self, req, engine):
+        return Decision("none", seen(req))
+
+    def lookup_mode(self, req, engine):
+        return Decision("sync", seen(req))
+
+    def admission(self, req, load, engine):
+        return Decision("go", f"{seen(req)} {load.device_hit_blocks} {load.external_hit_blocks} {load.tiers}")
+
+    def store_limit(self, req, engine):
+        return Decision(req.confirmed_tokens, seen(req))
+'''
+
+
+@pytest.mark.parametrize("config", [BASE, _with(BASE, {"async_scheduling": True, "device_blocks": 60})],
+                         ids=["default", "async scheduling, small device"])
+def test_a_policy_sees_every_view_field_alike(tmp_path: Path, config: RunConfig) -> None:
+    """Views made again or kept (the native asker keeps a request's view while nothing in it
+    changed): what each hook saw, field by field, is in the trace of both engines alike."""
+    path = tmp_path / "witness.py"
+    path.write_text(WITNESS_POLICY)
+    stack = [f"{path}:Witness"]
+    python, _ = _both(tmp_path, attrs.evolve(config, policies=tuple(stack)), _workload(seed=6), stack=stack)
+    assert python.summary["decisions"]["store_limit"]["witness"]["answered"] > 0
+
+
 TWINS_POLICY = '''
 from kvlife.policies.base import Decision
 

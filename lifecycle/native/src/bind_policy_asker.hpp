@@ -395,18 +395,26 @@ class PyPolicyAsker final : public PolicyAsker {
         throw py::error_already_set();
     }
 
-    // Request.view(): the id and the hashes tuple are kept per request and rebuilt only when
-    // the hashes grew (a request's hashes only ever get derived ones appended).
+    // Request.view(): the id and the hashes tuple are kept per request; the tuple is made again
+    // when the hashes grew (within an epoch they only get derived ones appended: the kept items
+    // serve again) or the epoch changed (a next input chunk replaces them).
     py::object request_view(const Request& req) {
         if (cache_.size() >= kCacheMax && cache_.find(req.request_id) == cache_.end()) cache_.clear();
         Cached& c = cache_[req.request_id];
-        if (!c.hashes || c.size != req.hashes.size()) {
+        if (!c.hashes || c.size != req.hashes.size() || c.epoch != req.epoch) {
             py::tuple hashes(req.hashes.size());
-            for (std::size_t i = 0; i < req.hashes.size(); ++i) {
+            const std::size_t kept = c.hashes && c.epoch == req.epoch && c.size < req.hashes.size() ? c.size : 0;
+            for (std::size_t i = 0; i < kept; ++i) {
+                PyObject* item = PyTuple_GET_ITEM(c.hashes.ptr(), i);
+                Py_INCREF(item);
+                PyTuple_SET_ITEM(hashes.ptr(), i, item);
+            }
+            for (std::size_t i = kept; i < req.hashes.size(); ++i) {
                 PyTuple_SET_ITEM(hashes.ptr(), i, PyLong_FromLongLong(req.hashes[i]));
             }
             c.hashes = std::move(hashes);
             c.size = req.hashes.size();
+            c.epoch = req.epoch;
             if (!c.rid) c.rid = py::str(req.request_id);
         }
         const std::size_t state = static_cast<std::size_t>(req.state);
@@ -485,6 +493,7 @@ class PyPolicyAsker final : public PolicyAsker {
     static constexpr std::size_t kCacheMax = 1 << 10;
     struct Cached {
         std::size_t size = 0;
+        std::int64_t epoch = -1;  // the request's epoch when the hashes tuple was made
         py::object hashes;
         py::object rid;
     };
