@@ -115,21 +115,18 @@ py::tuple prefetch_tuple(const PrefetchJob& j) {
 }
 
 // A lookup's tiers as the core holds them (positions in ``state.tiers``) and as Python names
-// them; a name that is no tier of the core is refused (a core's lookup never holds one).
+// them; a name that is no tier of the core is refused (KeyError: a core's lookup never holds one).
 std::vector<std::size_t> tier_positions(const CoreState& state, const std::vector<std::string>& names) {
     std::vector<std::size_t> positions;
     for (const std::string& name : names) {
-        std::size_t at = 0;
-        while (at < state.tiers.size() && state.tiers[at].name != name) ++at;
-        if (at == state.tiers.size()) throw py::value_error("a lookup names " + name + ": no tier of this core");
-        positions.push_back(at);
+        positions.push_back(static_cast<std::size_t>(&state.tier(name) - state.tiers.data()));
     }
     return positions;
 }
 
 std::vector<std::string> tier_names(const CoreState& state, const std::vector<std::size_t>& positions) {
     std::vector<std::string> names;
-    for (std::size_t at : positions) names.push_back(state.tiers.at(at).name);
+    state.tier_names(positions, names);
     return names;
 }
 

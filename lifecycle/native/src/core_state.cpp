@@ -65,6 +65,11 @@ void CoreState::sync_lookup(const BlockHash* hashes, std::size_t n, std::vector<
     }
 }
 
+void CoreState::tier_names(const std::vector<std::size_t>& positions, std::vector<std::string>& names) const {
+    names.clear();
+    for (std::size_t at : positions) names.push_back(tiers.at(at).name);
+}
+
 std::int64_t CoreState::arrived() const { return static_cast<std::int64_t>(requests.size() + retired.size()); }
 
 bool CoreState::busy() const {

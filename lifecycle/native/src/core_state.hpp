@@ -208,6 +208,8 @@ class CoreState {
     // it, as its position in ``tiers``), into ``found``
     // (cleared first; its buffers are reused).
     void sync_lookup(const BlockHash* hashes, std::size_t n, std::vector<std::size_t>& found) const;
+    // The names of the tiers at ``positions`` (a lookup's), into ``names`` (cleared first).
+    void tier_names(const std::vector<std::size_t>& positions, std::vector<std::string>& names) const;
     std::int64_t arrived() const;
     bool busy() const;
     // next_wakeup(): none for Python's None. Drops dead lookup timers from the front (as Python does).

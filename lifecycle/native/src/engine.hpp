@@ -73,8 +73,7 @@ class Engine {
     // LookupAnswer carries); the engine's own buffer, valid until the next call.
     const std::vector<std::string>& sync_lookup(const std::vector<BlockHash>& hashes) {
         core_.state.sync_lookup(hashes.data(), hashes.size(), lookup_tiers_);
-        lookup_scratch_.clear();
-        for (std::size_t at : lookup_tiers_) lookup_scratch_.push_back(core_.state.tiers[at].name);
+        core_.state.tier_names(lookup_tiers_, lookup_scratch_);
         return lookup_scratch_;
     }
     std::vector<WorkerBook>& workers() { return workers_; }
