@@ -353,19 +353,24 @@ void bind_core_lifecycle(py::module_& m) {
                  const Hook h = hook_of(hook);
                  LoadView load;
                  PrefetchView pull;
+                 std::vector<std::string> tiers;  // (the views' tier names point into it)
+                 auto name_tiers = [&tiers](py::handle names, std::vector<const std::string*>& out) {
+                     tiers = names.cast<std::vector<std::string>>();
+                     for (const std::string& name : tiers) out.push_back(&name);
+                 };
                  HookArg arg;
                  if (args.size() == 1) {
                      py::handle a = args[0];
                      if (py::hasattr(a, "external_hit_blocks")) {
                          load.device_hit_blocks = a.attr("device_hit_blocks").cast<std::int64_t>();
                          load.external_hit_blocks = a.attr("external_hit_blocks").cast<std::int64_t>();
-                         load.tiers = a.attr("tiers").cast<std::vector<std::string>>();
+                         name_tiers(a.attr("tiers"), load.tiers);
                          load.in_flight = a.attr("in_flight").cast<std::vector<std::pair<BlockHash, std::string>>>();
                          arg = &load;
                      } else if (py::hasattr(a, "source_tiers")) {
                          pull.blocks = a.attr("blocks").cast<std::int64_t>();
                          pull.tokens = a.attr("tokens").cast<std::int64_t>();
-                         pull.source_tiers = a.attr("source_tiers").cast<std::vector<std::string>>();
+                         name_tiers(a.attr("source_tiers"), pull.source_tiers);
                          pull.started_ms = a.attr("started_ms").cast<double>();
                          arg = &pull;
                      } else {

@@ -461,18 +461,18 @@ class PyPolicyAsker final : public PolicyAsker {
     }
 
     // A tuple of tier names, one str object per name (a view names a tier once per block; a run
-    // has a handful of tiers, so a short list searched in order, and a run of blocks on one
-    // tier, the common case, searches it once).
-    py::tuple tier_names(const std::vector<std::string>& names) {
+    // has a handful of tiers, so a short list searched in order, and a run of blocks named by
+    // one pointer, the common case, searches it once).
+    py::tuple tier_names(const std::vector<const std::string*>& names) {
         PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(names.size()));
         if (tuple == nullptr) throw py::error_already_set();
         py::tuple out = py::reinterpret_steal<py::tuple>(tuple);
         const std::string* last = nullptr;
         PyObject* name = nullptr;
         for (std::size_t i = 0; i < names.size(); ++i) {
-            if (last == nullptr || *last != names[i]) {
-                name = tier_name(names[i]);
-                last = &names[i];
+            if (names[i] != last) {
+                name = tier_name(*names[i]);
+                last = names[i];
             }
             Py_INCREF(name);
             PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), name);

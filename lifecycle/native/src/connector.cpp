@@ -256,7 +256,7 @@ std::pair<std::optional<std::int64_t>, bool> ConnectorCore::get_num_new_matched_
     view.tiers.clear();
     view.in_flight.clear();
     for (const auto& item : plan_) {
-        view.tiers.push_back(state.tiers[item.second].name);
+        view.tiers.push_back(&state.tiers[item.second].name);
     }
     for (const auto& item : plan_) {
         const std::vector<Bringing>* bringing = state.in_flight_loads.find(item.first);

@@ -73,17 +73,19 @@ struct EngineView {
     std::int64_t device_blocks;
 };
 
+// A view's tiers are named by pointers to names the caller keeps for the ask (a tier's own name:
+// one pointer per block, no copy of its text).
 struct LoadView {
     std::int64_t device_hit_blocks;
     std::int64_t external_hit_blocks;
-    std::vector<std::string> tiers;                               // tier of each external hit block
+    std::vector<const std::string*> tiers;                        // tier of each external hit block
     std::vector<std::pair<BlockHash, std::string>> in_flight;     // (block hash, loading request)
 };
 
 struct PrefetchView {
     std::int64_t blocks;
     std::int64_t tokens;
-    std::vector<std::string> source_tiers;
+    std::vector<const std::string*> source_tiers;
     double started_ms;
 };
 

@@ -535,7 +535,7 @@ void Transfers::start_prefetch(Request& req) {
     PrefetchView view{static_cast<std::int64_t>(moves.size()),
                       static_cast<std::int64_t>(moves.size()) * state.config.block_tokens, {}, state.now};
     view.source_tiers.reserve(moves.size());
-    for (const TierMove& m : moves) view.source_tiers.push_back(m.src_tier);
+    for (const TierMove& m : moves) view.source_tiers.push_back(&m.src_tier);
     const AnswerValue& answer = lifecycle.ask(req, Hook::PREFETCH_PATIENCE, &view);
     const double patience = answer.index() == 2 ? static_cast<double>(std::get<std::int64_t>(answer))
                                                 : std::get<double>(answer);
