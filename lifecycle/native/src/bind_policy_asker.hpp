@@ -21,7 +21,9 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -419,14 +421,55 @@ class PyPolicyAsker final : public PolicyAsker {
         }
         const std::size_t state = static_cast<std::size_t>(req.state);
         PyObject* state_obj = req.state_is_member ? members_[state].ptr() : states_[state].ptr();
+        Fields& f = fields_;
         return request_view_.make(std::array<PyObject*, 13>{
-            c.rid.inc_ref().ptr(), (Py_INCREF(state_obj), state_obj), PyFloat_FromDouble(req.arrival_ms),
-            PyLong_FromLongLong(req.prompt_tokens), PyLong_FromLongLong(req.generated),
-            PyLong_FromLongLong(req.computed), PyLong_FromLongLong(req.confirmed),
-            PyLong_FromLongLong(req.placeholders), PyLong_FromLongLong(req.block_tokens), c.hashes.inc_ref().ptr(),
-            PyLong_FromLongLong(req.stored_blocks), PyBool_FromLong(req.resumable ? 1 : 0),
-            PyLong_FromLongLong(req.preemptions)});
+            c.rid.inc_ref().ptr(), (Py_INCREF(state_obj), state_obj), f.arrival_ms.get(req.arrival_ms),
+            f.prompt_tokens.get(req.prompt_tokens), f.generated.get(req.generated), f.computed.get(req.computed),
+            f.confirmed.get(req.confirmed), f.placeholders.get(req.placeholders), f.block_tokens.get(req.block_tokens),
+            c.hashes.inc_ref().ptr(), f.stored_blocks.get(req.stored_blocks), PyBool_FromLong(req.resumable ? 1 : 0),
+            f.preemptions.get(req.preemptions)});
     }
+
+    // A view field's last object, handed out again (a new reference) while the field's value is
+    // the same: ints and floats are immutable, so an equal one serves, and consecutive asks about
+    // one request (lookup mode, then admission) or one run constant (the block size) make none.
+    // A float is compared bit for bit (-0.0 is not 0.0; a NaN is made anew or kept alike).
+    template <class T>
+    class Last {
+      public:
+        PyObject* get(T value) {
+            if (!obj_ || !same(value)) {
+                PyObject* made = make(value);
+                if (made == nullptr) return nullptr;  // (SlotClass::make raises it)
+                obj_ = py::reinterpret_steal<py::object>(made);
+                value_ = value;
+            }
+            return obj_.inc_ref().ptr();
+        }
+
+      private:
+        bool same(T value) const {
+            if constexpr (std::is_same_v<T, double>) {
+                return std::memcmp(&value, &value_, sizeof value) == 0;
+            } else {
+                return value == value_;
+            }
+        }
+        static PyObject* make(T value) {
+            if constexpr (std::is_same_v<T, double>) {
+                return PyFloat_FromDouble(value);
+            } else {
+                return PyLong_FromLongLong(value);
+            }
+        }
+        T value_{};
+        py::object obj_;
+    };
+    struct Fields {
+        Last<double> arrival_ms;
+        Last<std::int64_t> prompt_tokens, generated, computed, confirmed, placeholders, block_tokens, stored_blocks,
+            preemptions;
+    };
 
     // The engine view, kept while nothing in it changed (a frozen view: the same object serves).
     py::object engine_view(const EngineView& e) {
@@ -511,6 +554,7 @@ class PyPolicyAsker final : public PolicyAsker {
     std::array<py::object, kNumStates> members_;  // RequestState members
     std::unordered_map<std::string, Cached> cache_;
     std::vector<std::pair<std::string, py::str>> tier_names_;
+    Fields fields_;  // the request view's number fields' last objects
     py::object last_engine_;
     EngineView last_{};
 };
