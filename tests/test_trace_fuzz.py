@@ -11,7 +11,8 @@ the inputs. Each mutation is classified from the bytes before and after, and eac
 says which exit codes it may give (``hypothesis.event`` counts the classes):
 
 - ``unchanged``: every line re-reads as the same JSON (a value replaced by itself, a swap
-  of a line with itself, a cut or flip that left the line equal): both commands exit 0.
+  of a line with itself, a cut or flip that left the line equal), lines of white space only
+  left out (every reader skips them): both commands exit 0.
 - ``outputs``: a record the engine wrote changed, or lines were added, removed or
   reordered: ``replay`` must report it (1 or 2), since it re-derives each of those records.
   ``validate`` is not required to: a changed reason text or an added key is no spec
@@ -42,6 +43,7 @@ from typing import Any, NamedTuple
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from kvlife.lifecycle.cli.main import main
 from kvlife.lifecycle.config import EngineConfig, RunConfig, TierConfig
@@ -267,17 +269,20 @@ def check_all_commands(lines: list[bytes]) -> dict[str, int]:
 
 def _reread(raw: bytes) -> bytes:
     """A line as the readers see it: its JSON written back the one way ``_dumps`` writes it
-    (so a value replaced by an equal one is no change; ``1`` and ``true`` still differ)."""
+    (so a value replaced by an equal one is no change; ``1`` and ``true`` still differ). A
+    float keeps its text: ``replay`` compares a record's bytes, and two spellings of one
+    double (a flipped last digit past its 17th) are two records to it."""
     try:
-        return _dumps(json.loads(raw))
+        return _dumps(json.loads(raw, parse_float=lambda text: {"float literal": text}))
     except ValueError:
         return raw
 
 
 def classify(mutated: Mutated) -> str:
-    """The mutation's class (module docstring), from the lines before and after."""
-    before = [_reread(raw) for raw in mutated.base]
-    after = [_reread(raw) for raw in mutated.lines]
+    """The mutation's class (module docstring), from the lines before and after (a line of
+    white space only is no record: every reader skips it, as ``Lines`` does)."""
+    before = [_reread(raw) for raw in mutated.base if raw.strip()]
+    after = [_reread(raw) for raw in mutated.lines if raw.strip()]
     if before == after:
         return "unchanged"
     if len(before) != len(after):
@@ -288,25 +293,36 @@ def classify(mutated: Mutated) -> str:
     return "outputs"
 
 
+def _event(text: str) -> None:
+    """``hypothesis.event`` inside a Hypothesis test; nothing in a plain one."""
+    if currently_in_test_context():
+        event(text)
+
+
+def _note(text: str) -> None:
+    if currently_in_test_context():
+        note(text)
+
+
 def expect_reported(mutated: Mutated) -> None:
     """The invariant of every command, and the exit codes of ``validate`` and ``replay``
     that the mutation's class allows (module docstring)."""
     kind = classify(mutated)
-    event(kind)
+    _event(kind)
     codes = check_all_commands(mutated.lines)
     validate, replay = codes["validate"], codes["replay"]
-    note(f"class {kind!r}: validate exit {validate}, replay exit {replay}")
+    _note(f"class {kind!r}: validate exit {validate}, replay exit {replay}")
     if kind == "unchanged":
         assert (validate, replay) == (0, 0), codes
     elif kind == "outputs":
         assert replay in (1, 2), f"replay reproduced a trace whose records were changed: {codes}"
-        event(f"outputs: validate exit {validate}")
+        _event(f"outputs: validate exit {validate}")
     else:
         if replay == 0:
             assert validate == 0, f"validate rejects a trace replay reproduces record for record: {codes}"
-            event("header or inputs: a value this run never depended on")
+            _event("header or inputs: a value this run never depended on")
         else:
-            event(f"header or inputs: validate exit {validate}, replay exit {replay}")
+            _event(f"header or inputs: validate exit {validate}, replay exit {replay}")
 
 
 @FUZZ
@@ -348,6 +364,55 @@ def test_a_mutation_is_classified_by_what_it_changed(name: str, edit: Any, kind:
     lines = list(base)
     lines[index] = _dumps(edit(records[index]))
     assert classify(Mutated(base, lines)) == kind, name
+
+
+def _move_edit(index: int, value: Any) -> Any:
+    """A store job's first move with its ``index``-th entry replaced by ``value``."""
+    def edit(r: dict[str, Any]) -> dict[str, Any]:
+        moves = [list(m) for m in r["moves"]]
+        moves[0][index] = value
+        return {**r, "moves": moves}
+    return edit
+
+
+# Edits a deep fuzz run found crashing a reader (a traceback, not a report): each applied to
+# the first record it fits, in the first base trace that has one.
+@pytest.mark.parametrize(("name", "fits", "edit"), [
+    ("a job's op as a list", lambda r: r["kind"] == "job", lambda r: {**r, "op": []}),
+    ("a step's sync_lookups as a list", lambda r: r["kind"] == "step", lambda r: {**r, "sync_lookups": [1]}),
+    ("a step's sync_lookups as text", lambda r: r["kind"] == "step", lambda r: {**r, "sync_lookups": "x"}),
+    ("a step's flush as a number", lambda r: r["kind"] == "step", lambda r: {**r, "flush": 5}),
+    ("an evicted block as a list", lambda r: r["kind"] == "evict", lambda r: {**r, "blocks": [[1]]}),
+    ("a store move's tier as a list", lambda r: r["kind"] == "job" and r["op"] == "store", _move_edit(2, [])),
+    ("a store move's device block as a list", lambda r: r["kind"] == "job" and r["op"] == "store",
+     _move_edit(1, [])),
+    ("a transfer report's failed blocks as null", lambda r: r.get("type") == "transfer_report",
+     lambda r: {**r, "failed": None}),
+])
+def test_edits_that_crashed_a_reader_are_reported(name: str, fits: Any, edit: Any) -> None:
+    for base in base_traces():
+        records = [json.loads(raw) for raw in base]
+        index = next((i for i, r in enumerate(records) if i and fits(r)), None)
+        if index is not None:
+            break
+    assert index is not None, f"no base trace has a record for: {name}"
+    lines = list(base)
+    lines[index] = _dumps(edit(records[index]))
+    expect_reported(Mutated(base, lines))
+
+
+def test_a_blank_line_is_no_change_and_a_respelled_float_is_one() -> None:
+    """White space only lines are skipped by every reader; a float written another way (the
+    same double) is another record to replay, which compares bytes."""
+    base = base_traces()[0]
+    blank = Mutated(base, [b"  ", *base])
+    assert classify(blank) == "unchanged"
+    expect_reported(blank)
+    index = next(i for i, raw in enumerate(base) if b'"kind":"transition"' in raw and b'"t":0.0,' in raw)
+    respelled = list(base)
+    respelled[index] = base[index].replace(b'"t":0.0,', b'"t":0.00,')
+    assert classify(Mutated(base, respelled)) == "outputs"
+    expect_reported(Mutated(base, respelled))
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n", b"{}", b"[]", b"null", b'{"kind":"header"}', b"\xff\xfe",

@@ -51,8 +51,10 @@ def check_input_values(event: InputEvent) -> None:
         raise BadEvent("tiers", "expected a list of tier names or null")
 
 
-def _check_hashes(field: str, values: Sequence[Any]) -> None:
+def _check_hashes(field: str, values: Sequence[Any] | None) -> None:
     # orjson reads no integer past 64 bits: an int here is a block hash the engine can use.
+    if not isinstance(values, tuple | list):  # (null reaches here: the record's lists may be null)
+        raise BadEvent(field, f"expected a list of integer block hashes, got {values!r}")
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int):
             raise BadEvent(field, f"expected a list of integer block hashes, got an entry {value!r}")

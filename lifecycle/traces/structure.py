@@ -219,7 +219,7 @@ class TraceStructure:
             if op == "prefetch":
                 self._add(move[2], move[0])
             else:
-                held = self._moved.get(move[1])
+                held = self._moved.get(move[1]) if _int(move[1]) else None
                 if held is not None and (op == "load" or held[1] != move[0]):
                     # A load fills a block just taken from the free ones, and a block holds
                     # one block hash until it is freed and taken again.
@@ -231,7 +231,7 @@ class TraceStructure:
                     self._moved[move[1]] = (job_id, move[0])
                 if op == "store":
                     self._add(move[2], move[0])
-        for tier in {m[2] for m in moves if op != "load"}:
+        for tier in {m[2] for m in moves if op != "load" and isinstance(m[2], str)}:
             count = len(self._sure.get(tier, ()))
             cap = self.capacity.get(tier)
             if cap is not None and count > cap:
@@ -261,7 +261,7 @@ class TraceStructure:
             if not isinstance(move, list) or len(move) < 3:
                 continue  # a malformed move: the job record's own finding (invariant 0)
             for tier in (move[1], move[2]) if job.get("op") == "prefetch" else (move[2],):
-                if isinstance(tier, str) and tier in self._sure and move[0] in self._sure[tier]:
+                if isinstance(tier, str) and tier in self._sure and _int(move[0]) and move[0] in self._sure[tier]:
                     self._sure[tier].discard(move[0])
                     self._maybe[tier].add(move[0])
 
@@ -275,8 +275,9 @@ class TraceStructure:
             self._fail(8, f"the {tier} tier evicts block(s) {absent[:10]}, which it does not hold (never stored "
                           f"there, or evicted already): a repeated evict record")
         for b in blocks:
-            sure.discard(b)
-            maybe.discard(b)
+            if _int(b):
+                sure.discard(b)
+                maybe.discard(b)
 
     # ---- the end ---------------------------------------------------------------------------------
     def finish(self, complete: bool) -> None:

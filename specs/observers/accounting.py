@@ -420,8 +420,12 @@ class CounterTally:
 
     def _step(self, record: dict[str, Any]) -> None:
         self.counts["steps"] += 1 if record.get("requests") else 0
-        self.counts["sync_lookups"] += int(record.get("sync_lookups") or 0)
-        self.counts["flushed_stores"] += len(record.get("flush") or ())
+        self.counts["sync_lookups"] += self._count(record, "sync_lookups")
+        flush = record.get("flush") or []
+        if isinstance(flush, list):
+            self.counts["flushed_stores"] += len(flush)
+        else:
+            self.problems.append(f"step record: field 'flush': expected a list of store jobs, got {flush!r}")
 
     def _stale_lookup(self, record: dict[str, Any]) -> None:
         self.counts["stale_lookup_answers"] += 1
@@ -439,8 +443,8 @@ class CounterTally:
 
     def _job(self, record: dict[str, Any]) -> None:
         op = record.get("op")
-        if op in self.JOBS:
-            jobs, blocks = self.JOBS[str(op)]
+        if isinstance(op, str) and op in self.JOBS:  # (an edited trace's op may be any JSON value)
+            jobs, blocks = self.JOBS[op]
             self.counts[jobs] += 1
             # A join's device copies cross no tier link: joined, not loaded, blocks.
             self.counts["joined_blocks" if record.get("after") is not None else blocks] += \
@@ -453,11 +457,12 @@ class CounterTally:
             self.counts[f"failed_{record.get('op')}s"] += 1
 
     def _count(self, record: dict[str, Any], field: str) -> int:
-        """A record's block count; a value that is no count (an edited trace) is a finding."""
+        """A record's count (of blocks, of lookups); a value that is no count (an edited trace)
+        is a finding."""
         value = record.get(field) or 0
         if is_int(value):
             return value
-        self.problems.append(f"{record.get('kind')} record: field '{field}': expected a block count, got {value!r}")
+        self.problems.append(f"{record.get('kind')} record: field '{field}': expected a count, got {value!r}")
         return 0
 
     def _reclaim(self, record: dict[str, Any]) -> None:

@@ -369,6 +369,13 @@ class Tracker:
             self.fail("a free of no device blocks: a release that frees nothing tells the driver nothing")
         return True
 
+    def _admit_evict(self, ev: Event) -> bool:
+        if not isinstance(ev.get("tier"), str) or not (
+                isinstance(ev.get("blocks"), list) and all(is_int(h) for h in ev.get("blocks"))):
+            self.fail("evict record lacks a tier name and a list of block hashes")
+            return False
+        return True
+
     def _admit_step(self, ev: Event) -> bool:
         if not is_int(ev.get("step")):
             self.fail("step record lacks an integer 'step'")
