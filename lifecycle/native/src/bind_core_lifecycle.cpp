@@ -119,7 +119,7 @@ py::tuple prefetch_tuple(const PrefetchJob& j) {
 std::vector<std::size_t> tier_positions(const CoreState& state, const std::vector<std::string>& names) {
     std::vector<std::size_t> positions;
     for (const std::string& name : names) {
-        positions.push_back(static_cast<std::size_t>(&state.tier(name) - state.tiers.data()));
+        positions.push_back(state.position(state.tier(name)));
     }
     return positions;
 }

@@ -740,7 +740,7 @@ void ConnectorCore::on_lookup_answer(const std::string& request_id, std::int64_t
         std::vector<std::size_t> kept;  // (a name no tier of this core has is dropped)
         for (const std::string& t : *tiers) {
             if (const TierIndex* tier = tier_or_null(t)) {
-                kept.push_back(static_cast<std::size_t>(tier - state.tiers.data()));
+                kept.push_back(state.position(*tier));
             }
         }
         reason = "lookup answered: " + std::to_string(kept.size()) + " blocks in tiers";

@@ -199,6 +199,8 @@ class CoreState {
     // state.tiers[name]: KeyError when no tier has that name.
     TierIndex& tier(std::string_view name);
     const TierIndex& tier(std::string_view name) const;
+    // A tier's position in ``tiers`` (how a lookup and a plan name it).
+    std::size_t position(const TierIndex& tier) const { return static_cast<std::size_t>(&tier - tiers.data()); }
 
     std::int64_t new_job_id();
     // hit_candidates(req) is req.hashes[:n]: returns n (ensuring the hashes first).

@@ -588,7 +588,7 @@ void Transfers::on_prefetch_report(const TransferReport& event) {
     const std::vector<BlockHash> landed_set = as_set(landed);
     const std::vector<BlockHash> lost_set = as_set(lost);
     const std::size_t n = state.hit_candidates(req);
-    const std::size_t host_tier = static_cast<std::size_t>(&host - state.tiers.data());
+    const std::size_t host_tier = state.position(host);
     std::vector<std::size_t> tiers;
     const std::vector<std::size_t>& lookup = *req.lookup;
     for (std::size_t i = 0; i < lookup.size() && i < n; ++i) {
